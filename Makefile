@@ -1,0 +1,30 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+FARM := $(VENV)/bin/farm
+STAMP := $(VENV)/.installed
+KEY ?= .keys/dev_ed25519.pem
+
+.PHONY: demo test clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+# A real sweep on an embedded local Ray in CPU interpret mode, then verify and show the bundle.
+demo: $(STAMP)
+	@test -f $(KEY) || { echo "demo: no signing key at $(KEY); creating a local development key (not for production)"; \
+		$(FARM) keygen $(KEY); }
+	@run=artifacts/demo-$$(date -u +%Y%m%d-%H%M%S); \
+	$(FARM) sweep search_spaces/softmax.yaml search_spaces/matmul.yaml --target interpret --trials 8 \
+		--key $(KEY) --out $$run && \
+	$(FARM) verify $$run/bundle --trust $(KEY).pub && \
+	$(FARM) show $$run/bundle --trust $(KEY).pub
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf artifacts/demo-* .pytest_cache

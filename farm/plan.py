@@ -1,0 +1,53 @@
+"""Expand search spaces into tuning tasks: kernel x shape x dtype x target."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from farm.errors import FarmError
+from farm.spaces import SearchSpace
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningTask:
+    """One study: tune `kernel` at `shape` and `dtype` for `target`."""
+
+    kernel: str
+    shape: tuple[int, ...]
+    dtype: str
+    target: str
+
+    @property
+    def key(self) -> str:
+        """A stable, readable id, also the Optuna study name: kernel/shape/dtype/target."""
+        return f"{self.kernel}/{'x'.join(map(str, self.shape))}/{self.dtype}/{self.target}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedTask:
+    """A task with the space that defines its configs and its trial budget."""
+
+    task: TuningTask
+    space: SearchSpace
+    trials: int
+
+
+def expand(spaces: Sequence[SearchSpace], targets: Sequence[str] | None = None,
+           trials: int | None = None) -> list[PlannedTask]:
+    """Every task of the spaces, limited to `targets` when given; `trials` overrides budgets."""
+    planned: dict[str, PlannedTask] = {}
+    for space in spaces:
+        for target in space.targets:
+            if targets and target.name not in targets:
+                continue
+            for shape in target.shapes:
+                for dtype in target.dtypes:
+                    task = TuningTask(space.kernel, shape, dtype, target.name)
+                    if task.key in planned:
+                        raise FarmError(f"{space.path}: task {task.key} is also defined by "
+                                        f"{planned[task.key].space.path}; expected each task in one space")
+                    planned[task.key] = PlannedTask(task, space, trials or space.trials)
+    if not planned:
+        wanted = ", ".join(targets or [])
+        raise FarmError(f"no tuning tasks: none of the spaces has the target(s) {wanted}")
+    return list(planned.values())

@@ -1,0 +1,53 @@
+"""Pick each task's winner: the fastest `ok` trial (ties broken by the smaller spread)."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import kernels
+from farm import outcomes
+from farm.driver import config_json
+from farm.plan import PlannedTask
+
+
+def best_record(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The measured `ok` record with the smallest median (then spread), or None."""
+    ok = [r for r in records if r["outcome"] == outcomes.OK and r.get("median_s") is not None]
+    return min(ok, key=lambda r: (r["median_s"], r.get("spread") or 0.0)) if ok else None
+
+
+def winner_rows(planned: Sequence[PlannedTask], records: Sequence[dict[str, Any]], *, run_id: str,
+                created: str, environment: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One configs.parquet row per task: the winner, the default's time, outcome counts.
+
+    `environment` maps a task key to the `Worker.info()` of the workers that measured it.
+    """
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_task.setdefault(record["task_key"], []).append(record)
+    rows = []
+    for p in planned:
+        task = p.task
+        task_records = by_task.get(task.key, [])
+        best = best_record(task_records)
+        default = config_json(kernels.load(task.kernel).default_config(task.shape, task.target))
+        default_ok = best_record([r for r in task_records if r["config"] == default])
+        counts = Counter(r["outcome"] for r in task_records)
+        env = environment.get(task.key, {})
+        rows.append({
+            "task_key": task.key, "kernel": task.kernel, "shape": list(task.shape), "dtype": task.dtype,
+            "target": task.target, "device_kind": (best or {}).get("device_kind") or env.get("device_kind"),
+            "interpret": env.get("interpret"), "software": json.dumps(env.get("software"), sort_keys=True),
+            "status": "ok" if best else "no_valid_config",
+            "config": best["config"] if best else None,
+            "median_s": best and best["median_s"], "spread": best and best.get("spread"),
+            "min_s": best and best.get("min_s"), "n_timed": best and best.get("n_timed"),
+            "numerics_error": best and best.get("numerics_error"),
+            "default_config": default, "default_median_s": default_ok and default_ok["median_s"],
+            "trials": sum(counts[o] for o in (*outcomes.MEASURED, outcomes.CACHED)),
+            "outcome_counts": json.dumps(dict(sorted(counts.items()))),
+            "run_id": run_id, "created": created,
+        })
+    return rows

@@ -1,0 +1,62 @@
+"""Optuna studies: one per task, in persistent journal storage; samplers and config suggestion."""
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+
+from farm.plan import PlannedTask
+from farm.spaces import Param
+
+JOURNAL = "optuna.journal"
+
+
+def storage(run_dir: Path) -> JournalStorage:
+    """The run's Optuna storage; open it with `optuna.load_study(storage=...)` to analyse."""
+    return JournalStorage(JournalFileBackend(str(run_dir / JOURNAL)))
+
+
+def make_sampler(planned: PlannedTask, name: str | None = None, seed: int | None = None) -> optuna.samplers.BaseSampler:
+    """The space's sampler (or `name`), seeded per task so studies differ but runs repeat."""
+    spec = planned.space.sampler
+    name = name or spec.name
+    task_seed = ((spec.seed if seed is None else seed) + zlib.crc32(planned.task.key.encode())) % 2**31
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=task_seed)
+    if name == "grid":
+        params = planned.space.params_for(planned.task.target)
+        return optuna.samplers.GridSampler({p.name: list(p.choices) for p in params}, seed=task_seed)
+    startup = max(3, min(10, planned.trials // 3))
+    return optuna.samplers.TPESampler(seed=task_seed, n_startup_trials=startup, constant_liar=True)
+
+
+def open_study(planned: PlannedTask, store: JournalStorage, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    """Create the task's study, or load it when it already exists in the storage."""
+    return optuna.create_study(storage=store, study_name=planned.task.key, sampler=sampler,
+                               direction="minimize", load_if_exists=True)
+
+
+def suggest(trial: optuna.Trial, params: tuple[Param, ...]) -> dict[str, Any]:
+    """A config from the trial: integer ranges as ordered ints, other knobs as categories."""
+    config: dict[str, Any] = {}
+    for p in params:
+        if p.kind == "range":
+            step = p.choices[1] - p.choices[0] if len(p.choices) > 1 else 1
+            config[p.name] = trial.suggest_int(p.name, p.choices[0], p.choices[-1], step=step)
+        else:
+            config[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+    return config
+
+
+def enqueue_default(study: optuna.Study, params: tuple[Param, ...], default: dict[str, Any]) -> bool:
+    """Queue the kernel's default config as the first trial when the space contains it."""
+    if study.trials or set(default) != {p.name for p in params}:
+        return False
+    if not all(default[p.name] in p.choices for p in params):
+        return False
+    study.enqueue_trial(default)
+    return True

@@ -1,0 +1,52 @@
+"""Time device work, not Python dispatch.
+
+Each sample times `calls` back-to-back calls with a single `block_until_ready` at the end,
+so that launches are queued and dispatch overlaps device work; `calls` is chosen so that a
+sample lasts at least `min_sample_s`. Inputs rotate through several sets so that repeated
+calls do not all hit in cache.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Per-call times in seconds: the median and spread of the samples."""
+
+    median_s: float
+    min_s: float
+    spread: float  # (p75 - p25) / median
+    samples: tuple[float, ...]
+    calls_per_sample: int
+
+
+def _run(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], calls: int) -> float:
+    start = time.perf_counter()
+    out = None
+    for i in range(calls):
+        out = fn(*input_sets[i % len(input_sets)])
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls
+
+
+def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, warmup: int = 2,
+               repetitions: int = 10, min_sample_s: float = 2e-3, max_calls: int = 1000,
+               budget_s: float | None = None) -> Timing:
+    """Median per-call time of `fn` over `repetitions` samples, after `warmup` calls."""
+    once = min(_run(fn, input_sets, 1) for _ in range(max(1, warmup)))
+    calls = max(1, min(max_calls, math.ceil(min_sample_s / max(once, 1e-9))))
+    if budget_s is not None:  # shrink repetitions rather than overrun the time limit
+        repetitions = max(3, min(repetitions, int(budget_s / max(once * calls, 1e-9))))
+    samples = sorted(_run(fn, input_sets, calls) for _ in range(repetitions))
+    median = statistics.median(samples)
+    q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [median, median, median]
+    return Timing(median, samples[0], (q[2] - q[0]) / median if median > 0 else 0.0,
+                  tuple(samples), calls)

@@ -1,0 +1,41 @@
+"""Numerics: compare a kernel's output with its reference, with dtype-aware tolerances."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Bounds on ||out - ref|| / ||ref||. float32 allows for TF32 matrix units on GPU (~3e-4);
+# half types allow for rounding the output and accumulating in a different order.
+TOLERANCE = {"float32": 2e-3, "bfloat16": 2e-2, "float16": 1e-2}
+
+
+def tolerance(dtype: str, kernel: Any = None) -> float:
+    """The relative error bound for `dtype`, or the kernel's own TOLERANCE entry."""
+    own = getattr(kernel, "TOLERANCE", None) or {}
+    return float(own.get(dtype, TOLERANCE[dtype]))
+
+
+def upcast(inputs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+    """Floating inputs as float32, so the reference is computed in higher precision."""
+    return tuple(x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in inputs)
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    """Largest ||out - ref|| / ||ref|| over the output leaves; inf on NaN, inf or shape mismatch."""
+    worst = 0.0
+    outs, refs = jax.tree.leaves(out), jax.tree.leaves(ref)
+    if len(outs) != len(refs):
+        return math.inf
+    for o, r in zip(outs, refs):
+        o = np.asarray(jax.device_get(o), np.float64)
+        r = np.asarray(jax.device_get(r), np.float64)
+        if o.shape != r.shape or not np.all(np.isfinite(o)):
+            return math.inf
+        denominator = np.linalg.norm(r)
+        error = np.linalg.norm(o - r) / (denominator if denominator > 0 else 1.0)
+        worst = max(worst, float(error))
+    return worst

@@ -1,0 +1,36 @@
+"""Pallas kernels tuned by pallas-farm. Each module follows the protocol in `kernels.protocol`."""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from kernels.protocol import REQUIRED, check_module
+
+# Registered kernel name -> module. A name with a dot is imported as a module path instead,
+# which lets a project (or a test) tune kernels that live outside this package.
+REGISTRY: dict[str, str] = {
+    "softmax": "kernels.softmax",
+    "matmul": "kernels.matmul",
+}
+
+
+class UnknownKernel(LookupError):
+    """The name is neither registered nor an importable kernel module."""
+
+
+def load(name: str) -> ModuleType:
+    """The kernel module for a registered name or a dotted module path."""
+    path = REGISTRY.get(name, name if "." in name else None)
+    if path is None:
+        raise UnknownKernel(f"unknown kernel {name!r}; registered kernels: {sorted(REGISTRY)}")
+    try:
+        module = importlib.import_module(path)
+    except ImportError as err:
+        raise UnknownKernel(f"kernel module {path!r} cannot be imported: {err}") from None
+    missing = check_module(module)
+    if missing:
+        raise UnknownKernel(f"kernel module {path!r} lacks {', '.join(missing)}")
+    return module
+
+
+__all__ = ["REGISTRY", "REQUIRED", "UnknownKernel", "load"]
