@@ -140,9 +140,19 @@ def verify_bundle(path: str | Path, trusted: Mapping[str, Ed25519PublicKey]) -> 
                           f"(trusted: {sorted(trusted)})")
     if not signing.verify(manifest_bytes, signature, key):
         raise BundleError(f"{path / SIGNATURE}: signature does not match the manifest (tampered bundle?)")
+    check_files(path, manifest)
+    return manifest
+
+
+def check_files(path: str | Path, manifest: Mapping[str, Any]) -> None:
+    """Check a bundle folder's files against its manifest (schema, names, sizes, sha256); else BundleError."""
+    path = Path(path)
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise BundleError(f"{path / MANIFEST}: schema_version {manifest.get('schema_version')!r}; "
                           f"expected {SCHEMA_VERSION}")
+    files = manifest.get("files")
+    if not isinstance(files, Mapping) or not all(isinstance(e, Mapping) for e in files.values()):
+        raise BundleError(f"{path / MANIFEST}: files: expected an object of {{name: {{sha256, bytes}}}}")
     listed = set(files) | {MANIFEST, SIGNATURE}
     present = {p.name for p in path.iterdir()}
     if present - listed:
@@ -151,11 +161,13 @@ def verify_bundle(path: str | Path, trusted: Mapping[str, Ed25519PublicKey]) -> 
         if "/" in name or name.startswith("."):
             raise BundleError(f"{path / MANIFEST}: file name {name!r} is not a plain file name")
         file = path / name
-        if not file.is_file():
-            raise BundleError(f"{file}: missing; the manifest lists it")
+        if file.is_symlink() or not file.is_file():
+            raise BundleError(f"{file}: missing or not a regular file; the manifest lists it")
+        size = file.stat().st_size
+        if "bytes" in entry and size != entry["bytes"]:
+            raise BundleError(f"{file}: {size} bytes; the manifest says {entry['bytes']} (truncated or tampered)")
         if sha256_file(file) != entry.get("sha256"):
             raise BundleError(f"{file}: sha256 does not match the manifest (corrupt or tampered)")
-    return manifest
 
 
 def read_configs(path: str | Path) -> pa.Table:

@@ -115,7 +115,7 @@ def connect(address: str | None) -> None:
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
-        ray.init(include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(_import_roots())}})
 
 

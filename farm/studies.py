@@ -20,6 +20,17 @@ def storage(run_dir: Path) -> JournalStorage:
     return JournalStorage(JournalFileBackend(str(run_dir / JOURNAL)))
 
 
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's GridSampler without `study.stop()` once the grid is covered.
+
+    GridSampler stops the study from `after_trial`, which only works inside `optimize`; with
+    ask/tell the driver's trial budget ends the study, and revisits are answered from cache.
+    """
+
+    def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
+        """Nothing to do: the driver decides when a study ends."""
+
+
 def make_sampler(planned: PlannedTask, name: str | None = None, seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The space's sampler (or `name`), seeded per task so studies differ but runs repeat."""
     spec = planned.space.sampler
@@ -29,7 +40,7 @@ def make_sampler(planned: PlannedTask, name: str | None = None, seed: int | None
         return optuna.samplers.RandomSampler(seed=task_seed)
     if name == "grid":
         params = planned.space.params_for(planned.task.target)
-        return optuna.samplers.GridSampler({p.name: list(p.choices) for p in params}, seed=task_seed)
+        return AskTellGridSampler({p.name: list(p.choices) for p in params}, seed=task_seed)
     startup = max(3, min(10, planned.trials // 3))
     return optuna.samplers.TPESampler(seed=task_seed, n_startup_trials=startup, constant_liar=True)
 
@@ -53,7 +64,13 @@ def suggest(trial: optuna.Trial, params: tuple[Param, ...]) -> dict[str, Any]:
 
 
 def enqueue_default(study: optuna.Study, params: tuple[Param, ...], default: dict[str, Any]) -> bool:
-    """Queue the kernel's default config as the first trial when the space contains it."""
+    """Queue the kernel's default config as the first trial when the space contains it.
+
+    Not with a grid sampler: the grid visits the default anyway, and Optuna's GridSampler does
+    not count enqueued trials as visited grid points.
+    """
+    if isinstance(study.sampler, optuna.samplers.GridSampler):
+        return False
     if study.trials or set(default) != {p.name for p in params}:
         return False
     if not all(default[p.name] in p.choices for p in params):

@@ -54,6 +54,10 @@ def measure(task: TuningTask, config: dict[str, Any], *, interpret: bool, trial_
         timed_inputs = [module.make_inputs(task.shape, dtype, _seed(task, f"time{i}", trial_seed))
                         for i in range(max(1, input_sets))]
         compiled = jax.jit(fn).lower(*timed_inputs[0]).compile()
+        if task.target == "tpu" and interpret:
+            # Interpret mode ignores Mosaic's layout rules; lowering the native kernel checks them.
+            native = module.build(config, task.shape, dtype, Platform("tpu"))
+            jax.jit(native).trace(*timed_inputs[0]).lower(lowering_platforms=("tpu",))
     except Exception as err:  # noqa: BLE001 - every failure is data
         result.outcome = outcomes.classify_error(str(err), outcomes.COMPILE_ERROR)
         result.error = _error_text(err)

@@ -1,0 +1,166 @@
+"""Who may sign bundles: trusted public keys, revoked keys, and verification of a bundle folder.
+
+Trust is read from files and folders (`--trust PATH`, repeatable):
+
+    trust/
+      ci-2025.pub        a PEM Ed25519 public key: trusted
+      ci-2026.pub        rotation: drop the new key in; bundles it signs are accepted at once
+      ci-2024.revoked    a PEM public key (e.g. an old `.pub` renamed): revoked
+      revoked            a text file of revoked key ids, one per line (16 hex digits, as in
+                         `signer_key_id`); `#` starts a comment
+
+A file given directly is a trusted key, unless it is named `revoked` or ends in `.revoked`,
+in which case it revokes (a `.revoked` file may hold a PEM key or a list of key ids).
+Revocation wins: a bundle whose `signer_key_id` is revoked is refused even when its `.pub` is
+still present, and even with `allow_unsigned`. A bundle that is unsigned (no `manifest.sig`) or
+whose signer is not trusted is refused unless the caller passes `allow_unsigned=True`
+(`--allow-unsigned`), which logs a loud warning. A signature that does not match a trusted
+key's is tampering and is always refused. File sizes and hashes are checked in every case.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Union
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from farm import artifacts, signing
+from farm.errors import BundleError, FarmError
+
+REVOKED_LIST = "revoked"
+REVOKED_SUFFIX = ".revoked"
+_KEY_ID = re.compile(r"^[0-9a-f]{16}$")
+log = logging.getLogger("farm.trust")
+
+
+class UnverifiedBundleWarning(UserWarning):
+    """A bundle was accepted without a trusted signature (allow_unsigned)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Trust:
+    """Trusted keys by key id, and revoked key ids with where each revocation came from."""
+
+    keys: Mapping[str, Ed25519PublicKey]
+    revoked: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def is_trusted(self, key_id: str) -> bool:
+        """Whether bundles signed by `key_id` are accepted."""
+        return key_id in self.keys and key_id not in self.revoked
+
+
+TrustLike = Union[Trust, Mapping[str, Ed25519PublicKey], Sequence[Union[str, Path]], str, Path]
+
+
+def _is_revocation(path: Path) -> bool:
+    return path.name == REVOKED_LIST or path.name.endswith(REVOKED_SUFFIX)
+
+
+def read_revocations(path: str | Path) -> dict[str, str]:
+    """Revoked key ids from a PEM public key file or a list of key ids, each mapped to its source."""
+    path = Path(path)
+    try:
+        text = path.read_bytes()
+    except OSError as err:
+        raise FarmError(f"{path}: cannot read revocations ({err.strerror}); expected a readable file") from None
+    if text.lstrip().startswith(b"-----BEGIN"):
+        return {signing.key_id(signing.load_public_key(path)): str(path)}
+    revoked: dict[str, str] = {}
+    for number, line in enumerate(text.decode("utf-8", "replace").splitlines(), 1):
+        entry = line.split("#", 1)[0].strip().lower()
+        if not entry:
+            continue
+        if not _KEY_ID.match(entry):
+            raise FarmError(f"{path}: line {number}: expected a key id of 16 hex digits, got {entry!r}")
+        revoked[entry] = f"{path}:{number}"
+    return revoked
+
+
+def load_trust(paths: Sequence[str | Path], *, require_keys: bool = True) -> Trust:
+    """Trusted keys and revocations from key files and trust folders (see the module docstring)."""
+    keys: dict[str, Ed25519PublicKey] = {}
+    revoked: dict[str, str] = {}
+    for path in map(Path, paths):
+        if path.is_dir():
+            entries = sorted(p for p in path.iterdir() if p.is_file())
+            key_files = [p for p in entries if p.name.endswith(signing.PUBLIC_SUFFIX)]
+            revocations = [p for p in entries if _is_revocation(p)]
+        elif _is_revocation(path):
+            key_files, revocations = [], [path]
+        else:
+            key_files, revocations = [path], []
+        for file in key_files:
+            key = signing.load_public_key(file)
+            keys[signing.key_id(key)] = key
+        for file in revocations:
+            revoked.update(read_revocations(file))
+    if require_keys and not set(keys) - set(revoked):
+        raise FarmError(f"--trust: expected at least one public key file that is not revoked, found none in "
+                        f"{[str(p) for p in paths]}")
+    return Trust(keys, revoked)
+
+
+def as_trust(trusted: TrustLike) -> Trust:
+    """A Trust from a Trust, a {key id: public key} mapping, or key/folder paths."""
+    if isinstance(trusted, Trust):
+        return trusted
+    if isinstance(trusted, Mapping):
+        return Trust(dict(trusted))
+    if isinstance(trusted, (str, Path)):
+        return load_trust([trusted])
+    return load_trust(list(trusted))
+
+
+@dataclasses.dataclass(frozen=True)
+class Verified:
+    """A bundle that passed verification: its manifest, and whether a trusted key signed it."""
+
+    path: Path
+    manifest: dict[str, Any]
+    manifest_bytes: bytes
+    signed: bool
+    warning: str | None = None
+
+
+def verify(path: str | Path, trust: Trust, *, allow_unsigned: bool = False) -> Verified:
+    """Verify a bundle folder: revocation, signature, then every file's size and sha256; else BundleError."""
+    path = Path(path)
+    if not path.is_dir():
+        raise BundleError(f"{path}: expected a bundle folder")
+    manifest_path, signature_path = path / artifacts.MANIFEST, path / artifacts.SIGNATURE
+    try:
+        manifest_bytes = manifest_path.read_bytes()
+    except FileNotFoundError:
+        raise BundleError(f"{path}: missing {artifacts.MANIFEST}; expected a bundle") from None
+    try:
+        manifest = json.loads(manifest_bytes)
+        signer = manifest.get("signer_key_id")
+    except (ValueError, AttributeError) as err:
+        raise BundleError(f"{manifest_path}: not a valid manifest ({err})") from None
+    if signer in trust.revoked:
+        raise BundleError(f"{path}: signed by key {signer}, which is revoked ({trust.revoked[signer]})")
+    problem = None
+    if not signature_path.is_file():
+        problem = f"unsigned: no {artifacts.SIGNATURE}"
+    elif signer not in trust.keys:
+        problem = f"signed by key {signer}, which is not trusted (trusted: {sorted(trust.keys)})"
+    elif not signing.verify(manifest_bytes, signature_path.read_bytes(), trust.keys[signer]):
+        raise BundleError(f"{signature_path}: signature does not match the manifest (tampered bundle?)")
+    warning = None
+    if problem is not None:
+        if not allow_unsigned:
+            raise BundleError(f"{path}: {problem}; expected a bundle signed by a trusted key "
+                              f"(--allow-unsigned accepts it anyway)")
+        warning = f"ACCEPTING AN UNVERIFIED BUNDLE {path}: {problem} (allow_unsigned)"
+        log.warning(warning)
+        warnings.warn(warning, UnverifiedBundleWarning, stacklevel=2)
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{manifest_path}: not a valid manifest (expected a JSON object)")
+    artifacts.check_files(path, manifest)
+    return Verified(path, manifest, manifest_bytes, signed=problem is None, warning=warning)

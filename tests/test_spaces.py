@@ -1,0 +1,163 @@
+"""Search space loading: valid spaces expand into tasks; bad input is one clear error, exit 2,
+and nothing is written."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from farm import cli, plan, spaces
+from farm.constraints import Constraint, ConstraintSyntaxError
+from farm.errors import SpaceError
+
+VALID = """\
+kernel: softmax
+dtypes: [float32]
+shapes: [[64, 256]]
+targets: [interpret]
+params:
+  block_rows: {pow2: [1, 64]}
+constraints:
+  - rows % block_rows == 0
+trials: 3
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "space.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_repo_spaces_load_and_expand(repo):
+    loaded = spaces.load_spaces(sorted((repo / "search_spaces").glob("*.yaml")))
+    tasks = plan.expand(loaded, ["interpret"])
+    keys = [t.task.key for t in tasks]
+    assert "softmax/64x256/float32/interpret" in keys
+    assert "matmul/128x128x128/float32/interpret" in keys
+    assert len(keys) == len(set(keys))
+
+
+def test_space_fields(tmp_path):
+    space = spaces.load_space(write(tmp_path, VALID))
+    assert space.params[0].choices == (1, 2, 4, 8, 16, 32, 64)
+    assert space.violated({"block_rows": 64}, (64, 256), "float32", "interpret") is None
+    assert space.violated({"block_rows": 64}, (96, 256), "float32", "interpret") == "rows % block_rows == 0"
+    assert space.trials == 3 and space.sampler.name == "tpe"
+
+
+def test_target_restricted_params_and_constraints(tmp_path):
+    text = VALID.replace("targets: [interpret]", "targets: {interpret: {}, gpu-triton: {}}") + "sampler: random\n"
+    text = text.replace("params:\n", "params:\n  num_warps: {values: [2, 4], targets: [gpu-triton]}\n")
+    space = spaces.load_space(write(tmp_path, text))
+    assert [p.name for p in space.params_for("interpret")] == ["block_rows"]
+    assert [p.name for p in space.params_for("gpu-triton")] == ["num_warps", "block_rows"]
+    assert space.size("gpu-triton") == 14
+    assert space.sampler.name == "random"
+
+
+BAD_SPACES = [
+    ("unknown kernel", VALID.replace("kernel: softmax", "kernel: nosuchkernel"), "kernel", "known kernel"),
+    ("unknown field", VALID + "colour: blue\n", "colour", "one of the fields"),
+    ("wrong type for trials", VALID.replace("trials: 3", "trials: three"), "trials", "positive integer"),
+    ("empty choices", VALID.replace("{pow2: [1, 64]}", "{values: []}"), "params.block_rows.values", "non-empty list"),
+    ("infeasible constraints", VALID.replace("rows % block_rows == 0", "block_rows > 1000"), "constraints",
+     "at least one config"),
+    ("malformed yaml", "kernel: softmax\nparams: {block_rows: [1, 2\n", "line", "well-formed YAML"),
+    ("unknown dtype", VALID.replace("[float32]", "[float8]"), "dtypes[0]", "one of"),
+    ("unknown target", VALID.replace("targets: [interpret]", "targets: [cuda]"), "targets.cuda", "a target from"),
+    ("bad shape", VALID.replace("[[64, 256]]", "[[64]]"), "shapes[0]", "list of 2 positive integers"),
+    ("unknown name in constraint", VALID.replace("rows % block_rows == 0", "rows % block_cols == 0"),
+     "constraints[0]", "unknown name 'block_cols'"),
+    ("unsafe constraint", VALID.replace("rows % block_rows == 0", "__import__('os').system('true')"),
+     "constraints[0]", "arithmetic/boolean expression"),
+    ("bad pow2 range", VALID.replace("{pow2: [1, 64]}", "{pow2: [3, 64]}"), "params.block_rows.pow2", "powers of two"),
+    ("two kinds for a param", VALID.replace("{pow2: [1, 64]}", "{pow2: [1, 64], values: [1]}"), "params.block_rows",
+     "exactly one of"),
+    ("unknown sampler", VALID + "sampler: {name: cmaes}\n", "sampler.name", "one of"),
+    ("not a mapping", "- just\n- a list\n", "document", "a mapping"),
+    ("missing kernel", VALID.replace("kernel: softmax\n", ""), "kernel", "a kernel name"),
+]
+
+
+@pytest.mark.parametrize("name,text,field,expected", BAD_SPACES, ids=[c[0] for c in BAD_SPACES])
+def test_bad_space_is_one_clear_error_and_writes_nothing(tmp_path, capsys, name, text, field, expected):
+    path = write(tmp_path, text)
+    out = tmp_path / "run"
+    code = cli.main(["sweep", str(path), "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"error: {path}: ") and f": {field}" in err and expected in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
+
+
+def test_missing_space_file(tmp_path, capsys):
+    assert cli.main(["sweep", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "nope.yaml: file: expected a readable YAML file" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_out_folder_not_empty(tmp_path, capsys, signing_key):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    code = cli.main(["sweep", str(write(tmp_path, VALID)), "--out", str(out), "--key", str(signing_key[0])])
+    assert code == 2 and "already exists and is not an empty folder" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "precious"
+
+
+def test_missing_signing_key(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = cli.main(["sweep", str(write(tmp_path, VALID)), "--out", str(out), "--key", str(tmp_path / "k.pem")])
+    assert code == 2 and "signing key not found" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_target_filter_matches_no_task(tmp_path, capsys):
+    code = cli.main(["sweep", str(write(tmp_path, VALID)), "--target", "tpu", "--out", str(tmp_path / "run")])
+    assert code == 2 and "no tuning tasks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["sweep", "x.yaml", "--trials", "0"], "expected a positive integer"),
+    (["sweep", "x.yaml", "--target", "cuda"], "invalid choice"),
+    (["sweep", "x.yaml", "--sampler", "cmaes"], "invalid choice"),
+])
+def test_bad_flags_exit_2(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2 and fragment in capsys.readouterr().err
+
+
+def test_task_defined_twice(tmp_path, capsys):
+    a, b = write(tmp_path, VALID, "a.yaml"), write(tmp_path, VALID, "b.yaml")
+    assert cli.main(["sweep", str(a), str(b), "--out", str(tmp_path / "run")]) == 2
+    assert "is also defined by" in capsys.readouterr().err
+
+
+def test_cli_subprocess_exit_code_and_no_traceback(tmp_path):
+    path = write(tmp_path, VALID.replace("trials: 3", "trials: -1"))
+    proc = subprocess.run([sys.executable, "-m", "farm", "sweep", str(path), "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: {path}: trials: expected a positive integer, got -1"
+    assert not (tmp_path / "run").exists()
+
+
+def test_constraint_evaluator_is_restricted():
+    assert Constraint("a % b == 0 and min(a, b) < 10")({"a": 8, "b": 4})
+    for source in ("a.__class__", "open('x')", "[x for x in y]", "lambda: 1"):
+        with pytest.raises(ConstraintSyntaxError):
+            Constraint(source)
+    assert Constraint("x * y <= 2 ** 10").names == {"x", "y"}
+
+
+def test_space_error_message_format():
+    err = SpaceError("s.yaml", "params.x", "a list", 3)
+    assert str(err) == "s.yaml: params.x: expected a list, got 3"

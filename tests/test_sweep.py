@@ -1,0 +1,140 @@
+"""End to end with the real parts: Ray, Optuna, JAX Pallas (interpret mode), Parquet, Ed25519."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pyarrow.parquet as pq
+import pytest
+
+from farm import artifacts, cli, outcomes, signing, studies
+
+
+def _ok_configs(rows):
+    return [r for r in rows if r["outcome"] == outcomes.OK]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory, signing_key, repo):
+    """`python -m farm sweep` over softmax and matmul x two shapes, on its own embedded Ray."""
+    out = tmp_path_factory.mktemp("sweep") / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "farm", "sweep", "search_spaces/softmax.yaml", "search_spaces/matmul.yaml",
+         "--target", "interpret", "--trials", "6", "--repetitions", "3", "--out", str(out),
+         "--key", str(signing_key[0])],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_sweep_writes_a_bundle_that_verifies(demo_run, signing_key):
+    out, proc = demo_run
+    manifest = artifacts.verify_bundle(out / "bundle", signing.load_trusted_keys([signing_key[1]]))
+    assert set(manifest["files"]) == {"configs.parquet", "trials.parquet"}
+    assert "winners" in proc.stdout and "softmax/64x256/float32/interpret" in proc.stdout
+
+
+def test_winner_is_the_fastest_ok_trial_of_each_task(demo_run):
+    out, _ = demo_run
+    configs = pq.read_table(out / "bundle" / "configs.parquet").to_pylist()
+    trials = pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
+    assert sorted(r["task_key"] for r in configs) == sorted([
+        "softmax/64x256/float32/interpret", "softmax/128x512/float32/interpret",
+        "matmul/128x128x128/float32/interpret", "matmul/256x128x256/float32/interpret"])
+    for row in configs:
+        ok = _ok_configs(t for t in trials if t["task_key"] == row["task_key"])
+        fastest = min(ok, key=lambda t: t["median_s"])
+        assert row["status"] == "ok"
+        assert row["config"] == fastest["config"] and row["median_s"] == fastest["median_s"]
+        counts = json.loads(row["outcome_counts"])
+        assert row["trials"] == 6 == sum(v for k, v in counts.items() if k != outcomes.INVALID)
+        assert json.loads(row["software"])["jax"] and row["device_kind"] == "cpu"
+
+
+def test_trials_table_holds_every_trial(demo_run):
+    out, _ = demo_run
+    trials = pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
+    log = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert len(trials) == len(log)
+    store = studies.storage(out)
+    for summary in optuna.get_all_study_summaries(store):
+        study = optuna.load_study(study_name=summary.study_name, storage=store)
+        in_table = {t["trial"] for t in trials if t["task_key"] == summary.study_name}
+        assert in_table == {t.number for t in study.trials}
+        assert all(t.state.is_finished() for t in study.trials)
+
+
+def test_no_config_is_measured_twice_per_task(demo_run):
+    out, _ = demo_run
+    trials = pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
+    measured = Counter((t["task_key"], t["config"]) for t in trials if t["outcome"] in outcomes.MEASURED)
+    assert measured and max(measured.values()) == 1
+    for t in trials:
+        if t["outcome"] == outcomes.CACHED:
+            assert (t["task_key"], t["config"]) in measured
+
+
+def test_show_prints_the_winners(demo_run, signing_key, capsys):
+    out, _ = demo_run
+    assert cli.main(["show", str(out / "bundle"), "--trust", str(signing_key[1])]) == 0
+    shown = capsys.readouterr().out
+    assert "matmul/256x128x256/float32/interpret" in shown and "block_m=" in shown
+
+
+WRONG_SPACE = """\
+kernel: tests.fixtures.wrong_softmax
+dtypes: [float32]
+shapes: [[32, 128], [64, 128]]
+targets: [interpret]
+params:
+  block_rows: {values: [8, 16]}
+  variant: {values: [correct, copy, partial]}
+sampler: grid
+trials: 6
+"""
+
+
+def test_wrong_config_is_recorded_and_never_wins(ray_local, tmp_path, signing_key):
+    space = tmp_path / "wrong.yaml"
+    space.write_text(WRONG_SPACE)
+    out = tmp_path / "run"
+    assert cli.main(["sweep", str(space), "--out", str(out), "--key", str(signing_key[0]), "--quiet",
+                     "--repetitions", "3"]) == 0
+    trials = pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
+    by_variant = Counter((json.loads(t["config"])["variant"], t["outcome"]) for t in trials)
+    assert by_variant[("copy", outcomes.WRONG_RESULT)] == 4
+    assert by_variant[("partial", outcomes.WRONG_RESULT)] == 4
+    assert by_variant[("correct", outcomes.OK)] == 4
+    for row in pq.read_table(out / "bundle" / "configs.parquet").to_pylist():
+        assert json.loads(row["config"])["variant"] == "correct"
+        assert json.loads(row["outcome_counts"])[outcomes.WRONG_RESULT] == 4
+
+
+def test_failures_do_not_stop_the_sweep(ray_local, tmp_path, signing_key):
+    space = tmp_path / "mm.yaml"
+    space.write_text(textwrap.dedent("""\
+        kernel: matmul
+        dtypes: [float32]
+        shapes: [[64, 64, 64]]
+        targets: [interpret]
+        params:
+          block_m: {values: [32, 48, 64]}
+          block_n: {values: [64]}
+          block_k: {values: [64]}
+        sampler: grid
+        trials: 3
+    """))
+    out = tmp_path / "run"
+    assert cli.main(["sweep", str(space), "--out", str(out), "--key", str(signing_key[0]), "--quiet",
+                     "--repetitions", "2"]) == 0
+    trials = pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
+    assert Counter(t["outcome"] for t in trials) == {outcomes.OK: 2, outcomes.COMPILE_ERROR: 1}
+    failed = next(t for t in trials if t["outcome"] == outcomes.COMPILE_ERROR)
+    assert json.loads(failed["config"])["block_m"] == 48 and "must divide" in failed["error"]

@@ -1,0 +1,80 @@
+"""The worker's measurement path with real JAX Pallas kernels in interpret mode."""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import pytest
+
+from farm import outcomes, validate
+from farm.plan import TuningTask
+from farm.worker import measure
+from kernels import softmax
+from kernels.lowering import Platform
+
+SOFTMAX = TuningTask("softmax", (32, 128), "float32", "interpret")
+WRONG = TuningTask("tests.fixtures.wrong_softmax", (32, 128), "float32", "interpret")
+
+
+def test_ok_measurement_has_timing_and_small_error():
+    m = measure(SOFTMAX, {"block_rows": 8}, interpret=True, repetitions=3)
+    assert m.outcome == outcomes.OK, m.error
+    assert m.median_s > 0 and m.min_s <= m.median_s and m.n_timed == 3
+    assert m.numerics_error < 1e-5 and m.compile_s > 0
+
+
+def test_fast_wrong_kernel_is_wrong_result():
+    m = measure(WRONG, {"block_rows": 8, "variant": "copy"}, interpret=True, repetitions=3)
+    assert m.outcome == outcomes.WRONG_RESULT
+    assert m.median_s is None and "exceeds the float32 tolerance" in m.error
+
+
+def test_unwritten_rows_are_caught_by_poisoning():
+    m = measure(WRONG, {"block_rows": 8, "variant": "partial"}, interpret=True, repetitions=3)
+    assert m.outcome == outcomes.WRONG_RESULT and m.numerics_error == math.inf
+
+
+def test_poisoned_output_starts_as_nan():
+    partial = __import__("tests.fixtures.wrong_softmax", fromlist=["build"])
+    fn = partial.build({"block_rows": 8, "variant": "partial"}, (32, 128), jnp.float32,
+                       Platform("interpret", poison_outputs=True))
+    out = fn(*softmax.make_inputs((32, 128), jnp.float32, __import__("jax").random.key(1)))
+    assert bool(jnp.all(jnp.isnan(out[16:]))) and not bool(jnp.any(jnp.isnan(out[:16])))
+
+
+def test_build_failure_is_compile_error():
+    task = TuningTask("matmul", (64, 64, 64), "float32", "interpret")
+    m = measure(task, {"block_m": 48, "block_n": 64, "block_k": 64}, interpret=True)
+    assert m.outcome == outcomes.COMPILE_ERROR and "must divide the shape" in m.error
+
+
+def test_tpu_interpret_checks_mosaic_layout_rules():
+    task = TuningTask("softmax", (32, 128), "float32", "tpu")
+    ok = measure(task, {"block_rows": 8}, interpret=True, repetitions=2)
+    assert ok.outcome == outcomes.OK, ok.error
+    bad = measure(task, {"block_rows": 4}, interpret=True, repetitions=2)
+    assert bad.outcome == outcomes.COMPILE_ERROR and "divisible by 8 and 128" in bad.error
+
+
+@pytest.mark.parametrize("message", [
+    "JaxRuntimeError: RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested 262144, available: 232448",
+    "Mosaic GPU kernel exceeds available shared memory: 300000 > 232448",
+    "Ran out of memory in memory space vmem while allocating on stack",
+    "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 171798691840 bytes.",
+    "CUDA_ERROR_OUT_OF_MEMORY: out of memory",
+])
+def test_oom_messages_are_classified(message):
+    assert outcomes.classify_error(message, outcomes.COMPILE_ERROR) == outcomes.OOM
+
+
+def test_other_errors_keep_their_default():
+    assert outcomes.classify_error("Triton: block shape must be a power of 2", outcomes.COMPILE_ERROR) == \
+        outcomes.COMPILE_ERROR
+
+
+def test_relative_error_treats_nan_and_shape_mismatch_as_inf():
+    a = jnp.ones((4, 4))
+    assert validate.relative_error(a, a) == 0.0
+    assert validate.relative_error(a.at[0, 0].set(jnp.nan), a) == math.inf
+    assert validate.relative_error(a[:2], a) == math.inf
+    assert validate.tolerance("bfloat16") > validate.tolerance("float32")
