@@ -37,7 +37,7 @@ CONFIG_COLUMNS = pa.schema([
     ("config", pa.string()), ("median_s", pa.float64()), ("spread", pa.float64()),
     ("min_s", pa.float64()), ("n_timed", pa.int64()), ("numerics_error", pa.float64()),
     ("default_config", pa.string()), ("default_median_s", pa.float64()),
-    ("trials", pa.int64()), ("outcome_counts", pa.string()),
+    ("trials", pa.int64()), ("pruned", pa.int64()), ("oom", pa.int64()), ("outcome_counts", pa.string()),
     ("run_id", pa.string()), ("created", pa.string()),
 ])
 
@@ -47,7 +47,8 @@ TRIAL_COLUMNS = pa.schema([
     ("config", pa.string()), ("outcome", pa.string()), ("median_s", pa.float64()),
     ("spread", pa.float64()), ("min_s", pa.float64()), ("n_timed", pa.int64()),
     ("calls_per_sample", pa.int64()), ("numerics_error", pa.float64()),
-    ("compile_s", pa.float64()), ("error", pa.string()), ("worker", pa.string()),
+    ("compile_s", pa.float64()), ("device_s", pa.float64()), ("footprint_bytes", pa.int64()),
+    ("capacity_bytes", pa.int64()), ("error", pa.string()), ("worker", pa.string()),
     ("device_kind", pa.string()), ("attempt", pa.int64()), ("started", pa.string()),
     ("finished", pa.string()), ("run_id", pa.string()),
 ])

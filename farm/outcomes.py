@@ -13,10 +13,12 @@ OOM = "oom"                       # out of on-chip or device memory
 TIMEOUT = "timeout"               # compile or timing outran its limit; the worker was replaced
 WORKER_LOST = "worker_lost"       # the worker process died
 INVALID = "invalid"               # broke a search-space constraint; never sent to a worker
+PRUNED = "pruned"                 # cannot fit (footprint > capacity, or dominates an oom); never compiled
 CACHED = "cached"                 # an already measured config, answered from the cache
 
 MEASURED = (OK, COMPILE_ERROR, RUN_ERROR, WRONG_RESULT, OOM, TIMEOUT, WORKER_LOST)
-ALL = (*MEASURED, INVALID, CACHED)
+SKIPPED = (INVALID, PRUNED)        # drawn but not counted against the trial budget
+ALL = (*MEASURED, *SKIPPED, CACHED)
 FAILURES = tuple(o for o in MEASURED if o != OK)
 
 # Messages compilers and runtimes give when memory runs out (kept with real examples in tests).

@@ -58,7 +58,7 @@ class SweepProgress:
         for p in self.planned:
             counts = self.counts[p.task.key]
             done = sum(counts[o] for o in (*outcomes.MEASURED, outcomes.CACHED))
-            failures = ", ".join(f"{o} {counts[o]}" for o in (*outcomes.FAILURES, outcomes.INVALID) if counts[o])
+            failures = ", ".join(f"{o} {counts[o]}" for o in (*outcomes.FAILURES, *outcomes.SKIPPED) if counts[o])
             table.add_row(p.task.key, f"{done}/{p.trials}", format_seconds(self.best.get(p.task.key)),
                           failures or "-")
         return table

@@ -47,6 +47,7 @@ def winner_rows(planned: Sequence[PlannedTask], records: Sequence[dict[str, Any]
             "numerics_error": best and best.get("numerics_error"),
             "default_config": default, "default_median_s": default_ok and default_ok["median_s"],
             "trials": sum(counts[o] for o in (*outcomes.MEASURED, outcomes.CACHED)),
+            "pruned": counts[outcomes.PRUNED], "oom": counts[outcomes.OOM],
             "outcome_counts": json.dumps(dict(sorted(counts.items()))),
             "run_id": run_id, "created": created,
         })

@@ -5,8 +5,11 @@ accelerator (or one CPU in interpret mode).
 """
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import os
 import socket
+import threading
 import time
 import traceback
 import zlib
@@ -19,7 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 import ray  # noqa: E402
 
 import kernels  # noqa: E402
-from farm import outcomes, software, timing, validate  # noqa: E402
+from farm import capacity, outcomes, software, timing, validate  # noqa: E402
 from farm.outcomes import Measurement  # noqa: E402
 from farm.plan import TuningTask  # noqa: E402
 from kernels.lowering import Platform  # noqa: E402
@@ -37,54 +40,67 @@ def _seed(task: TuningTask, purpose: str, trial_seed: int) -> jax.Array:
     return jax.random.key(zlib.crc32(f"{task.key}/{purpose}/{trial_seed}".encode()))
 
 
-def measure(task: TuningTask, config: dict[str, Any], *, interpret: bool, trial_seed: int = 0,
-            repetitions: int = 10, warmup: int = 2, input_sets: int = 1,
-            time_budget_s: float | None = None) -> Measurement:
-    """Build, compile, validate and time `config` for `task`; never raises for kernel failures."""
+@dataclasses.dataclass
+class Compiled:
+    """A config built and compiled, waiting for the device."""
+
+    module: Any
+    task: TuningTask
+    config: dict[str, Any]
+    interpret: bool
+    trial_seed: int
+    executable: Any
+    inputs: list[tuple[Any, ...]]
+    compile_s: float
+
+
+def compile_config(task: TuningTask, config: dict[str, Any], *, interpret: bool, trial_seed: int = 0,
+                   input_sets: int = 1) -> Compiled | Measurement:
+    """Build and compile the timed kernel ahead of time; a failure comes back as a Measurement."""
     module = kernels.load(task.kernel)
     dtype = jnp.dtype(task.dtype)
-    worker = f"{socket.gethostname()}:{os.getpid()}"
-    kind = software.device_kind()
-    result = Measurement(outcomes.OK, worker=worker, device_kind=kind)
-
-    # Compile the timed kernel ahead of time.
     started = time.perf_counter()
     try:
         fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret))
-        timed_inputs = [module.make_inputs(task.shape, dtype, _seed(task, f"time{i}", trial_seed))
-                        for i in range(max(1, input_sets))]
-        compiled = jax.jit(fn).lower(*timed_inputs[0]).compile()
+        inputs = [module.make_inputs(task.shape, dtype, _seed(task, f"time{i}", trial_seed))
+                  for i in range(max(1, input_sets))]
+        executable = jax.jit(fn).lower(*inputs[0]).compile()
         if task.target == "tpu" and interpret:
             # Interpret mode ignores Mosaic's layout rules; lowering the native kernel checks them.
             native = module.build(config, task.shape, dtype, Platform("tpu"))
-            jax.jit(native).trace(*timed_inputs[0]).lower(lowering_platforms=("tpu",))
+            jax.jit(native).trace(*inputs[0]).lower(lowering_platforms=("tpu",))
     except Exception as err:  # noqa: BLE001 - every failure is data
-        result.outcome = outcomes.classify_error(str(err), outcomes.COMPILE_ERROR)
-        result.error = _error_text(err)
-        return result
-    result.compile_s = time.perf_counter() - started
+        return Measurement(outcomes.classify_error(str(err), outcomes.COMPILE_ERROR), error=_error_text(err),
+                           compile_s=time.perf_counter() - started)
+    return Compiled(module, task, config, interpret, trial_seed, executable, inputs,
+                    time.perf_counter() - started)
 
-    # Validate a poisoned-output build on fresh inputs against the reference.
+
+def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
+                      time_budget_s: float | None = None) -> Measurement:
+    """On the device: validate a poisoned-output build against the reference, then time."""
+    task, dtype = c.task, jnp.dtype(c.task.dtype)
+    result = Measurement(outcomes.OK, compile_s=c.compile_s)
     try:
-        check_fn = module.build(config, task.shape, dtype,
-                                Platform(task.target, interpret=interpret, poison_outputs=True))
-        inputs = module.make_inputs(task.shape, dtype, _seed(task, "check", trial_seed))
+        check_fn = c.module.build(c.config, task.shape, dtype,
+                                  Platform(task.target, interpret=c.interpret, poison_outputs=True))
+        inputs = c.module.make_inputs(task.shape, dtype, _seed(task, "check", c.trial_seed))
         out = jax.block_until_ready(jax.jit(check_fn)(*inputs))
-        ref = module.reference(*validate.upcast(inputs))
+        ref = c.module.reference(*validate.upcast(inputs))
         result.numerics_error = validate.relative_error(out, ref)
+        del out, ref, inputs
     except Exception as err:  # noqa: BLE001
         result.outcome = outcomes.classify_error(str(err), outcomes.RUN_ERROR)
         result.error = _error_text(err)
         return result
-    bound = validate.tolerance(task.dtype, module)
+    bound = validate.tolerance(task.dtype, c.module)
     if not result.numerics_error <= bound:
         result.outcome = outcomes.WRONG_RESULT
         result.error = (f"relative error {result.numerics_error:.3g} exceeds the {task.dtype} "
                         f"tolerance {bound:.3g} (NaN/inf or unwritten outputs count as inf)")
         return result
-
     try:
-        t = timing.time_calls(compiled, timed_inputs, warmup=warmup, repetitions=repetitions,
+        t = timing.time_calls(c.executable, c.inputs, warmup=warmup, repetitions=repetitions,
                               budget_s=time_budget_s)
     except Exception as err:  # noqa: BLE001
         result.outcome = outcomes.classify_error(str(err), outcomes.RUN_ERROR)
@@ -95,20 +111,86 @@ def measure(task: TuningTask, config: dict[str, Any], *, interpret: bool, trial_
     return result
 
 
+def measure(task: TuningTask, config: dict[str, Any], *, interpret: bool, trial_seed: int = 0,
+            repetitions: int = 10, warmup: int = 2, input_sets: int = 1,
+            time_budget_s: float | None = None) -> Measurement:
+    """Build, compile, validate and time `config` for `task`; never raises for kernel failures."""
+    compiled = compile_config(task, config, interpret=interpret, trial_seed=trial_seed, input_sets=input_sets)
+    result = compiled if isinstance(compiled, Measurement) else validate_and_time(
+        compiled, repetitions=repetitions, warmup=warmup, time_budget_s=time_budget_s)
+    result.worker = f"{socket.gethostname()}:{os.getpid()}"
+    result.device_kind = software.device_kind()
+    return result
+
+
 @ray.remote(max_restarts=0, max_task_retries=0)
 class Worker:
-    """A Ray actor that measures configs on the accelerator (or CPU) it was placed on."""
+    """A Ray actor that measures configs on the accelerator (or CPU) it was placed on.
 
-    def __init__(self, interpret: bool) -> None:
+    Created with `max_concurrency=depth`: up to `depth` trials are inside `run` at once; each
+    compiles on its own thread, while the device (validation and timing) is held by one trial at
+    a time, so the accelerator rarely waits for the compiler.
+    """
+
+    def __init__(self, interpret: bool, emulate: str | None = None) -> None:
+        _pin_tpu_chip()
         self.interpret = interpret
+        self.emulate = emulate
+        self._device = threading.Lock()
+        self._compile_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="compile")
+        self._busy_s = 0.0
+        self._started = time.monotonic()
 
-    def info(self) -> dict[str, Any]:
-        """Where this worker runs and with what software."""
-        return {"host": socket.gethostname(), "pid": os.getpid(), "device_kind": software.device_kind(),
-                "platform": jax.devices()[0].platform, "software": software.versions(),
-                "interpret": self.interpret}
+    def info(self, target: str | None = None) -> dict[str, Any]:
+        """Where this worker runs, with what software, and its memory capacity for `target`."""
+        device = jax.devices()[0]
+        return {"host": socket.gethostname(), "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "device_kind": device.device_kind, "platform": device.platform, "software": software.versions(),
+                "interpret": self.interpret, "emulate": self.emulate,
+                "capacity": capacity.for_target(target, interpret=self.interpret, emulate=self.emulate).to_dict()
+                if target else None}
 
     def run(self, task: TuningTask, config: dict[str, Any], trial_seed: int,
             settings: dict[str, Any]) -> dict[str, Any]:
-        """Measure one config; returns a `Measurement` as a dict."""
-        return measure(task, config, interpret=self.interpret, trial_seed=trial_seed, **settings).to_dict()
+        """Measure one config; returns a `Measurement` as a dict (plus `device_s`, `restart`)."""
+        settings = dict(settings)
+        compile_timeout = settings.pop("compile_timeout_s", None)
+        input_sets = settings.pop("input_sets", 1)
+        future = self._compile_pool.submit(compile_config, task, config, interpret=self.interpret,
+                                           trial_seed=trial_seed, input_sets=input_sets)
+        restart = False
+        try:
+            compiled = future.result(timeout=compile_timeout)
+        except concurrent.futures.TimeoutError:
+            # The compiler thread cannot be stopped; ask the driver for a fresh worker.
+            compiled = Measurement(outcomes.TIMEOUT, error=f"compile exceeded {compile_timeout:.0f} s")
+            restart = True
+        device_s = 0.0
+        if isinstance(compiled, Measurement):
+            result = compiled
+        else:
+            with self._device:
+                started = time.monotonic()
+                result = validate_and_time(compiled, **settings)
+                device_s = time.monotonic() - started
+                self._busy_s += device_s
+        result.worker = f"{socket.gethostname()}:{os.getpid()}"
+        result.device_kind = jax.devices()[0].device_kind
+        return {**result.to_dict(), "device_s": device_s, "restart": restart}
+
+    def duty(self) -> dict[str, float]:
+        """Seconds the device spent validating and timing, and seconds alive."""
+        return {"busy_s": self._busy_s, "alive_s": time.monotonic() - self._started}
+
+
+def _pin_tpu_chip() -> None:
+    """One TPU chip per process: Ray sets TPU_VISIBLE_CHIPS; libtpu also needs these bounds."""
+    chips = os.environ.get("TPU_VISIBLE_CHIPS")
+    if not chips or "," in chips:
+        return
+    os.environ.setdefault("TPU_CHIPS_PER_PROCESS_BOUNDS", "1,1,1")
+    os.environ.setdefault("TPU_PROCESS_BOUNDS", "1,1,1")
+    port = 8476 + int(chips)
+    os.environ.setdefault("TPU_PROCESS_PORT", str(port))
+    os.environ.setdefault("TPU_PROCESS_ADDRESSES", f"localhost:{port}")
+    os.environ.setdefault("CLOUD_TPU_TASK_ID", "0")

@@ -1,0 +1,79 @@
+"""Where workers go: one per accelerator chip (TPU), per GPU, or per CPU for interpret mode.
+
+Slots are read from the live Ray cluster (`ray.nodes()`), optionally limited to nodes with a
+label, and spread round-robin over nodes. Each worker is pinned to its node with a hard node
+affinity, so a replacement lands where the dead one was (or nowhere, if that node is gone).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from farm.errors import FarmError
+
+# Ray resource names per pool.
+RESOURCE = {"tpu": "TPU", "gpu": "GPU", "cpu": "CPU"}
+# Targets whose kernels run natively on a pool's accelerator.
+NATIVE_POOL = {"tpu": "tpu", "gpu-triton": "gpu", "gpu-mosaic": "gpu"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One worker's place: its pool, node and index among that node's chips."""
+
+    pool: str
+    node_id: str
+    index: int
+
+
+def pool_for(target: str, cluster: Mapping[str, float], interpret: bool) -> str:
+    """Which pool runs `target`: its accelerator when the cluster has one, else CPU interpret."""
+    native = NATIVE_POOL.get(target)
+    if native is None:
+        return "cpu"
+    if cluster.get(RESOURCE[native], 0) >= 1:
+        return native
+    if interpret:
+        return "cpu"
+    raise FarmError(f"--target {target}: the Ray cluster has no {RESOURCE[native]} resources; expected a cluster "
+                    f"with {RESOURCE[native]}s, or --interpret to emulate {target} on CPU")
+
+
+def node_matches(node: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether a `ray.nodes()` entry carries every label (Ray labels, or custom resources named key=value)."""
+    node_labels = node.get("Labels") or {}
+    resources = node.get("Resources") or {}
+    return all(node_labels.get(k) == v or f"{k}={v}" in resources for k, v in labels.items())
+
+
+def slots(pool: str, nodes: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | None = None,
+          limit: int | None = None) -> list[Slot]:
+    """One slot per unit of the pool's resource on each alive matching node, spread over nodes."""
+    per_node: list[list[Slot]] = []
+    for node in nodes:
+        if not node.get("Alive") or (labels and not node_matches(node, labels)):
+            continue
+        count = int(node.get("Resources", {}).get(RESOURCE[pool], 0))
+        per_node.append([Slot(pool, node["NodeID"], i) for i in range(count)])
+    spread = [s for group in _interleave(per_node) for s in group]
+    if not spread:
+        where = f" on nodes labelled {dict(labels)}" if labels else ""
+        raise FarmError(f"no {RESOURCE[pool]} slots{where} in the Ray cluster; expected at least one")
+    return spread[:limit] if limit else spread
+
+
+def _interleave(groups: list[list[Slot]]) -> list[list[Slot]]:
+    longest = max((len(g) for g in groups), default=0)
+    return [[g[i] for g in groups if i < len(g)] for i in range(longest)]
+
+
+def parse_labels(items: Sequence[str] | None) -> dict[str, str]:
+    """`key=value` strings from the command line as a dict."""
+    labels = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise FarmError(f"--node-label {item!r}: expected key=value")
+        labels[key] = value
+    return labels
