@@ -1,0 +1,182 @@
+"""Fault tolerance with the real Ray: hangs, crashes, killed workers, a killed driver."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from farm import cli, outcomes
+
+FAULTS = """\
+kernel: tests.fixtures.faulty_softmax
+dtypes: [float32]
+shapes: [[16, 128]]
+targets: [interpret]
+params:
+  block_rows: {values: [8]}
+  fault: {values: [none, hang_compile, hang_device, crash]}
+sampler: grid
+trials: 4
+"""
+
+
+def _sweep(tmp_path, signing_key, text, *extra):
+    space = tmp_path / "space.yaml"
+    space.write_text(textwrap.dedent(text))
+    out = tmp_path / "run"
+    assert cli.main(["sweep", str(space), "--out", str(out), "--key", str(signing_key[0]), "--quiet",
+                     "--repetitions", "2", *extra]) == 0
+    return out, pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
+
+
+def test_hangs_and_crashes_are_recorded_and_the_sweep_finishes(ray_local, tmp_path, signing_key):
+    out, trials = _sweep(tmp_path, signing_key, FAULTS, "--compile-timeout", "4", "--timing-timeout", "4",
+                         "--workers", "2")
+    by_fault = {json.loads(t["config"])["fault"]: t for t in trials}
+    assert by_fault["none"]["outcome"] == outcomes.OK
+    assert by_fault["hang_compile"]["outcome"] == outcomes.TIMEOUT
+    assert "compile exceeded 4 s" in by_fault["hang_compile"]["error"]
+    assert by_fault["hang_device"]["outcome"] == outcomes.TIMEOUT
+    assert "worker killed and replaced" in by_fault["hang_device"]["error"]
+    crash = by_fault["crash"]
+    assert crash["outcome"] == outcomes.WORKER_LOST and crash["attempt"] == 2
+    assert "quarantined after killing 2 workers" in crash["error"]
+    row = pq.read_table(out / "bundle" / "configs.parquet").to_pylist()[0]
+    assert row["status"] == "ok" and json.loads(row["config"])["fault"] == "none"
+
+
+def test_a_trial_whose_worker_died_once_is_requeued(ray_local, tmp_path, signing_key):
+    marker = tmp_path / "crashed-once"
+    _, trials = _sweep(tmp_path, signing_key, f"""\
+        kernel: tests.fixtures.faulty_softmax
+        dtypes: [float32]
+        shapes: [[16, 128]]
+        targets: [interpret]
+        params:
+          block_rows: {{values: [8]}}
+          fault: {{values: [crash_once]}}
+          marker: {{values: ["{marker}"]}}
+        trials: 1
+    """)
+    assert marker.exists()
+    assert [(t["outcome"], t["attempt"]) for t in trials] == [(outcomes.OK, 2)]
+
+
+def _worker_pids() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"ray::Worker" in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_killing_worker_processes_loses_no_trial(ray_local, tmp_path, signing_key):
+    killed: list[int] = []
+
+    def kill_workers_mid_sweep():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            log = tmp_path / "run" / "trials.jsonl"
+            if log.exists() and log.read_text().count("\n") >= 2:
+                for pid in _worker_pids():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_workers_mid_sweep)
+    killer.start()
+    _, trials = _sweep(tmp_path, signing_key, """\
+        kernel: matmul
+        dtypes: [float32]
+        shapes: [[64, 64, 64]]
+        targets: [interpret]
+        params:
+          block_m: {values: [8, 16, 32, 64]}
+          block_n: {values: [16, 32, 64]}
+          block_k: {values: [64]}
+        sampler: grid
+        trials: 12
+    """)
+    killer.join()
+    assert killed, "no worker process was found to kill"
+    measured = [t for t in trials if t["outcome"] in outcomes.MEASURED]
+    assert Counter(t["outcome"] for t in measured) == {outcomes.OK: 12}
+    assert len({t["config"] for t in measured}) == 12
+
+
+RESUME_SPACE = """\
+kernel: matmul
+dtypes: [float32]
+shapes: [[128, 128, 128], [128, 256, 128]]
+targets: [interpret]
+params:
+  block_m: {values: [16, 32, 128]}
+  block_n: {values: [32, 128]}
+  block_k: {values: [128]}
+sampler: grid
+trials: 6
+"""
+
+
+def _farm(args, repo, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "farm", "sweep", *args], cwd=repo, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+
+
+def _measured(run: Path) -> dict[str, list[str]]:
+    records = [json.loads(line) for line in (run / "trials.jsonl").read_text().splitlines()]
+    found: dict[str, list[str]] = {}
+    for r in records:
+        if r["outcome"] in outcomes.MEASURED:
+            found.setdefault(r["task_key"], []).append(r["config"])
+    return found
+
+
+def test_killed_driver_resumes_without_measuring_anything_twice(tmp_path, signing_key, repo):
+    space = tmp_path / "space.yaml"
+    space.write_text(RESUME_SPACE)
+    common = ["--key", str(signing_key[0]), "--quiet", "--repetitions", "2", "--workers", "1"]
+
+    whole = tmp_path / "whole"
+    proc = _farm([str(space), "--out", str(whole), *common], repo)
+    assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
+
+    killed = tmp_path / "killed"
+    proc = _farm([str(space), "--out", str(killed), *common], repo)
+    log = killed / "trials.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (log.exists() and log.read_text().count("\n") >= 4):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the embedded Ray it started
+    proc.wait(timeout=60)
+    before = _measured(killed)
+    assert 4 <= sum(map(len, before.values())) < 12
+
+    proc = _farm(["--resume", str(killed), *common], repo)
+    assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
+    after = _measured(killed)
+    for task, configs in after.items():
+        assert len(configs) == len(set(configs)), f"{task}: a config was measured twice"
+        assert configs[:len(before.get(task, []))] == before.get(task, [])
+    assert {k: sorted(v) for k, v in after.items()} == {k: sorted(v) for k, v in _measured(whole).items()}
+
+    def winners(run):
+        rows = pq.read_table(run / "bundle" / "configs.parquet").to_pylist()
+        return {r["task_key"]: r["config"] for r in rows}
+
+    assert winners(killed) == winners(whole)
+    assert all(json.loads(c)["block_m"] == 128 for c in winners(whole).values())
