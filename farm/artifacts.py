@@ -49,7 +49,7 @@ TRIAL_COLUMNS = pa.schema([
     ("calls_per_sample", pa.int64()), ("numerics_error", pa.float64()),
     ("compile_s", pa.float64()), ("device_s", pa.float64()), ("footprint_bytes", pa.int64()),
     ("capacity_bytes", pa.int64()), ("error", pa.string()), ("worker", pa.string()),
-    ("device_kind", pa.string()), ("attempt", pa.int64()), ("started", pa.string()),
+    ("device_kind", pa.string()), ("attempt", pa.int64()), ("requeued", pa.int64()), ("started", pa.string()),
     ("finished", pa.string()), ("run_id", pa.string()),
 ])
 
@@ -72,7 +72,8 @@ def _table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows], schema=schema)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (renames, new files) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -110,7 +111,7 @@ def write_bundle(dest: str | Path, configs: Sequence[Mapping[str, Any]], trials:
             old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
             os.rename(dest, old)
         os.rename(tmp, dest)
-        _fsync_dir(dest.parent)
+        fsync_dir(dest.parent)
         if old is not None:
             shutil.rmtree(old)
     except BaseException:

@@ -88,7 +88,8 @@ class _Trial:
     config: dict[str, Any]
     key: str
     footprint: int | None = None
-    attempt: int = 1
+    attempt: int = 1          # runs that counted against the trial (its worker died under it)
+    requeued: int = 0         # times it was moved to another worker, for whatever reason
     started_at: str | None = None
 
 
@@ -249,6 +250,7 @@ class Sweep:
     def _requeue(self, flight: _Trial, *, penalize: bool, reason: str) -> None:
         """Run a trial again elsewhere, or record it `worker_lost` once its attempts are spent."""
         state = flight.state
+        flight.requeued += 1
         if penalize:
             state.deaths[flight.key] += 1
             if flight.attempt >= self.settings.max_attempts:
@@ -412,7 +414,8 @@ class Sweep:
     def _finish(self, flight: _Trial, measurement: dict[str, Any]) -> None:
         state = flight.state
         record = self._record(state, flight.trial.number, flight.key, measurement["outcome"], measurement,
-                              attempt=flight.attempt, started=flight.started_at, footprint_bytes=flight.footprint,
+                              attempt=flight.attempt, requeued=flight.requeued, started=flight.started_at,
+                              footprint_bytes=flight.footprint,
                               capacity_bytes=state.capacity.onchip_bytes)
         self._tell(state, flight.trial, record)
         state.measured[flight.key] = record

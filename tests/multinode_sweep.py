@@ -1,0 +1,65 @@
+"""Run by tests/test_cluster.py in its own process: a sweep on a multi-node Ray cluster
+(ray.cluster_utils.Cluster) whose nodes advertise TPU chips; one node leaves mid-sweep."""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ray
+from ray.cluster_utils import Cluster
+
+from farm import driver, outcomes, plan, spaces
+
+SPACE = """\
+kernel: softmax
+dtypes: [float32]
+shapes: [[64, 128], [128, 128], [64, 256]]
+targets: [tpu]
+params:
+  block_rows: {values: [8, 16, 32, 64]}
+sampler: grid
+trials: 4
+"""
+
+
+def main(out: Path) -> None:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    nodes = [cluster.add_node(num_cpus=4, resources={"TPU": 4}) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}})
+    (out / "space.yaml").write_text(SPACE)
+    planned = plan.expand([spaces.load_space(out / "space.yaml")])
+    settings = driver.SweepSettings(run_dir=out / "run", interpret=True, repetitions=2, depth=1)
+    sweep = driver.Sweep(planned, settings)
+    placed: dict = {}
+    removed: list = []
+
+    def remove_a_node_mid_sweep():
+        while not sweep._workers:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        placed.update({"initial": [w.slot.node_id for w in list(sweep._workers)]})
+        while len(sweep.records) < 2:
+            time.sleep(0.05)
+        cluster.remove_node(nodes[1])
+        removed.append(nodes[1].node_id)
+
+    thread = threading.Thread(target=remove_a_node_mid_sweep, daemon=True)
+    thread.start()
+    records = sweep.run()
+    thread.join(timeout=60)
+    print(json.dumps({
+        "initial": placed.get("initial"), "tpu_nodes": [n.node_id for n in nodes], "removed": removed,
+        "records": records, "final_workers": [w.slot.node_id for w in sweep._workers],
+        "outcomes": outcomes.MEASURED,
+    }))
+    ray.shutdown()
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
