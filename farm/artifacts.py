@@ -50,7 +50,7 @@ TRIAL_COLUMNS = pa.schema([
     ("compile_s", pa.float64()), ("device_s", pa.float64()), ("footprint_bytes", pa.int64()),
     ("capacity_bytes", pa.int64()), ("error", pa.string()), ("worker", pa.string()),
     ("device_kind", pa.string()), ("attempt", pa.int64()), ("requeued", pa.int64()), ("started", pa.string()),
-    ("finished", pa.string()), ("run_id", pa.string()),
+    ("finished", pa.string()), ("elapsed_s", pa.float64()), ("run_id", pa.string()),
 ])
 
 

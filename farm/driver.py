@@ -58,6 +58,7 @@ class SweepSettings:
     compile_timeout_s: float = 600.0
     timing_timeout_s: float = 300.0    # validation and timing of one config
     max_attempts: int = 2              # a trial whose worker died is re-queued up to this many runs
+    static_pruning: bool = True        # False: compile even what the footprint model says cannot fit
     address: str | None = None         # Ray address; None starts an embedded local Ray
 
 
@@ -136,6 +137,7 @@ class Sweep:
         self._retry: dict[str, deque[_Trial]] = {}
         self._workers: list[_Worker] = []
         self._refs: dict[Any, _Worker] = {}
+        self._t0 = time.monotonic()
 
     # -- records and telling ---------------------------------------------------------------
     def _record(self, state: _TaskState, trial_number: int, key: str, outcome: str,
@@ -143,7 +145,8 @@ class Sweep:
         task = state.planned.task
         record = {"task_key": task.key, "kernel": task.kernel, "shape": list(task.shape), "dtype": task.dtype,
                   "target": task.target, "trial": trial_number, "config": key, "outcome": outcome,
-                  "attempt": 1, "finished": artifacts.now(), "run_id": self.run_id, **extra}
+                  "attempt": 1, "finished": artifacts.now(), "elapsed_s": time.monotonic() - self._t0,
+                  "run_id": self.run_id, **extra}
         for name, value in (measurement or {}).items():
             if name not in ("outcome", "restart"):
                 record.setdefault(name, value)
@@ -193,7 +196,7 @@ class Sweep:
                 continue
             footprint, verdict = pruning.static_verdict(state.module, config, task.shape, task.dtype, task.target,
                                                         state.capacity)
-            if verdict is not None:
+            if verdict is not None and self.settings.static_pruning:
                 self._skip(state, trial, key, outcomes.PRUNED, verdict.reason, footprint_bytes=verdict.footprint_bytes,
                            capacity_bytes=verdict.capacity_bytes)
                 continue
@@ -309,8 +312,15 @@ class Sweep:
                 if record is not None:  # logged, but the driver died before telling Optuna
                     self._tell(state, trial, record)
                     continue
-                config = dict(frozen.params)
+                # Suggesting again returns the params already drawn and completes any the killed
+                # driver had not drawn yet.
+                config = studies.suggest(trial, state.planned.space.params_for(state.planned.task.target))
                 key = config_json(config)
+                broken = state.planned.space.violated(config, state.planned.task.shape, state.planned.task.dtype,
+                                                      state.planned.task.target)
+                if broken is not None:
+                    self._skip(state, trial, key, outcomes.INVALID, f"breaks constraint: {broken}")
+                    continue
                 state.asked += 1
                 if key in state.measured:
                     self._answer_cached(state, trial, key, state.measured[key])
@@ -325,7 +335,7 @@ class Sweep:
         connect(self.settings.address)
         states = self._prepare()
         nodes = ray.nodes()
-        started = time.monotonic()
+        started = self._t0 = time.monotonic()
         for pool in sorted(set(self.task_pool.values())):
             for slot in placement.slots(pool, nodes, self.settings.node_labels, self.settings.workers):
                 self._start_worker(slot)

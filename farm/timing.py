@@ -50,3 +50,27 @@ def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, w
     q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [median, median, median]
     return Timing(median, samples[0], (q[2] - q[0]) / median if median > 0 else 0.0,
                   tuple(samples), calls)
+
+
+def time_side_by_side(fns: dict[str, Callable[..., Any]], input_sets: Sequence[Sequence[Any]], *,
+                      repetitions: int = 10, min_sample_s: float = 5e-3, max_calls: int = 1000) -> dict[str, Timing]:
+    """Time several functions of the same inputs in one run, samples interleaved round robin.
+
+    Interleaving puts every contender under the same clocks, temperature and background load.
+    """
+    calls = {}
+    for name, fn in fns.items():
+        once = min(_run(fn, input_sets, 1) for _ in range(2))
+        calls[name] = max(1, min(max_calls, math.ceil(min_sample_s / max(once, 1e-9))))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repetitions):
+        for name, fn in fns.items():
+            samples[name].append(_run(fn, input_sets, calls[name]))
+    timings = {}
+    for name, values in samples.items():
+        values.sort()
+        median = statistics.median(values)
+        q = statistics.quantiles(values, n=4) if len(values) >= 2 else [median] * 3
+        timings[name] = Timing(median, values[0], (q[2] - q[0]) / median if median > 0 else 0.0,
+                               tuple(values), calls[name])
+    return timings

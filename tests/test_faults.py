@@ -119,16 +119,16 @@ def test_killing_worker_processes_loses_no_trial(ray_local, tmp_path, signing_ke
 
 
 RESUME_SPACE = """\
-kernel: matmul
+kernel: tests.fixtures.faulty_softmax
 dtypes: [float32]
-shapes: [[128, 128, 128], [128, 256, 128]]
+shapes: [[16, 128], [32, 128]]
 targets: [interpret]
 params:
-  block_m: {values: [16, 32, 128]}
-  block_n: {values: [32, 128]}
-  block_k: {values: [128]}
+  block_rows: {values: [8, 16]}
+  fault: {values: [slow]}
+  delay_ms: {values: [0, 10, 20, 40]}
 sampler: grid
-trials: 6
+trials: 8
 """
 
 
@@ -159,12 +159,12 @@ def test_killed_driver_resumes_without_measuring_anything_twice(tmp_path, signin
     proc = _farm([str(space), "--out", str(killed), *common], repo)
     log = killed / "trials.jsonl"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (log.exists() and log.read_text().count("\n") >= 4):
+    while time.monotonic() < deadline and not (log.exists() and log.read_text().count("\n") >= 3):
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the embedded Ray it started
     proc.wait(timeout=60)
     before = _measured(killed)
-    assert 4 <= sum(map(len, before.values())) < 12
+    assert 3 <= sum(map(len, before.values())) < 16
 
     proc = _farm(["--resume", str(killed), *common], repo)
     assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
@@ -178,5 +178,9 @@ def test_killed_driver_resumes_without_measuring_anything_twice(tmp_path, signin
         rows = pq.read_table(run / "bundle" / "configs.parquet").to_pylist()
         return {r["task_key"]: r["config"] for r in rows}
 
-    assert winners(killed) == winners(whole)
-    assert all(json.loads(c)["block_m"] == 128 for c in winners(whole).values())
+    # Each delay step adds 10 ms per call, far beyond timing noise, so the winners must agree on
+    # the delay (block_rows, a close race, may legitimately differ between two measurements).
+    def delays(run):
+        return {task: json.loads(config)["delay_ms"] for task, config in winners(run).items()}
+
+    assert delays(killed) == delays(whole) == {k: 0 for k in winners(whole)}

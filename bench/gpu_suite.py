@@ -1,0 +1,164 @@
+"""Tune kernels at their seed shapes with the farm on this machine's GPU(s), then time each
+winner against XLA (`jax.jit` of the kernel's reference) side by side, with the same method.
+
+    python bench/gpu_suite.py --out DIR [--spaces search_spaces/a.yaml ...] [--trials 24]
+
+Prints a table and writes DIR/suite.json and DIR/suite.md. Device time, not dispatch: every
+sample times queued back-to-back calls (farm.timing), inputs rotate over several sets when one
+set would fit in L2, and contenders' samples are interleaved.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import kernels  # noqa: E402
+from farm import driver, outcomes, plan, select, spaces, timing  # noqa: E402
+from kernels.lowering import Platform  # noqa: E402
+
+L2_BYTES = 50 * 2**20
+SUITE = ["softmax", "batch_softmax", "softmax_two_pass", "layer_norm", "rms_norm", "rms_norm_bwd", "welford",
+         "cross_entropy", "cross_entropy_long", "swiglu", "geglu", "matmul", "bmm", "broadcast_matmul",
+         "matmul_layernorm", "matmul_subtiled_epilogue", "flash_attention", "flash_attention_causal"]
+
+
+def input_sets(module, shape, dtype, count=None):
+    """Enough input sets that rotating through them overflows L2 (at most 4)."""
+    per_set = module.bytes_moved(shape, dtype)
+    n = count or max(1, min(4, math.ceil(2 * L2_BYTES / max(per_set, 1))))
+    return [module.make_inputs(shape, dtype, jax.random.key(100 + i)) for i in range(n)]
+
+
+def ceilings():
+    """Copy bandwidth (bytes read + written) and the bf16 matmul rate, measured now."""
+    x = jax.random.normal(jax.random.key(0), (1 << 30,), jnp.bfloat16)
+    copy = jax.jit(lambda v: -v)
+    t = timing.time_calls(copy, [(x,)], repetitions=20)
+    a = jax.random.normal(jax.random.key(1), (8192, 8192), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(2), (8192, 8192), jnp.bfloat16)
+    mm = jax.jit(lambda p, q: p @ q)
+    tm = timing.time_calls(mm, [(a, b)], repetitions=20)
+    del x, a, b
+    return {"copy_bytes_per_s": 2 * 2 * (1 << 30) / t.median_s, "bf16_flops_per_s": 2 * 8192**3 / tm.median_s}
+
+
+def time_to_within(records, fraction=0.02):
+    """Seconds from sweep start until the best-so-far came within `fraction` of the final best."""
+    ok = sorted((r for r in records if r["outcome"] == outcomes.OK), key=lambda r: r["elapsed_s"])
+    if not ok:
+        return None
+    final = min(r["median_s"] for r in ok)
+    best = math.inf
+    for r in ok:
+        best = min(best, r["median_s"])
+        if best <= final * (1 + fraction):
+            return r["elapsed_s"]
+    return None
+
+
+def compare(task, config, repetitions):
+    """Winner vs XLA on the same inputs, interleaved."""
+    module = kernels.load(task.kernel)
+    dtype = jnp.dtype(task.dtype)
+    sets = input_sets(module, task.shape, dtype)
+    fns = {"farm": jax.jit(module.build(config, task.shape, dtype, Platform(task.target))),
+           "xla": jax.jit(module.reference)}
+    timings = timing.time_side_by_side(fns, sets, repetitions=repetitions)
+    return {name: t.median_s for name, t in timings.items()} | {
+        f"{name}_spread": t.spread for name, t in timings.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--spaces", nargs="*", help="space files (default: the suite's)")
+    parser.add_argument("--target", action="append", help="targets (default gpu-triton and gpu-mosaic)")
+    parser.add_argument("--trials", type=int, default=24)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--repetitions", type=int, default=20)
+    parser.add_argument("--workers", type=int)
+    parser.add_argument("--sampler")
+    parser.add_argument("--no-static-pruning", action="store_true")
+    parser.add_argument("--skip-compare", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    targets = args.target or ["gpu-triton", "gpu-mosaic"]
+    paths = args.spaces or [f"search_spaces/{n}.yaml" for n in SUITE if Path(f"search_spaces/{n}.yaml").exists()]
+    driver.connect(None)
+    results, started = [], time.monotonic()
+    for path in paths:
+        try:
+            planned = plan.expand([spaces.load_space(path)], targets, args.trials)
+        except Exception as err:  # noqa: BLE001 - report and go on
+            results.append({"space": path, "error": f"{type(err).__name__}: {err}"})
+            continue
+        settings = driver.SweepSettings(run_dir=args.out / "runs" / Path(path).stem, depth=args.depth,
+                                        repetitions=10, input_sets=2, workers=args.workers, sampler=args.sampler,
+                                        static_pruning=not args.no_static_pruning, compile_timeout_s=120,
+                                        timing_timeout_s=120)
+        t0 = time.monotonic()
+        try:
+            sweep = driver.Sweep(planned, settings)
+            records = sweep.run()
+        except Exception as err:  # noqa: BLE001
+            results.append({"space": path, "error": traceback.format_exc()[-2000:]})
+            continue
+        wall = time.monotonic() - t0
+        for p in planned:
+            task_records = [r for r in records if r["task_key"] == p.task.key]
+            best = select.best_record(task_records)
+            counts = {o: sum(r["outcome"] == o for r in task_records) for o in outcomes.ALL}
+            row = {"task": p.task.key, "kernel": p.task.kernel, "shape": list(p.task.shape), "dtype": p.task.dtype,
+                   "target": p.task.target, "sweep_wall_s": wall, "counts": counts,
+                   "time_to_2pct_s": time_to_within(task_records), "summary": sweep.summary,
+                   "config": best and best["config"], "sweep_median_s": best and best["median_s"]}
+            if best and not args.skip_compare:
+                try:
+                    row |= compare(p.task, json.loads(best["config"]), args.repetitions)
+                except Exception as err:  # noqa: BLE001
+                    row["compare_error"] = f"{type(err).__name__}: {str(err)[:500]}"
+            module = kernels.load(p.task.kernel)
+            row["bytes"] = module.bytes_moved(p.task.shape, jnp.dtype(p.task.dtype))
+            row["flops"] = module.flops(p.task.shape)
+            results.append(row)
+            print(json.dumps({k: row.get(k) for k in ("task", "farm", "xla", "sweep_median_s", "config",
+                                                      "time_to_2pct_s", "compare_error")}), flush=True)
+        (args.out / "suite.json").write_text(json.dumps({"results": results}, indent=1, default=str))
+    ceiling = ceilings()
+    report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind, "jax": jax.__version__,
+              "ceilings": ceiling, "results": results, "wall_s": time.monotonic() - started}
+    (args.out / "suite.json").write_text(json.dumps(report, indent=1, default=str))
+    lines = ["| task | config | farm | XLA | farm/XLA speedup | GB/s | % copy BW | TFLOP/s | trials ok/pruned/failed "
+             "| to 2% (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "farm" not in r:
+            lines.append(f"| {r.get('task', r.get('space'))} | failed: {str(r.get('error') or r.get('compare_error'))[:80]} "
+                         "| | | | | | | | |")
+            continue
+        c = r["counts"]
+        failed = sum(c[o] for o in outcomes.FAILURES)
+        lines.append(f"| {r['task']} | `{r['config']}` | {r['farm'] * 1e3:.3f} ms | {r['xla'] * 1e3:.3f} ms | "
+                     f"{r['xla'] / r['farm']:.2f}x | {r['bytes'] / r['farm'] / 1e9:.0f} | "
+                     f"{100 * r['bytes'] / r['farm'] / ceiling['copy_bytes_per_s']:.0f}% | "
+                     f"{r['flops'] / r['farm'] / 1e12:.0f} | {c[outcomes.OK]}/{c[outcomes.PRUNED]}/{failed} | "
+                     f"{r['time_to_2pct_s'] and round(r['time_to_2pct_s'], 1)} |")
+    lines.append(f"\nceilings: copy {ceiling['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write), "
+                 f"bf16 matmul {ceiling['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s (XLA/cuBLAS, 8192^3)")
+    (args.out / "suite.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
