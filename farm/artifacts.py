@@ -33,7 +33,8 @@ SIGNATURE = "manifest.sig"
 CONFIG_COLUMNS = pa.schema([
     ("task_key", pa.string()), ("kernel", pa.string()), ("shape", pa.list_(pa.int64())),
     ("dtype", pa.string()), ("target", pa.string()), ("device_kind", pa.string()),
-    ("interpret", pa.bool_()), ("software", pa.string()), ("status", pa.string()),
+    ("interpret", pa.bool_()), ("software", pa.string()), ("fingerprint", pa.string()),
+    ("fingerprint_sha256", pa.string()), ("status", pa.string()),
     ("config", pa.string()), ("median_s", pa.float64()), ("spread", pa.float64()),
     ("min_s", pa.float64()), ("n_timed", pa.int64()), ("numerics_error", pa.float64()),
     ("default_config", pa.string()), ("default_median_s", pa.float64()),

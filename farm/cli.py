@@ -1,18 +1,20 @@
-"""The `farm` command: sweep, verify, show, keygen.
+"""The `farm` command: sweep, verify, show, keygen, bundle, pull, retune.
 
 User errors print one line (`error: ...`) and exit with code 2; a bundle that fails
-verification exits with code 1.
+verification exits with code 1; `farm retune` exits with code 3 when its gate blocks a rollout.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from farm.errors import BundleError, FarmError
+from farm.capacity import profiles as capacity_profiles
 from kernels.lowering import TARGETS
 
 DEFAULT_KEY = ".keys/dev_ed25519.pem"
@@ -39,25 +41,45 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = argparse.ArgumentParser(prog="farm", description="Autotune JAX Pallas kernels on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sweep = sub.add_parser("sweep", help="tune the tasks of search spaces and write a signed bundle")
-    sweep.add_argument("spaces", nargs="+", metavar="SPACE", help="search space YAML files")
+    sweep.add_argument("spaces", nargs="*", metavar="SPACE", help="search space YAML files")
+    sweep.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                       help="continue a killed sweep: same spaces and settings, nothing measured twice")
     sweep.add_argument("--target", action="append", choices=TARGETS, help="only these targets (repeatable)")
     sweep.add_argument("--trials", type=_positive_int, help="trials per task (overrides the spaces)")
     sweep.add_argument("--sampler", choices=("tpe", "random", "grid"), help="override the spaces' samplers")
     sweep.add_argument("--seed", type=int, help="override the spaces' sampler seeds")
     sweep.add_argument("--out", type=Path, help="run folder (default artifacts/run-<UTC time>); must be new or empty")
     sweep.add_argument("--address", help="Ray cluster address (default: start an embedded local Ray)")
-    sweep.add_argument("--workers", type=_positive_int, help="workers per pool (default: one per accelerator or CPU)")
-    sweep.add_argument("--interpret", action="store_true", help="emulate accelerator targets in interpret mode on CPU")
+    sweep.add_argument("--workers", type=_positive_int, help="workers per pool (default: one per chip, GPU or CPU)")
+    sweep.add_argument("--depth", type=_positive_int, help="trials in flight per worker (default 2; 1 on CPU)")
+    sweep.add_argument("--node-label", action="append", metavar="KEY=VALUE", help="only nodes with this label")
+    sweep.add_argument("--interpret", action="store_true", help="run kernels in interpret mode on CPU")
+    sweep.add_argument("--emulate", choices=capacity_profiles(), help="memory capacity to prune against in "
+                       "interpret mode (default: v7 for tpu, h200 for gpu targets)")
     sweep.add_argument("--key", type=Path, default=Path(DEFAULT_KEY), help=f"signing key (default {DEFAULT_KEY})")
     sweep.add_argument("--repetitions", type=_positive_int, default=10, help="timing samples per config")
-    sweep.add_argument("--trial-timeout", type=_positive_float, default=600.0,
-                       help="seconds a trial may take before its worker is replaced")
+    sweep.add_argument("--input-sets", type=_positive_int, default=1, help="rotating input sets when timing")
+    sweep.add_argument("--compile-timeout", type=_positive_float, default=600.0, help="seconds to compile a config")
+    sweep.add_argument("--timing-timeout", type=_positive_float, default=300.0,
+                       help="seconds to validate and time a config")
+    sweep.add_argument("--max-attempts", type=_positive_int, default=2,
+                       help="runs of a trial whose worker died before it is recorded worker_lost")
     sweep.add_argument("--quiet", action="store_true", help="no live progress table")
 
     verify = sub.add_parser("verify", help="check a bundle's signature and file hashes")
@@ -72,6 +94,68 @@ def build_parser() -> argparse.ArgumentParser:
     keygen = sub.add_parser("keygen", help="create an Ed25519 signing key pair")
     keygen.add_argument("path", type=Path, nargs="?", default=Path(DEFAULT_KEY),
                         help=f"private key path; the public key goes to PATH.pub (default {DEFAULT_KEY})")
+
+    bundle = sub.add_parser("bundle", help="merge the bundles of several runs into one signed bundle")
+    bundle.add_argument("inputs", nargs="+", type=Path, metavar="RUN_DIR",
+                        help="run folders (their bundle/), bundle folders or bundle archives")
+    bundle.add_argument("--out", type=Path, required=True,
+                        help="FILE.tar.gz (or .tgz, .tar) for an archive; any other path writes a bundle folder")
+    bundle.add_argument("--key", type=Path, default=Path(DEFAULT_KEY), help=f"signing key (default {DEFAULT_KEY})")
+    bundle.add_argument("--trust", action="append", type=Path,
+                        help="verify the inputs against these public keys / trust folders (repeatable)")
+    bundle.add_argument("--allow-unsigned", action="store_true",
+                        help="accept inputs that are unsigned or signed by untrusted keys (with a warning)")
+
+    pull = sub.add_parser("pull", help="download, verify and atomically install a bundle")
+    pull.add_argument("url", help="bundle archive or folder: a path, file://, http(s)://, gs://, s3://")
+    pull.add_argument("--dest", type=Path, required=True, help="deployment folder (DEST/current is the bundle)")
+    pull.add_argument("--trust", action="append", type=Path,
+                      help="trusted public key file or trust folder (*.pub, *.revoked, revoked) (repeatable)")
+    pull.add_argument("--allow-unsigned", action="store_true",
+                      help="install a bundle that is unsigned or signed by an untrusted key (with a warning)")
+    pull.add_argument("--allow-older", action="store_true", help="install a bundle older than the installed one")
+    pull.add_argument("--keep", type=_positive_int, default=2, help="versions to keep, the current one included")
+    pull.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds an HTTP download may take")
+
+    retune = sub.add_parser("retune", help="retune the tasks whose software fingerprint changed since a bundle; "
+                            "exit 3 when a task regressed beyond --max-regression")
+    retune.add_argument("spaces", nargs="+", metavar="SPACE", help="search space YAML files")
+    retune.add_argument("--previous", type=Path, required=True, metavar="BUNDLE",
+                        help="the previous bundle: run folder, bundle folder or archive")
+    retune.add_argument("--trust", action="append", type=Path, help="verify the previous bundle against these "
+                        "public keys / trust folders (repeatable)")
+    retune.add_argument("--allow-unsigned", action="store_true", help="accept an unverified previous bundle (warns)")
+    retune.add_argument("--key", type=Path, default=Path(DEFAULT_KEY), help=f"signing key (default {DEFAULT_KEY})")
+    retune.add_argument("--out", type=Path, help="run folder (default artifacts/retune-<UTC time>); new or empty")
+    retune.add_argument("--max-regression", type=_non_negative_float, default=0.05,
+                        help="gate: new / old time above 1 + this, beyond noise, exits 3 (default 0.05)")
+    retune.add_argument("--noise", type=_non_negative_float, default=0.02,
+                        help="relative noise floor of a measurement (default 0.02)")
+    retune.add_argument("--trials", type=_positive_int, help="trials per retuned task (default: a quarter of the "
+                        "space's budget, at least the warm start + 2; 1: only the previous winner); new tasks get "
+                        "the space's budget")
+    retune.add_argument("--no-escalate", action="store_true", help="no second pass up to the space's budget for "
+                        "tasks whose previous winner broke or slowed down beyond noise")
+    retune.add_argument("--top", type=_positive_int, default=3,
+                        help="previous configs queued first per task: the winner and the next best (default 3)")
+    retune.add_argument("--target", action="append", choices=TARGETS, help="only these targets (repeatable)")
+    retune.add_argument("--sampler", choices=("tpe", "random", "grid"), help="override the spaces' samplers")
+    retune.add_argument("--seed", type=int, help="override the spaces' sampler seeds")
+    retune.add_argument("--address", help="Ray cluster address (default: start an embedded local Ray)")
+    retune.add_argument("--workers", type=_positive_int, help="workers per pool (default: one per chip, GPU or CPU)")
+    retune.add_argument("--depth", type=_positive_int, help="trials in flight per worker (default 2; 1 on CPU)")
+    retune.add_argument("--node-label", action="append", metavar="KEY=VALUE", help="only nodes with this label")
+    retune.add_argument("--interpret", action="store_true", help="run kernels in interpret mode on CPU")
+    retune.add_argument("--emulate", choices=capacity_profiles(), help="memory capacity to prune against in "
+                        "interpret mode")
+    retune.add_argument("--repetitions", type=_positive_int, default=10, help="timing samples per config")
+    retune.add_argument("--input-sets", type=_positive_int, default=1, help="rotating input sets when timing")
+    retune.add_argument("--compile-timeout", type=_positive_float, default=600.0, help="seconds to compile a config")
+    retune.add_argument("--timing-timeout", type=_positive_float, default=300.0,
+                        help="seconds to validate and time a config")
+    retune.add_argument("--max-attempts", type=_positive_int, default=2,
+                        help="runs of a trial whose worker died before it is recorded worker_lost")
+    retune.add_argument("--quiet", action="store_true", help="no live progress table")
     return parser
 
 
@@ -81,36 +165,75 @@ def _check_out(out: Path) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    """Validate everything, run the sweep, write and verify the signed bundle, print winners."""
-    from farm import artifacts, plan, signing, spaces
-
-    loaded = spaces.load_spaces(args.spaces)
-    planned = plan.expand(loaded, args.target, args.trials)
-    out = args.out or Path("artifacts") / f"run-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
-    _check_out(out)
-    key = signing.load_private_key(args.key)
-
-    from farm import driver, select
+    """Validate everything, run (or resume) the sweep, write the signed bundle, print winners."""
+    from farm import artifacts, driver, plan, placement, select, signing, spaces
     from farm.progress import SweepProgress
 
-    settings = driver.SweepSettings(run_dir=out, interpret=args.interpret, workers=args.workers,
-                                    sampler=args.sampler, seed=args.seed, repetitions=args.repetitions,
-                                    trial_timeout_s=args.trial_timeout, address=args.address)
+    if args.resume and args.spaces:
+        raise FarmError("--resume: expected no SPACE arguments (the run folder keeps its own copies)")
+    if args.resume:
+        out, saved = args.resume, _load_run(args.resume)
+        loaded = spaces.load_spaces(sorted((out / SPACES_DIR).glob("*.yaml")))
+        planned = plan.expand(loaded, saved["targets"], saved["trials"])
+        settings = driver.SweepSettings(**{**saved["settings"], "run_dir": out, "address": args.address})
+    else:
+        loaded = spaces.load_spaces(args.spaces)
+        planned = plan.expand(loaded, args.target, args.trials)
+        out = args.out or Path("artifacts") / f"run-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+        _check_out(out)
+        settings = driver.SweepSettings(
+            run_dir=out, interpret=args.interpret, emulate=args.emulate, workers=args.workers, depth=args.depth,
+            node_labels=placement.parse_labels(args.node_label), sampler=args.sampler, seed=args.seed,
+            repetitions=args.repetitions, input_sets=args.input_sets, compile_timeout_s=args.compile_timeout,
+            timing_timeout_s=args.timing_timeout, max_attempts=args.max_attempts, address=args.address)
+    key = signing.load_private_key(args.key)
+    if not args.resume:
+        _save_run(out, loaded, args, settings)
+
     if args.quiet:
         sweep = driver.Sweep(planned, settings)
-        records = sweep.run()
+        records = sweep.run(resume=bool(args.resume))
     else:
         with SweepProgress(planned) as progress:
             sweep = driver.Sweep(planned, settings, on_record=progress.update)
-            records = sweep.run()
+            records = sweep.run(resume=bool(args.resume))
     environment = {k: sweep.pool_info.get(pool, {}) for k, pool in sweep.task_pool.items()}
     rows = select.winner_rows(planned, records, run_id=sweep.run_id, created=artifacts.now(),
                               environment=environment)
     bundle = artifacts.write_bundle(out / BUNDLE_DIR, rows, records, key, {"run_ids": [sweep.run_id]})
+    summary = sweep.summary
     print(f"run folder: {out}")
     print(f"bundle: {bundle} (signed by key {signing.key_id(key.public_key())})")
+    duty = summary.get("duty_cycle") or {}
+    print(f"{summary.get('measured_trials', 0)} trials measured in {summary.get('wall_s', 0):.1f} s "
+          f"({summary.get('trials_per_s', 0):.2f}/s) on {len(duty)} workers; device duty cycle "
+          + (", ".join(f"{v:.0%}" for v in duty.values()) or "-"))
     print_winners(rows)
     return 0
+
+
+SPACES_DIR = "spaces"
+SWEEP_FILE = "sweep.json"
+
+
+def _save_run(out: Path, loaded: list, args: argparse.Namespace, settings: Any) -> None:
+    """Copy the spaces and the settings into the run folder, so `--resume` repeats them exactly."""
+    import dataclasses
+    import shutil
+
+    (out / SPACES_DIR).mkdir(parents=True, exist_ok=True)
+    for i, space in enumerate(loaded):
+        shutil.copyfile(space.path, out / SPACES_DIR / f"{i:02d}-{Path(space.path).name}")
+    saved = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("run_dir", "address")}
+    (out / SWEEP_FILE).write_text(json.dumps({"targets": args.target, "trials": args.trials, "settings": saved,
+                                              "spaces": [s.path for s in loaded]}, indent=2))
+
+
+def _load_run(out: Path) -> dict[str, Any]:
+    try:
+        return json.loads((out / SWEEP_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise FarmError(f"--resume {out}: expected a run folder with {SWEEP_FILE} ({err})") from None
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -144,6 +267,77 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trust(args: argparse.Namespace) -> Any:
+    from farm import trust
+
+    if not args.trust and not args.allow_unsigned:
+        raise FarmError("--trust: expected a public key file or trust folder (or --allow-unsigned)")
+    return trust.load_trust(args.trust or [], require_keys=not args.allow_unsigned)
+
+
+def _warn_unverified(message: str | None) -> None:
+    if message:  # printed here instead of as a Python warning
+        print(f"WARNING: {message}", file=sys.stderr)
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    """Merge run bundles into one signed bundle."""
+    from farm import bundle, signing, trust
+
+    warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)
+    trusted = _trust(args)
+    key = signing.load_private_key(args.key)
+    result = bundle.merge(args.inputs, args.out, key, trusted, allow_unsigned=args.allow_unsigned)
+    for note in result.warnings:
+        _warn_unverified(note)
+    print(f"bundle: {result.out} (signed by key {signing.key_id(key.public_key())}): {result.rows} tasks "
+          f"from {len(result.inputs)} inputs ({result.replaced} older rows replaced), {result.trials} trials")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Download, verify and install a bundle."""
+    from farm import pull, trust
+
+    warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)
+    result = pull.pull(args.url, args.dest, _trust(args), allow_unsigned=args.allow_unsigned,
+                       allow_older=args.allow_older, keep=args.keep, timeout=args.timeout)
+    _warn_unverified(result.warning)
+    state = "already installed; made current" if result.reused else "installed"
+    print(f"OK: bundle {result.manifest.get('bundle_id')} {state}: {args.dest / pull.CURRENT} -> {result.installed} "
+          f"(signer {result.manifest.get('signer_key_id')}"
+          f"{'' if result.signed else ', UNVERIFIED'}; previous: {result.previous or 'none'})")
+    return 0
+
+
+def cmd_retune(args: argparse.Namespace) -> int:
+    """Retune stale tasks warm-started from a previous bundle; write the bundle and report; 3 if the gate blocks."""
+    from farm import driver, placement, plan, retune, signing, spaces
+    from farm.progress import SweepProgress
+
+    loaded = spaces.load_spaces(args.spaces)
+    planned = plan.expand(loaded, args.target, None)
+    out = args.out or Path("artifacts") / f"retune-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    _check_out(out)
+    key = signing.load_private_key(args.key)
+    previous = retune.load_previous(args.previous, _trust(args), allow_unsigned=args.allow_unsigned)
+    settings = driver.SweepSettings(
+        run_dir=out, interpret=args.interpret, emulate=args.emulate, workers=args.workers, depth=args.depth,
+        node_labels=placement.parse_labels(args.node_label), sampler=args.sampler, seed=args.seed,
+        repetitions=args.repetitions, input_sets=args.input_sets, compile_timeout_s=args.compile_timeout,
+        timing_timeout_s=args.timing_timeout, max_attempts=args.max_attempts, address=args.address)
+    options = retune.RetuneSettings(top=args.top, trials=args.trials, noise=args.noise,
+                                    max_regression=args.max_regression, escalate=not args.no_escalate)
+    result = retune.retune(planned, previous, settings, key, options, progress=None if args.quiet else SweepProgress)
+    print(result.markdown)
+    print(f"run folder: {result.run_dir}\nbundle: {result.bundle}\nreport: {result.run_dir / retune.REPORT_MD}, "
+          f"{result.run_dir / retune.REPORT_JSON}")
+    if result.exit_code:
+        print(f"gate: {len(result.report['blocked'])} task(s) regressed beyond --max-regression "
+              f"{args.max_regression}: {', '.join(result.report['blocked'])}", file=sys.stderr)
+    return result.exit_code
+
+
 def print_winners(rows: list[dict[str, Any]]) -> None:
     """A readable table of each task's winner."""
     from rich.console import Console
@@ -167,7 +361,8 @@ def print_winners(rows: list[dict[str, Any]]) -> None:
     Console(width=200).print(table)
 
 
-COMMANDS = {"sweep": cmd_sweep, "verify": cmd_verify, "show": cmd_show, "keygen": cmd_keygen}
+COMMANDS = {"sweep": cmd_sweep, "verify": cmd_verify, "show": cmd_show, "keygen": cmd_keygen,
+            "bundle": cmd_bundle, "pull": cmd_pull, "retune": cmd_retune}
 
 
 def main(argv: list[str] | None = None) -> int:

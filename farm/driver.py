@@ -60,6 +60,8 @@ class SweepSettings:
     max_attempts: int = 2              # a trial whose worker died is re-queued up to this many runs
     static_pruning: bool = True        # False: compile even what the footprint model says cannot fit
     address: str | None = None         # Ray address; None starts an embedded local Ray
+    # task key -> configs queued first, in order, in a new study (farm retune: previous winners)
+    warm_start: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -276,8 +278,11 @@ class Sweep:
             sampler = studies.make_sampler(planned, self.settings.sampler, self.settings.seed)
             study = studies.open_study(planned, store, sampler)
             module = kernels.load(planned.task.kernel)
-            studies.enqueue_default(study, planned.space.params_for(planned.task.target),
-                                    module.default_config(planned.task.shape, planned.task.target))
+            params = planned.space.params_for(planned.task.target)
+            default = module.default_config(planned.task.shape, planned.task.target)
+            if not studies.enqueue_warm_start(study, params, self.settings.warm_start.get(planned.task.key, []),
+                                              default):
+                studies.enqueue_default(study, params, default)
             states.append(_TaskState(planned, study, pools[planned.task.key], module,
                                      dominance=pruning.Dominance(module)))
         self.task_pool = {s.planned.task.key: s.pool for s in states}

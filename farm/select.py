@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import kernels
-from farm import outcomes
+from farm import fingerprint, outcomes
 from farm.driver import config_json
 from farm.plan import PlannedTask
 
@@ -22,11 +22,13 @@ def winner_rows(planned: Sequence[PlannedTask], records: Sequence[dict[str, Any]
                 created: str, environment: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One configs.parquet row per task: the winner, the default's time, outcome counts.
 
-    `environment` maps a task key to the `Worker.info()` of the workers that measured it.
+    `environment` maps a task key to the `Worker.info()` of the workers that measured it; with the
+    kernel's source it makes the task's software fingerprint (`farm.fingerprint`).
     """
     by_task: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         by_task.setdefault(record["task_key"], []).append(record)
+    sources: dict[str, dict[str, str]] = {}
     rows = []
     for p in planned:
         task = p.task
@@ -36,10 +38,14 @@ def winner_rows(planned: Sequence[PlannedTask], records: Sequence[dict[str, Any]
         default_ok = best_record([r for r in task_records if r["config"] == default])
         counts = Counter(r["outcome"] for r in task_records)
         env = environment.get(task.key, {})
+        if task.kernel not in sources:
+            sources[task.kernel] = fingerprint.kernel_sources(task.kernel)
+        fp = fingerprint.for_task(task.kernel, env, sources[task.kernel])
         rows.append({
             "task_key": task.key, "kernel": task.kernel, "shape": list(task.shape), "dtype": task.dtype,
             "target": task.target, "device_kind": (best or {}).get("device_kind") or env.get("device_kind"),
             "interpret": env.get("interpret"), "software": json.dumps(env.get("software"), sort_keys=True),
+            "fingerprint": fingerprint.to_json(fp), "fingerprint_sha256": fingerprint.digest(fp),
             "status": "ok" if best else "no_valid_config",
             "config": best["config"] if best else None,
             "median_s": best and best["median_s"], "spread": best and best.get("spread"),

@@ -67,16 +67,11 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
 
 
 def load_trusted_keys(paths: list[str | Path]) -> dict[str, Ed25519PublicKey]:
-    """Trusted public keys by key id, from files and folders (every `*.pub` in a folder)."""
-    keys: dict[str, Ed25519PublicKey] = {}
-    for path in map(Path, paths):
-        files = sorted(path.glob(f"*{PUBLIC_SUFFIX}")) if path.is_dir() else [path]
-        for file in files:
-            key = load_public_key(file)
-            keys[key_id(key)] = key
-    if not keys:
-        raise FarmError(f"--trust: expected at least one public key file, found none in {[str(p) for p in paths]}")
-    return keys
+    """Trusted public keys by key id, from files and folders (every `*.pub`), less revoked ones (farm.trust)."""
+    from farm import trust
+
+    loaded = trust.load_trust(paths)
+    return {kid: key for kid, key in loaded.keys.items() if kid not in loaded.revoked}
 
 
 def sign(data: bytes, private_key: Ed25519PrivateKey) -> bytes:

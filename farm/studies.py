@@ -77,3 +77,33 @@ def enqueue_default(study: optuna.Study, params: tuple[Param, ...], default: dic
         return False
     study.enqueue_trial(default)
     return True
+
+
+def in_space(config: dict[str, Any], params: tuple[Param, ...]) -> bool:
+    """Whether `config` sets exactly the knobs of `params`, each to one of its choices."""
+    return set(config) == {p.name for p in params} and all(config[p.name] in p.choices for p in params)
+
+
+def enqueue_warm_start(study: optuna.Study, params: tuple[Param, ...], configs: list[dict[str, Any]],
+                       default: dict[str, Any]) -> bool:
+    """Queue `configs` first, in order, then the kernel's default; only in a new study.
+
+    Configs outside the space and repeats are skipped; returns whether anything was queued. The
+    default is left out with a grid sampler (see `enqueue_default`); the warm-start configs are
+    not, since they must be measured first whatever the grid's order (a later visit of the same
+    grid point is answered from the cache).
+    """
+    if study.trials:
+        return False
+    queued: list[dict[str, Any]] = []
+    for config in configs:
+        if in_space(config, params) and config not in queued:
+            queued.append(config)
+    if not queued:
+        return False
+    if (not isinstance(study.sampler, optuna.samplers.GridSampler) and in_space(default, params)
+            and default not in queued):
+        queued.append(default)
+    for config in queued:
+        study.enqueue_trial(config)
+    return True

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import re
 import warnings
 from collections.abc import Mapping, Sequence
@@ -36,7 +35,6 @@ from farm.errors import BundleError, FarmError
 REVOKED_LIST = "revoked"
 REVOKED_SUFFIX = ".revoked"
 _KEY_ID = re.compile(r"^[0-9a-f]{16}$")
-log = logging.getLogger("farm.trust")
 
 
 class UnverifiedBundleWarning(UserWarning):
@@ -143,6 +141,8 @@ def verify(path: str | Path, trust: Trust, *, allow_unsigned: bool = False) -> V
         signer = manifest.get("signer_key_id")
     except (ValueError, AttributeError) as err:
         raise BundleError(f"{manifest_path}: not a valid manifest ({err})") from None
+    if not isinstance(signer, str):
+        raise BundleError(f"{manifest_path}: signer_key_id: expected a key id string, got {signer!r}")
     if signer in trust.revoked:
         raise BundleError(f"{path}: signed by key {signer}, which is revoked ({trust.revoked[signer]})")
     problem = None
@@ -158,9 +158,6 @@ def verify(path: str | Path, trust: Trust, *, allow_unsigned: bool = False) -> V
             raise BundleError(f"{path}: {problem}; expected a bundle signed by a trusted key "
                               f"(--allow-unsigned accepts it anyway)")
         warning = f"ACCEPTING AN UNVERIFIED BUNDLE {path}: {problem} (allow_unsigned)"
-        log.warning(warning)
         warnings.warn(warning, UnverifiedBundleWarning, stacklevel=2)
-    if not isinstance(manifest, dict):
-        raise BundleError(f"{manifest_path}: not a valid manifest (expected a JSON object)")
     artifacts.check_files(path, manifest)
     return Verified(path, manifest, manifest_bytes, signed=problem is None, warning=warning)

@@ -11,6 +11,21 @@ from kernels.protocol import REQUIRED, check_module
 REGISTRY: dict[str, str] = {
     "softmax": "kernels.softmax",
     "matmul": "kernels.matmul",
+    "bmm": "kernels.bmm",
+    "broadcast_matmul": "kernels.broadcast_matmul",
+    "matmul_layernorm": "kernels.matmul_layernorm",
+    "matmul_subtiled_epilogue": "kernels.matmul_subtiled_epilogue",
+    "flash_attention": "kernels.flash_attention",
+    "flash_attention_causal": "kernels.flash_attention_causal",
+    "batch_softmax": "kernels.batch_softmax",
+    "softmax_two_pass": "kernels.softmax_two_pass",
+    "layer_norm": "kernels.layer_norm",
+    "rms_norm": "kernels.rms_norm",
+    "rms_norm_bwd": "kernels.rms_norm_bwd",
+    "welford": "kernels.welford",
+    "cross_entropy": "kernels.cross_entropy",
+    "swiglu": "kernels.swiglu",
+    "geglu": "kernels.geglu",
 }
 
 

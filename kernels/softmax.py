@@ -1,10 +1,13 @@
 """Row softmax: y[i, :] = exp(x[i, :] - max(x[i, :])) / sum(exp(x[i, :] - max(x[i, :]))).
 
-Config knobs:
+Config knobs (the strategies are those of `kernels.rowwise`):
   block_rows  rows per program (TPU: a multiple of 8, or all rows).
-  num_warps, num_stages  Triton only.
-The whole row is one block: on GPU its length is padded to a power of two and masked, so any
-row length works; on TPU the row is the full last dimension, which Mosaic accepts.
+  strategy, block_cols, buffers  TPU (and interpret, without emit_pipeline and buffers):
+      one_pass holds whole rows; fori_loop, emit_pipeline and grid stream column blocks with
+      an online max and sum (the sum is rescaled whenever the max grows), then normalize.
+  passes, block_cols, rows_per_program, num_warps, num_stages  Triton only: passes=1 pads
+      the row to a power of two and masks it, so any row length works; passes=2 loops over
+      column blocks (online max and sum, then normalize).
 """
 from __future__ import annotations
 
@@ -13,13 +16,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 
-from kernels.lowering import Platform, pallas_call
+from kernels import rowwise
+from kernels.lowering import Platform
 
 NAME = "softmax"
 SHAPE_NAMES = ("rows", "cols")
 TARGETS = ("interpret", "tpu", "gpu-triton")
+MEMORY_PARAMS = rowwise.MEMORY_PARAMS
 
 
 def reference(x: jax.Array) -> jax.Array:
@@ -42,66 +46,58 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
     return 2 * math.prod(shape) * jnp.dtype(dtype).itemsize
 
 
-def _padded_cols(cols: int, target: str) -> int:
-    return pl.next_power_of_2(cols) if target.startswith("gpu") else cols
-
-
-def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
-    """On-chip bytes: the input and output blocks (double-buffered on TPU) plus f32 temporaries."""
-    rows, cols = shape
-    block = int(config["block_rows"]) * _padded_cols(cols, target)
-    io = 2 * block * jnp.dtype(dtype).itemsize
-    buffers = 2 if target == "tpu" else 1
-    return buffers * io + block * 4
-
-
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """A safe config for any shape: small row blocks."""
-    rows, _ = shape
-    if target == "tpu":
-        return {"block_rows": 8 if rows % 8 == 0 else rows}
-    if target == "gpu-triton":
-        return {"block_rows": 1, "num_warps": 4, "num_stages": 1}
-    return {"block_rows": 1}
-
-
-def _softmax_rows(x: jax.Array) -> jax.Array:
-    x = x.astype(jnp.float32)
+def _softmax_rows(x: jax.Array, *, cols: int, valid: jax.Array | None) -> tuple[jax.Array]:
+    del cols, valid  # padded columns read as -inf and drop out of max and sum
     e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
-    return e / jnp.sum(e, axis=-1, keepdims=True)
+    return (e / jnp.sum(e, axis=-1, keepdims=True),)
+
+
+def _init(shape: tuple[int, ...]) -> rowwise.Stats:
+    return jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32)
+
+
+def _update(stats: rowwise.Stats, x: jax.Array, *, valid: jax.Array | None) -> rowwise.Stats:
+    """Online softmax: the running max m and the sum l of exp(x - m), rescaled as m grows."""
+    del valid
+    m, l = stats
+    m_new = jnp.maximum(m, jnp.max(x, axis=-1, keepdims=True))
+    l = l * jnp.exp(m - m_new) + jnp.sum(jnp.exp(x - m_new), axis=-1, keepdims=True)
+    return m_new, l
+
+
+def _finish(stats: rowwise.Stats, cols: int) -> rowwise.Stats:
+    del cols
+    m, l = stats
+    return m, 1.0 / l
+
+
+def _normalize(row: rowwise.Stats, x: jax.Array) -> tuple[jax.Array]:
+    m, inv_l = row
+    return (jnp.exp(x - m) * inv_l,)
 
 
 def _blocked_body(x_ref, o_ref) -> None:
-    o_ref[...] = _softmax_rows(x_ref[...]).astype(o_ref.dtype)
+    """A block of whole rows in one pass (for test kernels that reuse softmax's body)."""
+    x = x_ref[...].astype(jnp.float32)
+    o_ref[...] = _softmax_rows(x, cols=x.shape[-1], valid=None)[0].astype(o_ref.dtype)
 
 
-def _triton_body(x_ref, o_ref, *, block_rows: int, block_cols: int) -> None:
-    from jax.experimental.pallas import triton as pltriton
+MATH = rowwise.RowMath(NAME, rows=_softmax_rows, init=_init, update=_update, finish=_finish,
+                       apply=_normalize, pad=-jnp.inf)
 
-    rows, cols = x_ref.shape
-    row_ids = pl.program_id(0) * block_rows + jnp.arange(block_rows)
-    mask = (row_ids[:, None] < rows) & (jnp.arange(block_cols)[None, :] < cols)
-    window = (pl.ds(pl.program_id(0) * block_rows, block_rows), pl.ds(0, block_cols))
-    x = pltriton.load(x_ref.at[window], mask=mask, other=-jnp.inf)
-    pltriton.store(o_ref.at[window], _softmax_rows(x).astype(o_ref.dtype), mask=mask)
+
+def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+    """On-chip bytes of one program (see `kernels.rowwise.footprint`)."""
+    return rowwise.footprint(MATH, config, shape, dtype, target)
+
+
+def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+    """A safe config for any shape: small row blocks (streamed on TPU when rows are long)."""
+    return rowwise.default_config(MATH, shape, target)
 
 
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
     """The Pallas softmax for `config` on `platform`: a function of x."""
-    rows, cols = shape
-    block_rows = int(config["block_rows"])
-    out_shape = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
-    grid = (pl.cdiv(rows, block_rows),)
-    if platform.target == "gpu-triton":
-        import functools
-
-        body = functools.partial(
-            _triton_body, block_rows=block_rows, block_cols=_padded_cols(cols, "gpu")
-        )
-        return pallas_call(body, platform=platform, config=config, out_shape=out_shape, grid=grid,
-                           name="softmax")
-    spec = pl.BlockSpec((block_rows, cols), lambda i: (i, 0))
-    tpu_params = {"dimension_semantics": ("parallel",)}
-    return pallas_call(_blocked_body, platform=platform, config=config, out_shape=out_shape,
-                       grid=grid, in_specs=[spec], out_specs=spec, tpu_params=tpu_params,
-                       name="softmax")
+    if len(shape) != 2:
+        raise NotImplementedError(f"softmax takes (rows, cols); use batch_softmax for {shape}")
+    return rowwise.build(MATH, config, shape, dtype, platform)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,18 +12,31 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 @pytest.fixture(scope="session")
-def ray_local():
+def worker_modules(tmp_path_factory) -> Path:
+    """A folder on the import path of this process and of `ray_local`'s workers, for modules tests write."""
+    folder = tmp_path_factory.mktemp("worker_modules")
+    sys.path.insert(0, str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def ray_local(worker_modules):
     """A real embedded local Ray (2 CPUs on CI), shared by the tests that sweep."""
     import ray
 
     from farm.driver import connect
 
-    cwd = os.getcwd()
+    cwd, path = os.getcwd(), os.environ.get("PYTHONPATH")
     os.chdir(REPO)  # workers import tests.fixtures from the repo root
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(worker_modules), path]))
     try:
         connect(None)
     finally:
         os.chdir(cwd)
+        if path is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = path
     yield ray
     ray.shutdown()
 

@@ -1,0 +1,770 @@
+"""The seed benchmark table: each farm winner against every baseline, at the seed shapes, side by side.
+
+    python bench/seed_table.py --runs DIR --out OUT      # DIR: bench/gpu_suite.py's --out folder
+    python bench/seed_table.py --bundle B --out OUT      # winners from a bundle's configs.parquet
+    python bench/seed_table.py --small --out OUT         # CPU dry run: tiny shapes, interpret mode
+
+For every (space, shape, dtype) it builds the farm's winner for each tuned target (the kernel's
+default config for each target when none was tuned, and says so) and the baselines of
+bench/baselines.py,
+checks every column against the kernel's float32 reference (relative L2 error within the farm's
+tolerance; a failing column is reported, never timed), then times all columns in one interleaved
+run. It measures the ceilings in the same process (copy bandwidth counting bytes read plus
+written; the bf16 matmul rate, each through XLA and torch, the better kept) and writes
+OUT/seed_table.json, OUT/seed_table.md, OUT/seed_speedup.png and OUT/seed_search_progress.png.
+Columns whose temporaries exceed --max-temp-gb (the naive attention math at (8, 32, 8192, 256))
+are skipped and say why; past --budget-s seconds the remaining rows leave out torch.compile, and
+past 1.4 times that everything but the farm and XLA, so that one run fits a 10-minute slot.
+
+Timing method (the same for every column): farm.timing.time_side_by_side. Each sample queues
+back-to-back calls (enough for >= 5 ms) and waits once at the end: JAX results through
+`jax.block_until_ready`, torch results through `torch.cuda.synchronize` (the torch result is
+wrapped in an object whose `block_until_ready` synchronizes, which `jax.block_until_ready`
+calls). Launches overlap device work, so a sample is device time whenever a call's device time
+exceeds its dispatch time; the median of the samples is reported, with (p75 - p25) / median as
+spread. Samples of the columns are interleaved round robin, so all see the same clocks. Inputs
+rotate over enough sets that one pass over them is at least twice the L2 (at most 256 sets); no
+cache flush is needed and none is timed. JAX and torch run on separate CUDA streams of the same
+device; only one column runs at a time (each sample ends with a full wait). Why not CUDA events
+or triton.testing.do_bench for everything: XLA launches on its own streams, so an event recorded
+on torch's stream does not bracket JAX work, and do_bench's per-call wait would time JAX's host
+dispatch; queued calls with one wait time both frameworks the same way.
+
+Independent check (--check): for the first shape of a few spaces, each column is timed again on
+one input set with farm.timing.time_calls and with a device clock: CUPTI kernel durations through
+jax.experimental.mosaic.gpu.profiler.measure for JAX columns (the sum of the kernels of one call:
+gaps between kernels are not counted), CUDA events around the same queued calls for torch
+columns. The % difference is reported (goal: within 5%; tiny, dispatch-bound calls miss it).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import kernels  # noqa: E402
+from bench import baselines  # noqa: E402
+from farm import plan, spaces, timing, validate  # noqa: E402
+from kernels.lowering import Platform  # noqa: E402
+
+# bench/gpu_suite.py's order; other spaces follow alphabetically.
+ORDER = ["softmax", "batch_softmax", "softmax_two_pass", "layer_norm", "rms_norm", "rms_norm_bwd", "welford",
+         "cross_entropy", "cross_entropy_long", "swiglu", "geglu", "matmul", "bmm", "broadcast_matmul",
+         "matmul_layernorm", "matmul_subtiled_epilogue", "flash_attention", "flash_attention_causal"]
+CHECK = ["softmax", "layer_norm", "cross_entropy", "matmul", "flash_attention"]
+COLUMN_ORDER = ["xla", "xla_cublas", "torch", "torch_compile", "torch_compile_max", "torch_sdpa",
+                "torch_sdpa_flash", "torch_sdpa_cudnn", "cudnn", "pallas_ops_triton", "pallas_ops_mgpu"]
+DEFAULT_L2_BYTES = 60 * 2**20
+MAX_SETS = 256
+
+
+@dataclasses.dataclass
+class Row:
+    """One line of the table: a space's kernel at one shape and dtype, with a config per target."""
+
+    space: str
+    kernel: str
+    shape: tuple[int, ...]
+    dtype: str
+    targets: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """space/shape/dtype."""
+        return f"{self.space}/{'x'.join(map(str, self.shape))}/{self.dtype}"
+
+
+# -- winners and trial records ---------------------------------------------------------------
+
+def _trial_files(runs: Path) -> dict[str, Path]:
+    """Space stem -> trials.jsonl under a gpu_suite folder (DIR/runs/<space>/), or a run folder."""
+    found = {p.parent.name: p for p in sorted(runs.glob("runs/*/trials.jsonl"))}
+    if (runs / "trials.jsonl").exists():
+        found.setdefault(runs.name, runs / "trials.jsonl")
+    return found
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The trial records of one trials.jsonl (a torn last line is skipped)."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _best(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    try:
+        from farm import select   # imports the driver (Ray, Optuna): only when there are records
+    except ImportError:           # the same rule as select.best_record, without Ray installed
+        ok = [r for r in records if r["outcome"] == "ok" and r.get("median_s") is not None]
+        return min(ok, key=lambda r: (r["median_s"], r.get("spread") or 0.0)) if ok else None
+    return select.best_record(records)
+
+
+def load_winners(runs: Path | None, bundle: Path | None) -> tuple[dict[str, dict], dict[str, list]]:
+    """(task key -> {config, median_s, source}, space stem -> trial records) from runs and a bundle."""
+    winners: dict[str, dict[str, Any]] = {}
+    progress: dict[str, list[dict[str, Any]]] = {}
+    if bundle is not None:
+        import pyarrow.parquet as pq
+
+        path = bundle / "configs.parquet" if bundle.is_dir() else bundle
+        for row in pq.read_table(path).to_pylist():
+            if row.get("status") == "ok" and row.get("config"):
+                winners[row["task_key"]] = {"config": json.loads(row["config"]), "median_s": row.get("median_s"),
+                                            "source": f"bundle {path}"}
+    if runs is not None:
+        for stem, path in _trial_files(runs).items():
+            records = read_records(path)
+            progress[stem] = records
+            for key in sorted({r["task_key"] for r in records}):
+                best = _best([r for r in records if r["task_key"] == key])
+                if best is not None:
+                    winners[key] = {"config": json.loads(best["config"]), "median_s": best["median_s"],
+                                    "source": str(path)}
+    return winners, progress
+
+
+def build_rows(paths: Sequence[Path], targets: Sequence[str], winners: dict[str, dict]) -> tuple[list[Row], list]:
+    """Rows for every space's tasks on `targets`, with each target's winner or default config."""
+    rows: dict[tuple, Row] = {}
+    errors = []
+    for path in paths:
+        try:
+            planned = plan.expand([spaces.load_space(path)], list(targets))
+        except Exception as err:  # noqa: BLE001 - report the space and go on
+            errors.append({"space": path.stem, "error": f"{type(err).__name__}: {str(err)[:400]}"})
+            continue
+        for p in planned:
+            t = p.task
+            row = rows.setdefault((path.stem, t.shape, t.dtype), Row(path.stem, t.kernel, t.shape, t.dtype))
+            won = winners.get(t.key)
+            if won is not None:
+                row.targets[t.target] = {"config": won["config"], "config_source": "winner",
+                                         "sweep_median_s": won["median_s"], "source": won["source"]}
+            else:
+                module = kernels.load(t.kernel)
+                row.targets[t.target] = {"config": module.default_config(t.shape, t.target),
+                                         "config_source": "default (no winner found)", "sweep_median_s": None}
+    for row in rows.values():   # where some target was tuned, untuned defaults would only add noise
+        if any(e["config_source"] == "winner" for e in row.targets.values()):
+            row.targets = {t: e for t, e in row.targets.items() if e["config_source"] == "winner"}
+    return list(rows.values()), errors
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+def l2_bytes() -> int:
+    """The GPU's L2 size from torch, else 60 MiB (an H200's)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.get_device_properties(0).L2_cache_size)
+    except Exception:  # noqa: BLE001
+        pass
+    return DEFAULT_L2_BYTES
+
+
+def input_sets(module: Any, shape: tuple[int, ...], dtype: Any, l2: int) -> list[tuple[Any, ...]]:
+    """Enough input sets that one pass over them is at least twice the L2 (at most MAX_SETS)."""
+    per_set = max(1, module.bytes_moved(shape, dtype))
+    n = max(1, min(MAX_SETS, math.ceil(2 * l2 / per_set)))
+    return [jax.block_until_ready(module.make_inputs(shape, dtype, jax.random.key(100 + i))) for i in range(n)]
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {(text[0] if text else '')[:300]}"
+
+
+def _farm_column(row: Row, target: str, case: baselines.Case, gpu: bool) -> baselines.Prepared:
+    module, entry = case.module, row.targets[target]
+    platform = Platform(target, interpret=not gpu and target != "interpret")
+    fn = jax.jit(module.build(entry["config"], row.shape, jnp.dtype(row.dtype), platform))
+    return baselines.Prepared(fn, [tuple(s) for s in case.input_sets], note=f"farm {target}")
+
+
+def _single_thread_torch() -> None:
+    """On a CPU dry run, one torch thread: its thread pool otherwise fights XLA's for the cores."""
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+
+
+def _reset_torch() -> None:
+    if "torch" not in sys.modules:
+        return
+    import torch
+
+    try:
+        torch._dynamo.reset()   # fresh guards per row: no automatic dynamic shapes, no cache limit
+    except Exception:  # noqa: BLE001
+        pass
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> tuple[dict[str, Any], dict]:
+    """Build, check and time every column of one row; every failure is recorded, none raised.
+
+    `late` 1 leaves out the torch.compile columns, 2 everything but farm and XLA (time budget).
+    Returns the result and, for a row of the timing check, its timed columns (kept for the check).
+    """
+    _reset_torch()
+    module = kernels.load(row.kernel)
+    dtype = jnp.dtype(row.dtype)
+    case = baselines.Case(module, row.shape, row.dtype, input_sets(module, row.shape, dtype, args.l2_bytes))
+    result: dict[str, Any] = {"space": row.space, "kernel": row.kernel, "shape": list(row.shape), "dtype": row.dtype,
+                              "flops": module.flops(row.shape), "bytes": module.bytes_moved(row.shape, dtype),
+                              "input_sets": len(case.input_sets), "columns": {}}
+    columns, prepared = result["columns"], {}
+    for target in row.targets:
+        name = f"farm:{target}"
+        columns[name] = {"kind": "farm", "target": target, **row.targets[target]}
+        try:
+            prepared[name] = _farm_column(row, target, case, gpu)
+        except Exception as err:  # noqa: BLE001
+            columns[name] |= {"status": "error", "error": _short(err)}
+    for name, factory in baselines.columns(row.kernel, opt_in=args.opt_in).items():
+        if args.columns and name not in args.columns and name != "xla":
+            continue
+        columns[name] = {"kind": "baseline"}
+        if (late >= 2 and name != "xla") or (late and name.startswith("torch_compile")):
+            columns[name] |= {"status": "skipped", "error": "past the --budget-s time budget"}
+            continue
+        need = baselines.temp_bytes(row.kernel, name, case)
+        if need > args.max_temp_gb * 1e9:
+            columns[name] |= {"status": "skipped", "error": f"its temporaries need ~{need / 1e9:.0f} GB "
+                                                            f"(> --max-temp-gb {args.max_temp_gb:g})"}
+            continue
+        try:
+            prepared[name] = factory(case)
+            columns[name]["note"] = prepared[name].note
+        except baselines.Unavailable as err:
+            columns[name] |= {"status": "unavailable", "error": str(err)}
+        except Exception as err:  # noqa: BLE001
+            columns[name] |= {"status": "error", "error": _short(err)}
+    try:
+        ref = baselines.reference_output(case)
+    except Exception as err:  # noqa: BLE001 - nothing can be checked, so nothing is timed
+        for name in prepared:
+            columns[name] |= {"status": "error", "error": "the float32 reference failed: " + _short(err)}
+        result["reference_error"] = _short(err)
+        return result, {}
+    tolerance = validate.tolerance(row.dtype, module)
+    # First calls (compiles, allocator growth) in this order: the farm, the libraries, then the naive
+    # math whose temporaries are large, so that a memory failure costs only the naive columns.
+    naive = ("xla", "torch", "torch_compile", "torch_compile_max")
+    for name in sorted(prepared, key=lambda n: 0 if n.startswith("farm:") else 2 if n in naive else 1):
+        try:
+            t0 = time.monotonic()
+            error = baselines.relative_error(prepared[name].output(0), ref)
+            columns[name] |= {"numerics_error": error, "tolerance": tolerance,
+                              "first_call_s": round(time.monotonic() - t0, 3)}
+            if not error <= tolerance:
+                columns[name]["status"] = "wrong_result"
+                del prepared[name]
+        except Exception as err:  # noqa: BLE001
+            columns[name] |= {"status": "error", "error": _short(err)}
+            del prepared[name]
+    del ref
+    sets = [(i,) for i in range(len(case.input_sets))]
+    fns = {name: p.call for name, p in prepared.items()}
+    try:
+        timings = timing.time_side_by_side(fns, sets, repetitions=args.repetitions, min_sample_s=args.min_sample_s)
+    except Exception:  # noqa: BLE001 - one column failed while timing: time them one by one
+        timings = {}
+        for name, fn in fns.items():
+            try:
+                timings[name] = timing.time_calls(fn, sets, repetitions=args.repetitions,
+                                                  min_sample_s=args.min_sample_s)
+            except Exception as err:  # noqa: BLE001
+                columns[name] |= {"status": "error", "error": "while timing: " + _short(err)}
+    for name, t in timings.items():
+        columns[name] |= {"status": "ok", "median_s": t.median_s, "min_s": t.min_s, "spread": t.spread,
+                          "calls_per_sample": t.calls_per_sample, "samples": len(t.samples)}
+    keep = {}
+    if row.space in args.check and (row.shape, row.dtype) == args.first_shape.get(row.space):
+        # torch.compile columns are left out: the next row's dynamo reset would recompile them.
+        keep = {n: p for n, p in prepared.items() if n in timings and not n.startswith("torch_compile")}
+    del prepared, case, fns
+    gc.collect()
+    return result, keep
+
+
+# -- the independent timing check ------------------------------------------------------------
+
+def _cupti_s(p: baselines.Prepared, iterations: int) -> float:
+    from jax.experimental.mosaic.gpu import profiler
+
+    _, ms = profiler.measure(p.fn, iterations=iterations)(*p.inputs[0])
+    if ms is None:
+        raise RuntimeError("CUPTI saw no kernel")
+    return statistics.median(ms if isinstance(ms, list) else [ms]) / 1e3
+
+
+def _kineto_s(p: baselines.Prepared, iterations: int) -> float:
+    """Device time per call of a JAX column from torch.profiler's CUPTI trace (kernels of every stream)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = None
+        for _ in range(iterations):
+            out = p.fn(*p.inputs[0])
+        jax.block_until_ready(out)
+    total_us = sum(event.time_range.elapsed_us() for event in prof.events()
+                   if event.device_type == torch.autograd.DeviceType.CUDA)
+    if total_us <= 0:
+        raise RuntimeError("torch.profiler saw no kernel")
+    return total_us / 1e6 / iterations
+
+
+def _events_s(p: baselines.Prepared, calls: int, repetitions: int) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repetitions):
+        start.record()
+        for _ in range(calls):
+            p.fn(*p.inputs[0])
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / calls)
+    return statistics.median(samples)
+
+
+def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespace, gpu: bool) -> list[dict]:
+    """farm.timing's figure against a device clock for each column, both on input set 0."""
+    checks = []
+    for name, p in prepared.items():
+        entry: dict[str, Any] = {"column": name}
+        try:
+            if not gpu:
+                raise baselines.Unavailable(baselines.CPU_ONLY)
+            host = timing.time_calls(p.call, [(0,)], repetitions=args.repetitions, min_sample_s=args.min_sample_s)
+            entry["farm_timing_s"] = host.median_s
+            iterations = max(5, min(200, host.calls_per_sample))
+            if p.framework == "torch":
+                entry |= {"method": "torch.cuda.Event", "device_s": _events_s(p, host.calls_per_sample, args.repetitions)}
+            else:
+                try:
+                    entry |= {"method": "CUPTI (mosaic gpu profiler)", "device_s": _cupti_s(p, iterations)}
+                except Exception as err:  # noqa: BLE001 - JAX's CUPTI path unavailable: try torch's
+                    entry["cupti_error"] = _short(err)
+                    entry |= {"method": "CUPTI (torch.profiler)", "device_s": _kineto_s(p, iterations)}
+            entry["diff_pct"] = 100 * (entry["farm_timing_s"] - entry["device_s"]) / entry["device_s"]
+        except baselines.Unavailable as err:
+            entry["error"] = str(err)
+        except Exception as err:  # noqa: BLE001
+            entry["error"] = _short(err)
+        checks.append(entry)
+    return checks
+
+
+# -- ceilings --------------------------------------------------------------------------------
+
+def ceilings(small: bool, gpu: bool, repetitions: int) -> dict[str, Any]:
+    """Copy bandwidth (read + write) and the bf16 matmul rate, through XLA and torch: the best kept."""
+    n, size = (1 << 22, 512) if small or not gpu else (1 << 30, 8192)
+    x = jax.random.normal(jax.random.key(0), (n,), jnp.bfloat16)
+    a = jax.random.normal(jax.random.key(1), (size, size), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(2), (size, size), jnp.bfloat16)
+    copy_bytes, mm_flops = 2 * 2 * n, 2 * size**3
+    found: dict[str, Any] = {"copy_elements": n, "matmul_size": size}
+    contenders = {"copy_xla": (baselines.Prepared(jax.jit(lambda v: -v), [(x,)]), copy_bytes),
+                  "matmul_xla": (baselines.Prepared(jax.jit(lambda p, q: p @ q), [(a, b)]), mm_flops)}
+    try:
+        import torch
+
+        device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+        sync = (lambda: torch.cuda.synchronize(device)) if gpu else (lambda: None)
+        tx, out = baselines.to_torch(x, device), None
+        out = torch.empty_like(tx)
+        ta, tb = baselines.to_torch(a, device), baselines.to_torch(b, device)
+        contenders["copy_torch"] = (baselines.Prepared(lambda v: out.copy_(v), [(tx,)], framework="torch",
+                                                       sync=sync), copy_bytes)
+        contenders["matmul_torch"] = (baselines.Prepared(torch.matmul, [(ta, tb)], framework="torch", sync=sync),
+                                      mm_flops)
+    except Exception as err:  # noqa: BLE001
+        found["torch_error"] = _short(err)
+    for name, (p, work) in contenders.items():
+        try:
+            t = timing.time_calls(p.call, [(0,)], repetitions=repetitions)
+            found[name] = {"median_s": t.median_s, "spread": t.spread, "per_s": work / t.median_s}
+        except Exception as err:  # noqa: BLE001
+            found[name] = {"error": _short(err)}
+    rate = lambda *names: max((found[k].get("per_s", 0.0) for k in names if k in found), default=0.0)  # noqa: E731
+    found["copy_bytes_per_s"] = rate("copy_xla", "copy_torch")
+    found["bf16_flops_per_s"] = rate("matmul_xla", "matmul_torch")
+    return found
+
+
+# -- the report ------------------------------------------------------------------------------
+
+def _geomean(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def summarize(results: list[dict[str, Any]], ceiling: dict[str, Any]) -> dict[str, Any]:
+    """Per row: the best farm column, speedups, the bound and % of its ceiling; geometric means."""
+    copy_bw, mm_rate = ceiling.get("copy_bytes_per_s") or 0, ceiling.get("bf16_flops_per_s") or 0
+    ridge = mm_rate / copy_bw if copy_bw and mm_rate else None
+    per_column: dict[str, list[float]] = {}
+    for r in results:
+        ok = {n: c["median_s"] for n, c in r.get("columns", {}).items() if c.get("status") == "ok"}
+        farm = {n: s for n, s in ok.items() if n.startswith("farm:")}
+        others = {n: s for n, s in ok.items() if not n.startswith("farm:")}
+        for n, s in ok.items():
+            if copy_bw:
+                r["columns"][n]["pct_copy_bw"] = 100 * r["bytes"] / s / copy_bw
+            if mm_rate:
+                r["columns"][n]["pct_matmul_rate"] = 100 * r["flops"] / s / mm_rate
+        r["bound"] = None if ridge is None else ("compute" if r["flops"] / r["bytes"] > ridge else "memory")
+        if not farm:
+            continue
+        best_farm = min(farm, key=farm.get)
+        r |= {"farm_column": best_farm, "farm_s": farm[best_farm]}
+        if r["bound"] is not None:
+            c = r["columns"][best_farm]
+            r["pct_of_ceiling"] = c["pct_matmul_rate"] if r["bound"] == "compute" else c["pct_copy_bw"]
+        if "xla" in others:
+            r["speedup_vs_xla"] = others["xla"] / farm[best_farm]
+        if others:
+            best_other = min(others, key=others.get)
+            r |= {"best_other": best_other, "speedup_vs_best_other": others[best_other] / farm[best_farm]}
+        for n, s in others.items():
+            per_column.setdefault(n, []).append(s / farm[best_farm])
+    return {"speedup_vs_xla": _geomean([r.get("speedup_vs_xla") for r in results]),
+            "speedup_vs_best_other": _geomean([r.get("speedup_vs_best_other") for r in results]),
+            "speedup_vs_column": {n: _geomean(v) for n, v in per_column.items()},
+            "rows_with_farm": sum("farm_s" in r for r in results), "rows": len(results)}
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    return f"{seconds * 1e3:.3f}" if seconds >= 1e-4 else f"{seconds * 1e6:.1f} µs"
+
+
+def _with_unit(seconds: float) -> str:
+    text = _ms(seconds)
+    return text if text.endswith("µs") else f"{text} ms"
+
+
+def _cell(c: dict[str, Any] | None) -> str:
+    if not c:
+        return ""
+    status = c.get("status")
+    if status == "ok":
+        return _ms(c["median_s"])
+    return {"wrong_result": "✗ wrong", "unavailable": "n/a", "skipped": "skipped", "error": "error"}.get(status, "?")
+
+
+def _column_names(results: list[dict[str, Any]]) -> list[str]:
+    names = {n for r in results for n in r.get("columns", {})}
+    farm = sorted(n for n in names if n.startswith("farm:"))
+    rest = [n for n in COLUMN_ORDER if n in names] + sorted(names - set(COLUMN_ORDER) - set(farm))
+    return farm + rest
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """seed_table.md: summary table, every column's time, notes, the timing check, the method."""
+    results, ceiling = report["results"], report.get("ceilings", {})
+    means = report.get("geomean") or {"rows_with_farm": 0, "speedup_vs_xla": None, "speedup_vs_best_other": None,
+                                      "speedup_vs_column": {}}
+    lines = [f"# Seed table: {report['device']}, {report['date']}", "",
+             f"JAX {report['versions'].get('jax')}, torch {report['versions'].get('torch')}, "
+             f"triton {report['versions'].get('triton')}. Times are medians in ms (device time, queued calls; "
+             "see the method below).", "",
+             "| kernel | shape | dtype | farm | farm (ms) | XLA (ms) | farm/XLA | best other | farm/best other "
+             "| bound | % of ceiling |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "columns" not in r:
+            lines.append(f"| {r.get('space')} | failed: {str(r.get('error'))[:100]} | | | | | | | | | |")
+            continue
+        shape, xla = "x".join(map(str, r["shape"])), r["columns"].get("xla", {})
+        speed = lambda v: f"{v:.2f}x" if v else ""  # noqa: E731
+        pct = f"{r['pct_of_ceiling']:.0f}% {'matmul' if r['bound'] == 'compute' else 'copy BW'}" \
+            if r.get("pct_of_ceiling") is not None else ""
+        best = f"{r['best_other']} ({_ms(r['columns'][r['best_other']]['median_s'])})" if r.get("best_other") else ""
+        lines.append(f"| {r['space']} | {shape} | {r['dtype']} | {(r.get('farm_column') or '—').removeprefix('farm:')} "
+                     f"| {_ms(r.get('farm_s'))} | {_cell(xla)} | {speed(r.get('speedup_vs_xla'))} | {best} "
+                     f"| {speed(r.get('speedup_vs_best_other'))} | {r.get('bound') or ''} | {pct} |")
+    g = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
+    lines += ["", f"Geometric mean over {means['rows_with_farm']} rows: farm/XLA {g(means['speedup_vs_xla'])}, "
+              f"farm/best other {g(means['speedup_vs_best_other'])}. Per column (that column's time / farm's): "
+              + ", ".join(f"{n} {g(v)}" for n, v in sorted(means["speedup_vs_column"].items())) + ".", "",
+              f"Ceilings measured in this run: copy {ceiling.get('copy_bytes_per_s', 0) / 1e9:.0f} GB/s (bytes read + "
+              f"written, {ceiling.get('copy_elements')} bf16 elements), bf16 matmul "
+              f"{ceiling.get('bf16_flops_per_s', 0) / 1e12:.1f} TFLOP/s ({ceiling.get('matmul_size')}^3, random data), "
+              "each the better of XLA and torch; "
+              "a row is compute-bound when its flops/bytes exceed their ratio.", "", "## Every column (ms)", ""]
+    names = _column_names(results)
+    lines += ["| row | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for r in results:
+        if "columns" in r:
+            lines.append(f"| {r['space']} {'x'.join(map(str, r['shape']))} {r['dtype']} | "
+                         + " | ".join(_cell(r["columns"].get(n)) for n in names) + " |")
+    lines += ["", "## Notes: configs, unavailable and failing columns", ""]
+    for r in results:
+        for n, c in r.get("columns", {}).items():
+            shape = f"{'x'.join(map(str, r['shape']))} {r['dtype']}"
+            if n.startswith("farm:"):
+                sweep = f", sweep figure {_with_unit(c['sweep_median_s'])}" if c.get("sweep_median_s") else ""
+                lines.append(f"- {r['space']} {shape} {n}: {c.get('config_source')} `{json.dumps(c.get('config'))}`{sweep}"
+                             + (f"; {c['status']}: {c.get('error', '')}" if c.get("status") != "ok" else ""))
+            elif c.get("status") == "wrong_result":
+                lines.append(f"- {r['space']} {shape} {n}: wrong result, relative error "
+                             f"{c['numerics_error']:.2e} > {c['tolerance']:.0e} (not timed)")
+            elif c.get("status") in ("unavailable", "error", "skipped"):
+                lines.append(f"- {r['space']} {shape} {n}: {c['status']}: {c.get('error')}")
+    checks = [(r, c) for r in results for c in r.get("timing_check", [])]
+    if checks:
+        lines += ["", "## Independent timing check (input set 0; goal within 5%)", "",
+                  "| row | column | table (ms, rotated inputs) | farm.timing (ms) | device clock (ms) | method "
+                  "| difference |", "|---|---|---|---|---|---|---|"]
+        for r, c in checks:
+            diff = f"{c['diff_pct']:+.1f}%" if "diff_pct" in c else c.get("error", "")
+            lines.append(f"| {r['space']} {'x'.join(map(str, r['shape']))} {r['dtype']} | {c['column']} "
+                         f"| {_ms(c.get('table_s'))} | {_ms(c.get('farm_timing_s'))} "
+                         f"| {_ms(c.get('device_s'))} | {c.get('method', '')} | {diff} |")
+    lines += ["", "## Method", "", report["method"], ""]
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], progress: dict[str, list[dict[str, Any]]], out: Path) -> list[str]:
+    """seed_speedup.png (farm's speedup over every column) and seed_search_progress.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    rows = [r for r in report["results"] if r.get("farm_s")]
+    names = [n for n in _column_names(rows) if not n.startswith("farm:")]
+    if rows and names:
+        colors = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(names)}
+        present = [[n for n in names if r["columns"].get(n, {}).get("status") == "ok"] for r in rows]
+        bars = sum(len(p) for p in present)
+        fig, ax = plt.subplots(figsize=(11, 1.5 + 0.16 * bars + 0.25 * len(rows)))
+        labelled = set()
+        for i, (r, cols) in enumerate(zip(rows, present)):
+            height = 0.8 / max(1, len(cols))
+            for k, name in enumerate(cols):
+                ratio = r["columns"][name]["median_s"] / r["farm_s"]
+                ax.barh(i + k * height, ratio, height=height, color=colors[name],
+                        label=None if name in labelled else name)
+                labelled.add(name)
+        ax.set_yticks([i + 0.4 - 0.4 / max(1, len(c)) for i, c in enumerate(present)],
+                      [f"{r['space']} {'x'.join(map(str, r['shape']))} {r['dtype']}\n"
+                       f"(farm {r['farm_column'].removeprefix('farm:')})" for r in rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel("farm speedup over the column (its time / farm's time; > 1: farm faster)")
+        ax.set_title(f"Seed table, {report['device']}")
+        ax.legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        fig.savefig(out / "seed_speedup.png", dpi=120)
+        plt.close(fig)
+        written.append("seed_speedup.png")
+    spaces_with = {s: recs for s, recs in progress.items() if any(r.get("outcome") == "ok" for r in recs)}
+    if spaces_with:
+        cols = min(4, len(spaces_with))
+        rows_n = math.ceil(len(spaces_with) / cols)
+        fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols, 3 * rows_n), squeeze=False)
+        for ax, (space, records) in zip(axes.flat, sorted(spaces_with.items(), key=lambda kv: _order(kv[0]))):
+            for key in sorted({r["task_key"] for r in records}):
+                ok = sorted((r for r in records if r["task_key"] == key and r.get("outcome") == "ok"
+                             and r.get("median_s") and r.get("elapsed_s") is not None), key=lambda r: r["elapsed_s"])
+                if not ok:
+                    continue
+                xs, ys, best = [], [], math.inf
+                for r in ok:
+                    best = min(best, r["median_s"])
+                    xs.append(r["elapsed_s"])
+                    ys.append(best * 1e3)
+                parts = key.split("/")
+                ax.step(xs, ys, where="post", label=f"{parts[-1]} {parts[1]}", marker=".", markersize=3)
+            ax.set_title(space, fontsize=9)
+            ax.set_yscale("log")
+            ax.set_xlabel("elapsed (s)", fontsize=7)
+            ax.set_ylabel("best so far (ms)", fontsize=7)
+            ax.tick_params(labelsize=6)
+            ax.legend(fontsize=5)
+        for ax in list(axes.flat)[len(spaces_with):]:
+            ax.axis("off")
+        fig.suptitle("Best config time so far against sweep time (ok trials)")
+        fig.tight_layout()
+        fig.savefig(out / "seed_search_progress.png", dpi=110)
+        plt.close(fig)
+        written.append("seed_search_progress.png")
+    return written
+
+
+def _order(stem: str) -> tuple[int, str]:
+    return (ORDER.index(stem) if stem in ORDER else len(ORDER), stem)
+
+
+def _versions() -> dict[str, Any]:
+    found = {"jax": jax.__version__, "python": sys.version.split()[0]}
+    try:
+        import jaxlib
+
+        found["jaxlib"] = jaxlib.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import torch
+
+        found |= {"torch": torch.__version__, "torch_cuda": torch.version.cuda}
+        if torch.cuda.is_available():
+            found["cudnn_torch"] = torch.backends.cudnn.version()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import triton
+
+        found["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the seed table; returns the report it wrote."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder for seed_table.json/.md and the plots")
+    parser.add_argument("--runs", type=Path, help="bench/gpu_suite.py's --out folder (DIR/runs/<space>/trials.jsonl)")
+    parser.add_argument("--bundle", type=Path, help="a bundle folder or its configs.parquet (winners)")
+    parser.add_argument("--spaces", nargs="*", type=Path, help="space files (default: those of --runs, else all)")
+    parser.add_argument("--target", action="append", help="targets (default: the spaces' gpu-* targets; "
+                                                          "interpret with --small on a CPU)")
+    parser.add_argument("--small", action="store_true", help="the spaces' interpret shapes (a dry run)")
+    parser.add_argument("--columns", nargs="*", help="only these baseline columns (farm and xla always)")
+    parser.add_argument("--max-autotune", action="store_true", help="add torch.compile max-autotune-no-cudagraphs")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile columns")
+    parser.add_argument("--repetitions", type=int, default=10, help="samples per column (default 10)")
+    parser.add_argument("--min-sample-s", type=float, default=5e-3)
+    parser.add_argument("--budget-s", type=float, default=300.0,
+                        help="after this many seconds, remaining rows leave out torch.compile; after 1.4 "
+                             "times that, everything but farm and XLA (default 300)")
+    parser.add_argument("--max-temp-gb", type=float, default=40.0,
+                        help="skip columns whose temporaries need more device memory (default 40)")
+    parser.add_argument("--check", nargs="*", default=CHECK, help=f"spaces for the timing check (default {CHECK})")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    gpu = baselines.on_gpu()
+    if not gpu:
+        _single_thread_torch()
+    args.opt_in = ("torch_compile_max",) if args.max_autotune else ()
+    if args.no_compile:
+        keep = args.columns or [n for n in COLUMN_ORDER if not n.startswith("torch_compile")]
+        args.columns = [n for n in keep if not n.startswith("torch_compile")]
+    args.l2_bytes = l2_bytes() if gpu else DEFAULT_L2_BYTES
+    winners, progress = load_winners(args.runs, args.bundle)
+    if args.spaces:
+        paths = list(args.spaces)
+    else:
+        stems = sorted(progress, key=_order) if progress else [p.stem for p in sorted(
+            (REPO / "search_spaces").glob("*.yaml"), key=lambda p: _order(p.stem))]
+        paths = [REPO / "search_spaces" / f"{s}.yaml" for s in stems if (REPO / "search_spaces" / f"{s}.yaml").exists()]
+    targets = args.target or (["interpret"] if args.small and not gpu else ["gpu-triton", "gpu-mosaic"])
+    if args.small and gpu:
+        print("--small on a GPU: interpret shapes, gpu targets (default configs unless tuned at those shapes)")
+    rows, errors = build_rows(paths, ["interpret"] if args.small else targets, winners)
+    if args.small and gpu:   # interpret shapes, built for the GPU targets
+        for row in rows:
+            row.targets = {t: {"config": kernels.load(row.kernel).default_config(row.shape, t),
+                               "config_source": "default (--small)", "sweep_median_s": None}
+                           for t in targets if t in kernels.load(row.kernel).TARGETS}
+    args.first_shape = {}
+    for row in rows:
+        args.first_shape.setdefault(row.space, (row.shape, row.dtype))
+    device = jax.devices()[0].device_kind
+    method = __doc__[__doc__.index("Timing method"):].strip()
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": device, "versions": _versions(),
+                              "gpu": gpu, "small": args.small, "targets": targets, "repetitions": args.repetitions,
+                              "l2_bytes": args.l2_bytes, "method": method, "results": list(errors)}
+    print(f"seed table: {len(rows)} rows on {device} ({'GPU' if gpu else 'CPU'}), winners for {len(winners)} tasks",
+          flush=True)
+    kept: list[tuple[dict[str, Any], dict]] = []
+    for row in rows:
+        spent = time.monotonic() - started
+        late = 2 if spent > 1.4 * args.budget_s else 1 if spent > args.budget_s else 0
+        t0 = time.monotonic()
+        try:
+            result, keep = measure_row(row, args, gpu, late)
+            if keep:
+                kept.append((result, keep))
+        except Exception as err:  # noqa: BLE001
+            result = {"space": row.space, "kernel": row.kernel, "shape": list(row.shape), "dtype": row.dtype,
+                      "error": _short(err), "traceback": traceback.format_exc()[-2000:]}
+        result["wall_s"] = round(time.monotonic() - t0, 1)
+        report["results"].append(result)
+        cols = result.get("columns", {})
+        print(f"{row.label} ({result['wall_s']} s): " + ", ".join(
+            f"{n} {_cell(c)}" for n, c in cols.items()) + (f" ERROR {result['error']}" if "error" in result else ""),
+            flush=True)
+        write(report, args.out)
+    report["ceilings"] = ceilings(args.small, gpu, args.repetitions)
+    report["geomean"] = summarize(report["results"], report["ceilings"])
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    try:
+        report["plots"] = plot(report, progress, args.out)
+    except Exception as err:  # noqa: BLE001
+        report["plots_error"] = _short(err)
+    write(report, args.out)
+    # Last, so that a profiler failure cannot cost the table: the independent timing check.
+    for result, keep in kept:
+        result["timing_check"] = timing_check(keep, args, gpu)
+        for c in result["timing_check"]:
+            c["table_s"] = result["columns"][c["column"]].get("median_s")
+        print(f"timing check {result['space']}: " + ", ".join(
+            f"{c['column']} {c['diff_pct']:+.1f}%" if "diff_pct" in c else f"{c['column']} ({c.get('error')})"
+            for c in result["timing_check"]), flush=True)
+    del kept
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    text = write(report, args.out)
+    print(text[:text.index("## Every column")] if "## Every column" in text else text)
+    return report
+
+
+def write(report: dict[str, Any], out: Path) -> str:
+    """Write seed_table.json and seed_table.md; returns the markdown."""
+    (out / "seed_table.json").write_text(json.dumps(report, indent=1, default=str))
+    text = markdown(report)
+    (out / "seed_table.md").write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Merge the bundles of several runs into one signed bundle (a folder or a .tar.gz archive).
+
+Each input is a run folder (its `bundle/` is used), a bundle folder, or a bundle archive; each is
+verified against the trusted keys first. Rows are merged per task key and device kind (one
+target, e.g. gpu-triton, may be tuned on several device kinds): the newest row by `created`
+wins, and on equal `created` the later input wins. Trials of every run are kept (a trial that
+appears in two inputs, e.g. when a merged bundle is merged again, is kept once).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tarfile
+import tempfile
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from farm import artifacts, signing
+from farm.errors import BundleError, FarmError
+from farm.pull import extract_archive, is_archive
+from farm.trust import Trust, verify
+
+RUN_BUNDLE = "bundle"
+_TRIAL_IDENTITY = ("run_id", "task_key", "trial", "attempt", "worker", "started", "finished")
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeResult:
+    """What `merge` wrote: the output, its task rows and trials, and which inputs were merged."""
+
+    out: Path
+    rows: int
+    trials: int
+    replaced: int
+    inputs: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def bundle_folder(path: str | Path) -> Path:
+    """The bundle folder of a run folder (RUN_DIR/bundle) or of a bundle folder itself."""
+    path = Path(path)
+    if (path / RUN_BUNDLE / artifacts.MANIFEST).is_file():
+        return path / RUN_BUNDLE
+    if (path / artifacts.MANIFEST).is_file():
+        return path
+    raise FarmError(f"{path}: expected a run folder with {RUN_BUNDLE}/{artifacts.MANIFEST}, "
+                    f"a bundle folder with {artifacts.MANIFEST}, or a bundle archive (.tar.gz)")
+
+
+def _created(row: dict[str, Any], source: str) -> datetime:
+    try:
+        return datetime.fromisoformat(str(row["created"]))
+    except (KeyError, TypeError, ValueError):
+        raise BundleError(f"{source}: task {row.get('task_key')!r}: created: expected an ISO 8601 time, "
+                          f"got {row.get('created')!r}") from None
+
+
+def merge_rows(inputs: Sequence[tuple[str, list[dict[str, Any]]]]) -> tuple[list[dict[str, Any]], int]:
+    """The newest row per (task key, device kind), later inputs winning ties; and how many were replaced."""
+    chosen: dict[tuple[str, str | None], tuple[datetime, dict[str, Any]]] = {}
+    replaced = 0
+    for source, rows in inputs:
+        for row in rows:
+            key = (row["task_key"], row.get("device_kind"))
+            created = _created(row, source)
+            if key in chosen:
+                replaced += 1
+                if created < chosen[key][0]:
+                    continue
+            chosen[key] = (created, row)
+    return [row for _, row in sorted(chosen.values(), key=lambda item: item[1]["task_key"])], replaced
+
+
+def merge_trials(inputs: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """All trials of all inputs, each distinct trial once, in input order."""
+    seen: set[tuple[Any, ...]] = set()
+    merged = []
+    for trials in inputs:
+        for trial in trials:
+            identity = tuple(trial.get(name) for name in _TRIAL_IDENTITY)
+            if identity not in seen:
+                seen.add(identity)
+                merged.append(trial)
+    return merged
+
+
+def write_archive(bundle: Path, out: Path) -> Path:
+    """Pack a bundle folder's files, at the archive root, into a .tar.gz written atomically."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tarfile.open(tmp, "w:gz" if not out.name.endswith(".tar") else "w") as tar:
+            for file in sorted(bundle.iterdir()):
+                info = tar.gettarinfo(str(file), arcname=file.name)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mode = 0o644
+                with open(file, "rb") as f:
+                    tar.addfile(info, f)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def merge(inputs: Sequence[str | Path], out: str | Path, key: Ed25519PrivateKey, trust: Trust, *,
+          allow_unsigned: bool = False) -> MergeResult:
+    """Verify each input bundle, merge them, and write one signed bundle at `out` (archive or folder)."""
+    if not inputs:
+        raise FarmError("bundle: expected at least one run folder, bundle folder or bundle archive")
+    out = Path(out)
+    configs: list[tuple[str, list[dict[str, Any]]]] = []
+    trials: list[list[dict[str, Any]]] = []
+    run_ids: list[str] = []
+    merged_from: list[str] = []
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix=".farm-bundle-", dir=out.parent if out.parent.exists() else None) as tmp:
+        for number, given in enumerate(map(Path, inputs)):
+            if given.is_file() and is_archive(given.name):
+                folder = extract_archive(given, Path(tmp) / f"input-{number}")
+            elif given.is_dir():
+                folder = bundle_folder(given)
+            else:
+                raise FarmError(f"{given}: not found; expected a run folder, bundle folder or bundle archive")
+            verified = verify(folder, trust, allow_unsigned=allow_unsigned)
+            if verified.warning:
+                notes.append(verified.warning)
+            bundle_id = str(verified.manifest.get("bundle_id"))
+            if bundle_id in merged_from:
+                notes.append(f"{given}: bundle {bundle_id} was already given; merged once")
+                continue
+            merged_from.append(bundle_id)
+            rows = artifacts.read_configs(folder).to_pylist()
+            configs.append((str(given), rows))
+            trials.append(artifacts.read_trials(folder).to_pylist())
+            for run_id in [*verified.manifest.get("run_ids", []), *(r["run_id"] for r in rows)]:
+                if run_id and run_id not in run_ids:
+                    run_ids.append(run_id)
+        rows, replaced = merge_rows(configs)
+        all_trials = merge_trials(trials)
+        meta = {"run_ids": run_ids, "merged_from": merged_from}
+        if is_archive(out.name):
+            staged = artifacts.write_bundle(Path(tmp) / "merged", rows, all_trials, key, meta)
+            artifacts.verify_bundle(staged, {signing.key_id(key.public_key()): key.public_key()})
+            write_archive(staged, out)
+        else:
+            artifacts.write_bundle(out, rows, all_trials, key, meta)
+    return MergeResult(out, len(rows), len(all_trials), replaced, tuple(map(str, inputs)), tuple(notes))

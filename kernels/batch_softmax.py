@@ -1,0 +1,66 @@
+"""Batched softmax over the last axis of a 3-D array: y[b, i, :] = softmax(x[b, i, :]).
+
+The math is `kernels.softmax`'s; blocks are (block_batch, block_rows, cols) on TPU, so a
+program may cover several batch entries when rows are few.
+Config knobs (the strategies are those of `kernels.rowwise`):
+  block_batch  TPU and interpret: batch entries per program (dividing batch).
+  block_rows   rows per program (TPU: a multiple of 8, or all rows).
+  strategy, block_cols, buffers  TPU (and interpret): one_pass, fori_loop, emit_pipeline, grid.
+  passes, block_cols, rows_per_program, num_warps, num_stages  Triton only; the grid is
+      (row programs, batch), one batch entry per program.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kernels import rowwise, softmax
+from kernels.lowering import Platform
+
+NAME = "batch_softmax"
+SHAPE_NAMES = ("batch", "rows", "cols")
+TARGETS = ("interpret", "tpu", "gpu-triton")
+MEMORY_PARAMS = rowwise.MEMORY_PARAMS
+MATH = softmax.MATH
+
+
+def reference(x: jax.Array) -> jax.Array:
+    """Softmax over the last axis in plain jax.numpy, computed in float32."""
+    return jax.nn.softmax(x.astype(jnp.float32), axis=-1).astype(x.dtype)
+
+
+def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax.Array, ...]:
+    """Random logits (normal, scale 3), a different shift per batch entry."""
+    k_x, k_shift = jax.random.split(key)
+    shift = jax.random.normal(k_shift, (shape[0], 1, 1), jnp.float32)
+    return (3.0 * jax.random.normal(k_x, shape, jnp.float32) + shift).astype(dtype),
+
+
+def flops(shape: tuple[int, ...]) -> int:
+    """Approximate floating-point operations: max, subtract, exp, sum, divide per element."""
+    return 5 * math.prod(shape)
+
+
+def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
+    """Fewest bytes through device memory: read x once, write y once."""
+    return 2 * math.prod(shape) * jnp.dtype(dtype).itemsize
+
+
+def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+    """On-chip bytes of one program (see `kernels.rowwise.footprint`)."""
+    return rowwise.footprint(MATH, config, shape, dtype, target)
+
+
+def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+    """A safe config for any shape: one batch entry and small row blocks per program."""
+    return rowwise.default_config(MATH, shape, target)
+
+
+def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
+    """The Pallas batched softmax for `config` on `platform`: a function of x."""
+    if len(shape) != 3:
+        raise NotImplementedError(f"batch_softmax takes (batch, rows, cols), got {shape}")
+    return rowwise.build(MATH, config, shape, dtype, platform)

@@ -1,0 +1,111 @@
+"""Cross-entropy per row: loss[i] = logsumexp(x[i, :]) - x[i, labels[i]].
+
+The result is the loss of every row (no reduction), float32 of shape (rows,): a mean, a
+masked mean or a weighted sum is one cheap XLA reduction over `rows` numbers afterwards, and
+the kernel needs no cross-program reduction. Labels are int32 class indices in [0, vocab);
+they are trusted (an out-of-range label picks no logit, giving loss = logsumexp(x[i])).
+
+Rows are reduced with an online logsumexp over column blocks: each block contributes its
+max m_b, sum_b exp(x - m_b) and the label's logit if it holds the label column; blocks merge as
+  m = max(m_a, m_b),  s = s_a exp(m_a - m) + s_b exp(m_b - m),  picked = picked_a + picked_b.
+The walk over columns (one block, a loop, a grid axis or emit_pipeline) is the `strategy`
+knob of `kernels.row_reduce`, which documents every knob and shape rule.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from kernels import row_reduce
+from kernels.lowering import Platform
+
+NAME = "cross_entropy"
+SHAPE_NAMES = ("rows", "vocab")
+TARGETS = ("interpret", "tpu", "gpu-triton")
+MEMORY_PARAMS = row_reduce.MEMORY_PARAMS
+
+
+class LogSumExp(NamedTuple):
+    """Per-row running max, sum of exp(x - max) and the label's logit, each (rows, 1) f32."""
+
+    max: jax.Array
+    sum: jax.Array
+    picked: jax.Array
+
+
+def _empty(block_rows: int) -> LogSumExp:
+    zeros = jnp.zeros((block_rows, 1), jnp.float32)
+    return LogSumExp(jnp.full((block_rows, 1), -jnp.inf, jnp.float32), zeros, zeros)
+
+
+def _block(x: jax.Array, cols: jax.Array, valid: jax.Array | None, labels: jax.Array) -> LogSumExp:
+    del valid  # padded columns hold -inf: exp gives 0 and no label points at them
+    m = jnp.max(x, axis=-1, keepdims=True)
+    return LogSumExp(m, jnp.sum(jnp.exp(x - m), axis=-1, keepdims=True),
+                     jnp.sum(jnp.where(cols == labels, x, 0.0), axis=-1, keepdims=True))
+
+
+def _merge(a: LogSumExp, b: LogSumExp) -> LogSumExp:
+    m = jnp.maximum(a.max, b.max)
+    return LogSumExp(m, a.sum * jnp.exp(a.max - m) + b.sum * jnp.exp(b.max - m), a.picked + b.picked)
+
+
+def _finish(s: LogSumExp) -> tuple[jax.Array]:
+    return (s.max + jnp.log(s.sum) - s.picked,)
+
+
+CROSS_ENTROPY = row_reduce.RowReduction(state=LogSumExp, init=_empty, block=_block, merge=_merge,
+                                        finish=_finish, n_outputs=1, pad=-math.inf)
+
+
+def reference(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-row loss in plain jax.numpy, in float32."""
+    logits = logits.astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, labels[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    return jax.nn.logsumexp(logits, axis=-1) - picked
+
+
+def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax.Array, ...]:
+    """Random logits (normal, scale 3) and labels uniform over [0, vocab), int32."""
+    rows, vocab = shape
+    k_x, k_label = jax.random.split(key)
+    logits = (3.0 * jax.random.normal(k_x, shape, jnp.float32)).astype(dtype)
+    return logits, jax.random.randint(k_label, (rows,), 0, vocab, jnp.int32)
+
+
+def flops(shape: tuple[int, ...]) -> int:
+    """Approximate floating-point operations: max, subtract, exp, sum, compare, select per logit."""
+    return 6 * math.prod(shape)
+
+
+def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
+    """Fewest bytes through device memory: logits read once, int32 labels read, f32 loss written."""
+    rows, vocab = shape
+    return rows * vocab * jnp.dtype(dtype).itemsize + rows * 4 + rows * 4
+
+
+def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+    """On-chip bytes of one program (logits, labels, loss, three state vectors; see row_reduce)."""
+    return row_reduce.footprint(CROSS_ENTROPY, config, shape, dtype, target, n_row_inputs=1)
+
+
+def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+    """A safe config: 16 or 8 rows per program on TPU, one on GPU; rows over 16384 in column blocks."""
+    return row_reduce.default_config(shape, target)
+
+
+def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any,
+          platform: Platform) -> Callable[..., Any]:
+    """The Pallas cross-entropy for `config` on `platform`: (logits, labels) -> loss, f32 (rows,)."""
+    reduce_rows = row_reduce.build(CROSS_ENTROPY, config, shape, dtype, platform, n_row_inputs=1,
+                                   name=NAME)
+
+    def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+        (loss,) = reduce_rows(logits, labels.astype(jnp.int32))
+        return loss
+
+    return cross_entropy

@@ -1,0 +1,212 @@
+"""Gated linear units, elementwise: out = act(a) * b for a, b of shape (batch, seq, hidden).
+
+Shared by `swiglu` and `geglu`, which supply `act` (float32 -> float32). Inputs are read once,
+the output written once, the math done in float32 and rounded to the input dtype.
+
+Config knobs:
+  TPU and interpret: block_rows x block_cols tiles of the (seq, hidden) plane of one batch
+    entry (TPU: dividing it, block_rows a multiple of 8 or all of seq, block_cols a multiple
+    of 128 or all of hidden; interpret: edge tiles may be partial); buffers (TPU: 1 or 2
+    pipeline buffers per operand).
+  gpu-triton: block_size elements per step, blocks_per_program steps per program (a loop
+    when > 1); tiling "flat" — the arrays as one vector in masked 1-D blocks; or tiling "rows"
+    — (batch * seq, hidden) as a 2-D array in masked (block_size / block_cols) x block_cols
+    tiles, a program walking blocks_per_program tiles down the rows. Powers of two; any shape;
+    num_warps, num_stages.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels.lowering import Platform, pallas_call
+from kernels.row_reduce import vmem_limit
+
+SHAPE_NAMES = ("batch", "seq", "hidden")
+TARGETS = ("interpret", "tpu", "gpu-triton")
+TILINGS = ("flat", "rows")
+# The knobs that grow on-chip memory (see farm.pruning).
+MEMORY_PARAMS = ("block_rows", "block_cols", "buffers", "block_size", "num_stages")
+Activation = Callable[[jax.Array], jax.Array]
+
+
+def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax.Array, ...]:
+    """Random a and b of the given shape, normal with scale 2 (a) and 1 (b)."""
+    k_a, k_b = jax.random.split(key)
+    return ((2.0 * jax.random.normal(k_a, shape, jnp.float32)).astype(dtype),
+            jax.random.normal(k_b, shape, jnp.float32).astype(dtype))
+
+
+def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
+    """Fewest bytes through device memory: a and b read once, out written once."""
+    return 3 * math.prod(shape) * jnp.dtype(dtype).itemsize
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+    """On-chip bytes of one program's tiles: three operand tiles plus two f32 temporaries.
+
+    TPU: buffers x 3 tiles of block_rows x block_cols (a, b, out), plus two f32 tiles
+    (act(a) and the product) that Mosaic materialises for large tiles. interpret: the same
+    with one buffer. gpu-triton: the register tile of one step, elements x (3 x itemsize + 2 x 4),
+    plus num_stages - 1 pipelined (a, b) steps in shared memory when a program loops.
+    """
+    item = jnp.dtype(dtype).itemsize
+    if target == "gpu-triton":
+        elements = int(config["block_size"])
+        looped = int(config.get("blocks_per_program", 1)) > 1
+        stages = int(config.get("num_stages", 1)) - 1 if looped else 0
+        return elements * (3 * item + 2 * 4) + max(stages, 0) * 2 * elements * item
+    elements = int(config["block_rows"]) * int(config["block_cols"])
+    buffers = int(config.get("buffers", 2)) if target == "tpu" else 1
+    return buffers * 3 * elements * item + 2 * elements * 4
+
+
+def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+    """A safe config: tiles up to 256 x 1024 dividing (seq, hidden); 1024-element blocks on GPU."""
+    _, seq, hidden = shape
+    if target == "gpu-triton":
+        return {"tiling": "flat", "block_size": 1024, "blocks_per_program": 1, "block_cols": 64,
+                "num_warps": 4, "num_stages": 1}
+    block_rows = next((r for r in (256, 128, 64, 32, 16, 8) if seq % r == 0), seq)
+    block_cols = next((c for c in (1024, 512, 256, 128) if hidden % c == 0), hidden)
+    config = {"block_rows": block_rows, "block_cols": block_cols}
+    if target == "tpu":
+        config["buffers"] = 2
+    return config
+
+
+def check_config(config: dict[str, Any], shape: tuple[int, ...], target: str) -> None:
+    """Refuse a config the target cannot run, with a message naming the knob and the rule."""
+    batch, seq, hidden = shape
+    if target == "gpu-triton":
+        tiling = config.get("tiling", "flat")
+        if tiling not in TILINGS:
+            raise ValueError(f"tiling must be one of {list(TILINGS)}, got {tiling!r}")
+        size, per = int(config["block_size"]), int(config.get("blocks_per_program", 1))
+        if not _is_pow2(size) or per < 1:
+            raise ValueError(f"block_size must be a power of two and blocks_per_program >= 1, "
+                             f"got {size} and {per}")
+        cols = int(config.get("block_cols", 1))
+        if tiling == "rows" and not (_is_pow2(cols) and cols <= size):
+            raise ValueError(f"block_cols must be a power of two <= block_size ({size}), got {cols}")
+        if tiling == "flat" and math.prod(shape) >= 2**31:
+            raise NotImplementedError(f"flat tiling indexes with int32; {shape} has >= 2**31 elements "
+                                      "(use tiling 'rows')")
+        return
+    br, bc = int(config["block_rows"]), int(config["block_cols"])
+    if br < 1 or bc < 1:
+        raise ValueError(f"block_rows and block_cols must be positive, got {br} and {bc}")
+    if target == "tpu":
+        # Partial edge tiles are refused: TPU interpret mode (JAX 0.10) mis-shapes them when
+        # outputs are aliased, as validation's poisoned outputs are.
+        if seq % br or hidden % bc:
+            raise ValueError(f"block {br} x {bc} must divide (seq, hidden) = ({seq}, {hidden}) on TPU")
+        if br % 8 and br != seq:
+            raise ValueError(f"block_rows={br} must be a multiple of 8 or all of seq ({seq})")
+        if bc % 128 and bc != hidden:
+            raise ValueError(f"block_cols={bc} must be a multiple of 128 or all of hidden ({hidden})")
+        if int(config.get("buffers", 2)) not in (1, 2):
+            raise ValueError(f"buffers must be 1 or 2 on TPU, got {config.get('buffers')}")
+
+
+def _blocked_body(a_ref, b_ref, o_ref, *, act: Activation) -> None:
+    a, b = a_ref[...].astype(jnp.float32), b_ref[...].astype(jnp.float32)
+    o_ref[...] = (act(a) * b).astype(o_ref.dtype)
+
+
+def _steps(body: Callable[[Any], None], count: int) -> None:
+    if count == 1:
+        body(0)
+    else:
+        jax.lax.fori_loop(0, count, lambda k, carry: body(k), None)
+
+
+def _flat_body(a_ref, b_ref, o_ref, *, act: Activation, block_size: int,
+               blocks_per_program: int) -> None:
+    from jax.experimental.pallas import triton as pltriton
+
+    first = pl.program_id(0) * blocks_per_program  # outside the loop: interpret mode needs it so
+
+    def step(k: Any) -> None:
+        start = (first + k) * block_size
+        mask = start + jnp.arange(block_size) < a_ref.shape[0]
+        window = pl.ds(start, block_size)
+        a = pltriton.load(a_ref.at[window], mask=mask, other=0).astype(jnp.float32)
+        b = pltriton.load(b_ref.at[window], mask=mask, other=0).astype(jnp.float32)
+        pltriton.store(o_ref.at[window], (act(a) * b).astype(o_ref.dtype), mask=mask)
+
+    _steps(step, blocks_per_program)
+
+
+def _rows_body(a_ref, b_ref, o_ref, *, act: Activation, block_rows: int, block_cols: int,
+               blocks_per_program: int) -> None:
+    from jax.experimental.pallas import triton as pltriton
+
+    rows, cols = a_ref.shape
+    first, col0 = pl.program_id(0) * blocks_per_program, pl.program_id(1) * block_cols
+    col_ok = (col0 + jnp.arange(block_cols) < cols)[None, :]
+
+    def step(k: Any) -> None:
+        row0 = (first + k) * block_rows
+        mask = (row0 + jnp.arange(block_rows) < rows)[:, None] & col_ok
+        window = (pl.ds(row0, block_rows), pl.ds(col0, block_cols))
+        a = pltriton.load(a_ref.at[window], mask=mask, other=0).astype(jnp.float32)
+        b = pltriton.load(b_ref.at[window], mask=mask, other=0).astype(jnp.float32)
+        pltriton.store(o_ref.at[window], (act(a) * b).astype(o_ref.dtype), mask=mask)
+
+    _steps(step, blocks_per_program)
+
+
+def build(act: Activation, name: str, config: dict[str, Any], shape: tuple[int, ...], dtype: Any,
+          platform: Platform) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The Pallas gated unit act(a) * b for `config` on `platform`: a function of (a, b)."""
+    if len(shape) != 3:
+        raise NotImplementedError(f"{name} takes (batch, seq, hidden) inputs, got shape {shape}")
+    check_config(config, shape, platform.target)
+    batch, seq, hidden = shape
+    dtype = jnp.dtype(dtype)
+
+    if platform.target == "gpu-triton":
+        size, per = int(config["block_size"]), int(config.get("blocks_per_program", 1))
+        if config.get("tiling", "flat") == "flat":
+            flat_shape = (math.prod(shape),)
+            body = functools.partial(_flat_body, act=act, block_size=size, blocks_per_program=per)
+            grid = (pl.cdiv(flat_shape[0], size * per),)
+        else:
+            bc = int(config["block_cols"])
+            flat_shape = (batch * seq, hidden)
+            body = functools.partial(_rows_body, act=act, block_rows=size // bc, block_cols=bc,
+                                     blocks_per_program=per)
+            grid = (pl.cdiv(batch * seq, size // bc * per), pl.cdiv(hidden, bc))
+        call = pallas_call(body, platform=platform, config=config, grid=grid, name=name,
+                           out_shape=jax.ShapeDtypeStruct(flat_shape, dtype))
+
+        def gated(a: jax.Array, b: jax.Array) -> jax.Array:
+            return call(a.reshape(flat_shape), b.reshape(flat_shape)).reshape(shape)
+
+        return gated
+
+    br, bc = int(config["block_rows"]), int(config["block_cols"])
+    tpu = platform.target == "tpu"
+    spec = pl.BlockSpec((None, br, bc), lambda i, j, k: (i, j, k),
+                        pipeline_mode=pl.Buffered(int(config.get("buffers", 2))) if tpu else None)
+    tpu_params = None
+    if tpu:
+        tpu_params = {"dimension_semantics": ("parallel", "parallel", "parallel"),
+                      "vmem_limit_bytes": vmem_limit(footprint(config, shape, dtype, "tpu"))}
+    return pallas_call(
+        functools.partial(_blocked_body, act=act), platform=platform, config=config,
+        out_shape=jax.ShapeDtypeStruct(shape, dtype),
+        grid=(batch, pl.cdiv(seq, br), pl.cdiv(hidden, bc)), in_specs=[spec, spec], out_specs=spec,
+        tpu_params=tpu_params, name=name,
+    )

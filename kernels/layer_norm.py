@@ -1,0 +1,115 @@
+"""Layer norm over the last axis: y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias.
+
+Whole rows (one_pass; Triton passes=1) take the mean, then the variance of the centred row.
+Streamed rows fold each column chunk's count, mean and sum of squared deviations into the
+running ones (Chan et al.'s parallel merge), which stays accurate when |mean| >> std.
+Config knobs: those of `kernels.rowwise` (block_rows, strategy, block_cols, buffers; Triton
+passes, rows_per_program, num_warps, num_stages).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kernels import rowwise
+from kernels.lowering import Platform
+
+NAME = "layer_norm"
+SHAPE_NAMES = ("rows", "cols")
+TARGETS = ("interpret", "tpu", "gpu-triton")
+MEMORY_PARAMS = rowwise.MEMORY_PARAMS
+EPS = 1e-5
+
+
+def reference(x: jax.Array, weight: jax.Array, bias: jax.Array) -> jax.Array:
+    """Layer norm of each row in plain jax.numpy, computed in float32."""
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + EPS) * weight.astype(jnp.float32)
+    y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax.Array, ...]:
+    """Random rows (normal, offsets per row and per column), weight near 1 and a small bias."""
+    k_x, k_row, k_col, k_w, k_b = jax.random.split(key, 5)
+    rows, cols = shape
+    x = (jax.random.normal(k_x, shape) + 4.0 * jax.random.normal(k_row, (rows, 1))
+         + 2.0 * jax.random.normal(k_col, (1, cols)))
+    weight = 1.0 + 0.2 * jax.random.normal(k_w, (cols,))
+    bias = 0.2 * jax.random.normal(k_b, (cols,))
+    return x.astype(dtype), weight.astype(dtype), bias.astype(dtype)
+
+
+def flops(shape: tuple[int, ...]) -> int:
+    """Approximate floating-point operations: mean, centring, variance, scale and shift."""
+    return 8 * math.prod(shape)
+
+
+def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
+    """Fewest bytes through device memory: read x, weight and bias once, write y once."""
+    rows, cols = shape
+    return (2 * rows * cols + 2 * cols) * jnp.dtype(dtype).itemsize
+
+
+def _layer_norm_rows(x: jax.Array, weight: jax.Array, bias: jax.Array, *, cols: int,
+                     valid: jax.Array | None) -> tuple[jax.Array]:
+    mean = jnp.sum(x, axis=-1, keepdims=True) / cols
+    centred = x - mean if valid is None else jnp.where(valid, x - mean, 0.0)
+    var = jnp.sum(centred * centred, axis=-1, keepdims=True) / cols
+    return (centred * jax.lax.rsqrt(var + EPS) * weight + bias,)
+
+
+def _init(shape: tuple[int, ...]) -> rowwise.Stats:
+    """Count, mean and sum of squared deviations of the columns seen so far."""
+    return tuple(jnp.zeros(shape, jnp.float32) for _ in range(3))
+
+
+def _update(stats: rowwise.Stats, x: jax.Array, weight: jax.Array, bias: jax.Array, *,
+            valid: jax.Array | None) -> rowwise.Stats:
+    """Merge a chunk's count, mean and squared deviations into the running ones (Chan et al.)."""
+    del weight, bias
+    count, mean, m2 = stats
+    n = x.shape[-1] if valid is None else jnp.sum(valid.astype(jnp.float32))
+    chunk_mean = jnp.sum(x, axis=-1, keepdims=True) / n
+    deviation = x - chunk_mean if valid is None else jnp.where(valid, x - chunk_mean, 0.0)
+    chunk_m2 = jnp.sum(deviation * deviation, axis=-1, keepdims=True)
+    total = count + n
+    delta = chunk_mean - mean
+    return total, mean + delta * (n / total), m2 + chunk_m2 + delta * delta * (count * n / total)
+
+
+def _finish(stats: rowwise.Stats, cols: int) -> rowwise.Stats:
+    _, mean, m2 = stats
+    return mean, jax.lax.rsqrt(m2 / cols + EPS)
+
+
+def _normalize(row: rowwise.Stats, x: jax.Array, weight: jax.Array,
+               bias: jax.Array) -> tuple[jax.Array]:
+    mean, rstd = row
+    return ((x - mean) * rstd * weight + bias,)
+
+
+MATH = rowwise.RowMath(NAME, rows=_layer_norm_rows, init=_init, update=_update, finish=_finish,
+                       apply=_normalize, col_inputs=2)
+
+
+def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+    """On-chip bytes of one program (see `kernels.rowwise.footprint`)."""
+    return rowwise.footprint(MATH, config, shape, dtype, target)
+
+
+def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+    """A safe config for any shape: small row blocks (streamed on TPU when rows are long)."""
+    return rowwise.default_config(MATH, shape, target)
+
+
+def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
+    """The Pallas layer norm for `config` on `platform`: a function of (x, weight, bias)."""
+    if len(shape) != 2:
+        raise NotImplementedError(f"layer_norm takes (rows, cols), got {shape}")
+    return rowwise.build(MATH, config, shape, dtype, platform)

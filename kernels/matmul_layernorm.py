@@ -1,0 +1,139 @@
+"""Matmul with a layer-norm epilogue over each output row: C = LN(A @ B) * gamma + beta.
+
+LN normalises each row of the f32 product over its n columns (eps 1e-5). Strategy knob
+ln_strategy:
+  "fused"      one program owns block_m whole rows (block_n must equal n): the (block_m, n) f32
+               accumulator stays on chip and the epilogue normalises it before the only store.
+               On TPU a (256, 4096) f32 accumulator is 4 MiB of VMEM, so this fits; on Triton
+               the accumulator lives in registers and only small n fit (see the search space).
+  "two_phase"  phase 1 is the plain tiled matmul writing A @ B in float32 (any block_n); phase
+               2 a row kernel (ln_rows rows per program) normalising it: 8 extra bytes of
+               traffic per output element, no constraint on the tiles.
+Other knobs as in `kernels.matmul_core`. No gpu-mosaic version: its WGMMA accumulators cannot
+hold whole 4096-wide rows, and phase 2 alone is not a Mosaic GPU showcase.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels import matmul_core
+from kernels.lowering import Platform, pallas_call
+
+NAME = "matmul_layernorm"
+SHAPE_NAMES = ("m", "n", "k")
+TARGETS = ("interpret", "tpu", "gpu-triton")
+EPS = 1e-5
+
+
+def _layer_norm(x: jax.Array, gamma: jax.Array, beta: jax.Array) -> jax.Array:
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    centred = x - mean
+    var = jnp.mean(centred * centred, axis=-1, keepdims=True)
+    return centred * jax.lax.rsqrt(var + EPS) * gamma + beta
+
+
+FUSED = matmul_core.Epilogue(fn=_layer_norm, vectors=2, full_rows=True)
+
+
+def _problem(config: dict[str, Any], shape: tuple[int, ...]) -> matmul_core.Problem:
+    m, n, k = shape
+    if config.get("ln_strategy", "fused") == "fused":
+        return matmul_core.Problem(m, n, k, epilogue=FUSED)
+    return matmul_core.Problem(m, n, k, out_dtype=jnp.float32)
+
+
+def reference(a: jax.Array, b: jax.Array, gamma: jax.Array, beta: jax.Array) -> jax.Array:
+    """LN(A @ B) * gamma + beta in plain jax.numpy, computed in float32."""
+    x = jnp.dot(a, b, preferred_element_type=jnp.float32)
+    return _layer_norm(x, gamma.astype(jnp.float32), beta.astype(jnp.float32)).astype(a.dtype)
+
+
+def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax.Array, ...]:
+    """Random A (m, k), B (k, n), gamma (n,) around 1 and beta (n,) around 0."""
+    m, n, k = shape
+    ka, kb, kg, kbeta = jax.random.split(key, 4)
+    return (jax.random.normal(ka, (m, k), jnp.float32).astype(dtype),
+            jax.random.normal(kb, (k, n), jnp.float32).astype(dtype),
+            (1.0 + 0.1 * jax.random.normal(kg, (n,), jnp.float32)).astype(dtype),
+            (0.1 * jax.random.normal(kbeta, (n,), jnp.float32)).astype(dtype))
+
+
+def flops(shape: tuple[int, ...]) -> int:
+    """2 m n k multiply-adds plus the layer norm (about 8 per output)."""
+    m, n, k = shape
+    return 2 * m * n * k + 8 * m * n
+
+
+def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
+    """Fewest bytes through device memory (the fused strategy): inputs once, C written once."""
+    m, n, k = shape
+    return (m * k + k * n + 2 * n + m * n) * jnp.dtype(dtype).itemsize
+
+
+def _ln_rows(config: dict[str, Any], m: int) -> int:
+    return int(config.get("ln_rows", min(m, 8)))
+
+
+def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+    """On-chip bytes of the largest program: the matmul's, or with two_phase also the row kernel's."""
+    m, n, _ = shape
+    matmul_bytes = matmul_core.footprint(_problem(config, shape), config, dtype, target)
+    if config.get("ln_strategy", "fused") == "fused":
+        return matmul_bytes
+    rows = _ln_rows(config, m)
+    buffers = 2 if target == "tpu" else 1  # f32 rows in, rows out, f32 temporaries
+    ln_bytes = buffers * rows * n * (4 + jnp.dtype(dtype).itemsize) + 2 * rows * n * 4
+    return max(matmul_bytes, ln_bytes)
+
+
+def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+    """The two-phase scheme with the plain matmul's default tiles (any n works)."""
+    config = {"ln_strategy": "two_phase", "ln_rows": 8 if shape[0] % 8 == 0 else shape[0]}
+    return config | matmul_core.default_config(_problem(config, shape), target)
+
+
+def _row_norm(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
+    m, n, _ = shape
+    rows = _ln_rows(config, m)
+    if m % rows:
+        raise ValueError(f"ln_rows = {rows} must divide m = {m}")
+
+    def body(x_ref, gamma_ref, beta_ref, o_ref):
+        x = x_ref[...].astype(jnp.float32)
+        gamma = gamma_ref[...].astype(jnp.float32)
+        beta = beta_ref[...].astype(jnp.float32)
+        o_ref[...] = _layer_norm(x, gamma, beta).astype(o_ref.dtype)
+
+    row_spec, vec_spec = pl.BlockSpec((rows, n), lambda i: (i, 0)), pl.BlockSpec((1, n), lambda i: (0, 0))
+    call = pallas_call(body, platform=platform, config=config,
+                       out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(m // rows,),
+                       in_specs=[row_spec, vec_spec, vec_spec], out_specs=row_spec,
+                       tpu_params={"dimension_semantics": ("parallel",)}, name="row_layer_norm")
+    return lambda x, gamma, beta: call(x, gamma.reshape(1, n), beta.reshape(1, n))
+
+
+def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
+    """The Pallas matmul + layer norm for `config`: a function of (a, b, gamma, beta)."""
+    strategy = config.get("ln_strategy", "fused")
+    if strategy not in ("fused", "two_phase"):
+        raise ValueError(f"unknown ln_strategy {strategy!r}; expected 'fused' or 'two_phase'")
+    if platform.target not in TARGETS:
+        raise NotImplementedError(f"{NAME} has no {platform.target} version")
+    problem = _problem(config, shape)
+    if strategy == "fused":
+        return matmul_core.build(problem, config, dtype, platform)
+    phase1 = matmul_core.build(problem, config, dtype, platform)
+    phase2 = _row_norm(config, shape, dtype, platform)
+    if platform.target == "tpu":
+        from kernels.tpu_mesh import traced_for_tpu
+
+        phase2 = traced_for_tpu(phase2)
+
+    def two_phase(a: jax.Array, b: jax.Array, gamma: jax.Array, beta: jax.Array) -> jax.Array:
+        return phase2(phase1(a, b), gamma, beta)
+
+    return two_phase

@@ -1,0 +1,95 @@
+"""Launch Mosaic GPU kernels (`plgpu.kernel`) with the farm's interpret mode and poisoning.
+
+`kernels.lowering.pallas_call` covers `pl.pallas_call`; Mosaic GPU kernels written against
+`plgpu.kernel` (warp specialization, persistent grids) need their own treatment:
+  interpret: Pallas's GPU interpreter (`InterpretGPUParams`, a private module of JAX 0.10) runs
+      the kernel on the CPU, simulating SMEM, TMA, barriers and warpgroups. It fills
+      uninitialised memory, outputs included, with NaN, which is the farm's poison.
+  poison_outputs on a GPU: every output is a `jax.new_ref` filled with NaN and passed to the
+      kernel as an argument (`pl.kernel` aliases Refs in and out), so elements the kernel never
+      writes stay NaN; `plgpu.kernel` cannot take Refs, hence `pl.kernel` with a `plgpu.Mesh`.
+Importing this module needs `absl-py` (Mosaic GPU imports it); the GPU is needed only to run.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels.lowering import Platform, poison_value
+
+# SMs of the GPU assumed when none is attached (H200 / H100 SXM).
+DEFAULT_NUM_SMS = 132
+# Shared memory one block may use on sm_90 (H100/H200): 227 KiB.
+SMEM_BYTES = 232448
+
+
+def num_sms() -> int:
+    """Streaming multiprocessors of the GPU being traced for (DEFAULT_NUM_SMS off-GPU)."""
+    abstract = jax.sharding.get_abstract_mesh().abstract_device
+    if abstract is not None and abstract.platform == "gpu" and abstract.num_cores:
+        return int(abstract.num_cores)
+    if jax.default_backend() == "gpu":
+        return int(getattr(jax.devices()[0], "core_count", DEFAULT_NUM_SMS))
+    return DEFAULT_NUM_SMS
+
+
+def interpret_params() -> Any:
+    """Parameters of Pallas's GPU interpreter (a private JAX module: may move between versions)."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    except ImportError as err:  # pragma: no cover - depends on the JAX version
+        raise NotImplementedError(
+            f"this JAX has no Mosaic GPU interpreter ({err}); gpu-mosaic kernels need a GPU") from None
+    return InterpretGPUParams()
+
+
+def reset_interpreter() -> None:
+    """Clear the GPU interpreter's global state, which a kernel that raised leaves behind."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import reset_gpu_interpret_mode_state
+    except ImportError:  # pragma: no cover - depends on the JAX version
+        return
+    reset_gpu_interpret_mode_state()
+
+
+def mosaic_kernel(
+    body: Callable[..., None],
+    *,
+    platform: Platform,
+    out_shape: Sequence[jax.ShapeDtypeStruct],
+    grid: tuple[int, ...],
+    grid_names: tuple[str, ...],
+    num_threads: int | None = None,
+    thread_name: str | None = None,
+    compiler_params: Any = None,
+    name: str | None = None,
+) -> Callable[..., tuple[jax.Array, ...]]:
+    """A Mosaic GPU kernel of `body(*input_refs, *output_refs)`; returns a tuple of outputs."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    if platform.target != "gpu-mosaic":
+        raise ValueError(f"mosaic_kernel builds gpu-mosaic kernels, not {platform.target!r}")
+    out_shape = tuple(out_shape)
+    mesh = dict(grid=grid, grid_names=grid_names, num_threads=num_threads, thread_name=thread_name)
+    if platform.interpret or not platform.poison_outputs:
+        kernel = plgpu.kernel(body, out_type=out_shape, compiler_params=compiler_params,
+                              interpret=interpret_params() if platform.interpret else None, **mesh)
+
+        def call(*inputs: jax.Array) -> tuple[jax.Array, ...]:
+            if platform.interpret:  # each new trace starts from a clean interpreter
+                reset_interpreter()
+            return tuple(kernel(*inputs))
+
+        return call
+
+    def poisoned_call(*inputs: jax.Array) -> tuple[jax.Array, ...]:
+        refs = [jax.new_ref(jnp.full(o.shape, poison_value(o.dtype), o.dtype)) for o in out_shape]
+        pl.kernel(body, out_type=(), mesh=plgpu.Mesh(**mesh), compiler_params=compiler_params,
+                  name=name)(*inputs, *refs)
+        return tuple(r[...] for r in refs)
+
+    return poisoned_call

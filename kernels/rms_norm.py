@@ -1,0 +1,98 @@
+"""RMS norm over the last axis: y = x / sqrt(mean(x^2) + eps) * weight.
+
+Config knobs: those of `kernels.rowwise` (block_rows, strategy, block_cols, buffers; Triton
+passes, rows_per_program, num_warps, num_stages). Streamed rows fold the sum of squares.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kernels import rowwise
+from kernels.lowering import Platform
+
+NAME = "rms_norm"
+SHAPE_NAMES = ("rows", "cols")
+TARGETS = ("interpret", "tpu", "gpu-triton")
+MEMORY_PARAMS = rowwise.MEMORY_PARAMS
+EPS = 1e-6
+
+
+def reference(x: jax.Array, weight: jax.Array) -> jax.Array:
+    """RMS norm of each row in plain jax.numpy, computed in float32."""
+    x32 = x.astype(jnp.float32)
+    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + EPS)
+    return (x32 * rstd * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax.Array, ...]:
+    """Random rows (normal, each with its own scale) and a weight near 1."""
+    k_x, k_scale, k_w = jax.random.split(key, 3)
+    rows, cols = shape
+    scale = jnp.exp(jax.random.normal(k_scale, (rows, 1)))
+    x = scale * jax.random.normal(k_x, shape)
+    weight = 1.0 + 0.2 * jax.random.normal(k_w, (cols,))
+    return x.astype(dtype), weight.astype(dtype)
+
+
+def flops(shape: tuple[int, ...]) -> int:
+    """Approximate floating-point operations: square, sum, two scalings per element."""
+    return 4 * math.prod(shape)
+
+
+def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
+    """Fewest bytes through device memory: read x and weight once, write y once."""
+    rows, cols = shape
+    return (2 * rows * cols + cols) * jnp.dtype(dtype).itemsize
+
+
+def _rms_norm_rows(x: jax.Array, weight: jax.Array, *, cols: int,
+                   valid: jax.Array | None) -> tuple[jax.Array]:
+    del valid  # padded columns read as 0 and add nothing to the sum of squares
+    rstd = jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) / cols + EPS)
+    return (x * rstd * weight,)
+
+
+def _init(shape: tuple[int, ...]) -> rowwise.Stats:
+    return (jnp.zeros(shape, jnp.float32),)
+
+
+def _update(stats: rowwise.Stats, x: jax.Array, weight: jax.Array, *,
+            valid: jax.Array | None) -> rowwise.Stats:
+    del weight, valid
+    (sum_squares,) = stats
+    return (sum_squares + jnp.sum(x * x, axis=-1, keepdims=True),)
+
+
+def _finish(stats: rowwise.Stats, cols: int) -> rowwise.Stats:
+    (sum_squares,) = stats
+    return (jax.lax.rsqrt(sum_squares / cols + EPS),)
+
+
+def _normalize(row: rowwise.Stats, x: jax.Array, weight: jax.Array) -> tuple[jax.Array]:
+    (rstd,) = row
+    return (x * rstd * weight,)
+
+
+MATH = rowwise.RowMath(NAME, rows=_rms_norm_rows, init=_init, update=_update, finish=_finish,
+                       apply=_normalize, col_inputs=1)
+
+
+def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+    """On-chip bytes of one program (see `kernels.rowwise.footprint`)."""
+    return rowwise.footprint(MATH, config, shape, dtype, target)
+
+
+def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+    """A safe config for any shape: small row blocks (streamed on TPU when rows are long)."""
+    return rowwise.default_config(MATH, shape, target)
+
+
+def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
+    """The Pallas RMS norm for `config` on `platform`: a function of (x, weight)."""
+    if len(shape) != 2:
+        raise NotImplementedError(f"rms_norm takes (rows, cols), got {shape}")
+    return rowwise.build(MATH, config, shape, dtype, platform)

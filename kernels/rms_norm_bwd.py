@@ -1,0 +1,124 @@
+"""RMS norm backward: given x, weight and dy of y = x * r * weight, r = 1/sqrt(mean(x^2) + eps),
+
+    dx = r * (dy * weight) - x * r^3 * mean(dy * weight * x)   (over each row)
+    dweight = sum over rows of dy * x * r
+
+r is recomputed from x. dweight is a sum across rows: each program writes a float32 partial
+sum of its rows, and XLA adds the partials after the call (Triton: one partial per program,
+which loops over rows_per_program rows; TPU: one per block of rows).
+Config knobs: those of `kernels.rowwise` (block_rows, strategy, block_cols, buffers; Triton
+passes, rows_per_program, num_warps, num_stages). Triton passes=2 takes
+rows_per_program == block_rows.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kernels import rowwise
+from kernels.lowering import Platform
+
+NAME = "rms_norm_bwd"
+SHAPE_NAMES = ("rows", "cols")
+TARGETS = ("interpret", "tpu", "gpu-triton")
+MEMORY_PARAMS = rowwise.MEMORY_PARAMS
+EPS = 1e-6
+
+
+def _forward(x: jax.Array, weight: jax.Array) -> jax.Array:
+    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + EPS)
+    return x * rstd * weight
+
+
+def reference(x: jax.Array, weight: jax.Array, dy: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(dx, dweight): the vector-Jacobian product of the plain jax.numpy RMS norm, in float32."""
+    _, vjp = jax.vjp(_forward, x.astype(jnp.float32), weight.astype(jnp.float32))
+    dx, dweight = vjp(dy.astype(jnp.float32))
+    return dx.astype(x.dtype), dweight.astype(weight.dtype)
+
+
+def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax.Array, ...]:
+    """Random x (rows with their own scale), a weight near 1 and a normal dy."""
+    k_x, k_scale, k_w, k_dy = jax.random.split(key, 4)
+    rows, cols = shape
+    x = jnp.exp(jax.random.normal(k_scale, (rows, 1))) * jax.random.normal(k_x, shape)
+    weight = 1.0 + 0.2 * jax.random.normal(k_w, (cols,))
+    dy = jax.random.normal(k_dy, shape)
+    return x.astype(dtype), weight.astype(dtype), dy.astype(dtype)
+
+
+def flops(shape: tuple[int, ...]) -> int:
+    """Approximate floating-point operations: two row sums, dx and the dweight terms."""
+    return 10 * math.prod(shape)
+
+
+def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
+    """Fewest bytes through device memory: read x, dy and weight, write dx and dweight once."""
+    rows, cols = shape
+    return (3 * rows * cols + 2 * cols) * jnp.dtype(dtype).itemsize
+
+
+def _backward_rows(x: jax.Array, dy: jax.Array, weight: jax.Array, *, cols: int,
+                   valid: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    del valid  # padded columns read as 0 and add nothing to either sum
+    r = jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) / cols + EPS)
+    g = dy * weight
+    mean_gx = jnp.sum(g * x, axis=-1, keepdims=True) / cols
+    return r * g - x * (r * r * r * mean_gx), dy * x * r
+
+
+def _init(shape: tuple[int, ...]) -> rowwise.Stats:
+    """Sum of x^2 and sum of dy * weight * x over the columns seen so far."""
+    return jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
+
+
+def _update(stats: rowwise.Stats, x: jax.Array, dy: jax.Array, weight: jax.Array, *,
+            valid: jax.Array | None) -> rowwise.Stats:
+    del valid
+    sum_xx, sum_gx = stats
+    return (sum_xx + jnp.sum(x * x, axis=-1, keepdims=True),
+            sum_gx + jnp.sum(dy * weight * x, axis=-1, keepdims=True))
+
+
+def _finish(stats: rowwise.Stats, cols: int) -> rowwise.Stats:
+    sum_xx, sum_gx = stats
+    r = jax.lax.rsqrt(sum_xx / cols + EPS)
+    return r, r * r * r * (sum_gx / cols)
+
+
+def _gradients(row: rowwise.Stats, x: jax.Array, dy: jax.Array,
+               weight: jax.Array) -> tuple[jax.Array, jax.Array]:
+    r, r3_mean_gx = row
+    return r * dy * weight - x * r3_mean_gx, dy * x * r
+
+
+MATH = rowwise.RowMath(NAME, rows=_backward_rows, init=_init, update=_update, finish=_finish,
+                       apply=_gradients, row_inputs=2, col_inputs=1, col_outputs=1)
+
+
+def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+    """On-chip bytes of one program (see `kernels.rowwise.footprint`)."""
+    return rowwise.footprint(MATH, config, shape, dtype, target)
+
+
+def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+    """A safe config for any shape; on Triton, 64 rows per program keep the partials few."""
+    config = rowwise.default_config(MATH, shape, target)
+    if target == "gpu-triton" and config.get("passes", 1) == 1:
+        config["rows_per_program"] = 64
+    return config
+
+
+def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
+    """The Pallas RMS norm backward for `config` on `platform`: a function of (x, weight, dy)."""
+    if len(shape) != 2:
+        raise NotImplementedError(f"rms_norm_bwd takes (rows, cols), got {shape}")
+    call = rowwise.build(MATH, config, shape, dtype, platform)
+
+    def backward(x: jax.Array, weight: jax.Array, dy: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return call(x, dy, weight)
+
+    return backward

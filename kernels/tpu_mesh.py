@@ -1,0 +1,57 @@
+"""Trace TPU kernels on a host without a TPU: an abstract TPU device in the mesh context.
+
+Mosaic TPU reads device facts while tracing: `pltpu.emit_pipeline` asks for the chip's
+tiling and `pltpu.get_tpu_info` for its VMEM size. On a CPU host (TPU interpret mode, or
+lowering for TPU with `lowering_platforms=("tpu",)`) there is no TPU to ask, so kernels
+wrap their function with `traced_for_tpu`, which traces it under
+`jax.sharding.use_abstract_mesh` with an `AbstractDevice` of a TPU kind. JAX refuses to
+*run* a computation under an abstract mesh, so the context is entered inside `jax.jit`,
+while tracing only; callers need nothing special. On a TPU host, or under a mesh the caller
+set up, the wrapper changes nothing.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.sharding import AbstractDevice, AbstractMesh, AxisType
+
+# The TPU assumed when none is attached: v6e ("TPU v6 lite"), one TensorCore per device.
+TPU_DEVICE = AbstractDevice(device_kind="TPU v6 lite", num_cores=1, platform="tpu")
+
+
+def abstract_tpu_mesh(device: AbstractDevice = TPU_DEVICE) -> AbstractMesh:
+    """A one-device abstract mesh whose device is `device`."""
+    return AbstractMesh((1,), ("tpu",), (AxisType.Explicit,), abstract_device=device)
+
+
+def needs_abstract_tpu() -> bool:
+    """Whether tracing for TPU here needs an abstract TPU (no TPU backend, no device in context)."""
+    if jax.sharding.get_abstract_mesh().abstract_device is not None:
+        return False
+    return jax.default_backend() != "tpu"
+
+
+def traced_for_tpu(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` under `jax.jit`, traced with an abstract TPU in context when no TPU is attached."""
+
+    @functools.wraps(fn)
+    def traced(*args: Any) -> Any:
+        if not needs_abstract_tpu():
+            return fn(*args)
+        with jax.sharding.use_abstract_mesh(abstract_tpu_mesh()):
+            return fn(*args)
+
+    return jax.jit(traced)
+
+
+def vmem_capacity_bytes() -> int:
+    """VMEM bytes of one TensorCore of the TPU being traced for (the abstract one off-TPU)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    if needs_abstract_tpu():
+        with jax.sharding.use_abstract_mesh(abstract_tpu_mesh()):
+            return int(pltpu.get_tpu_info().vmem_capacity_bytes)
+    return int(pltpu.get_tpu_info().vmem_capacity_bytes)

@@ -1,0 +1,76 @@
+"""Shared checks for the memory-bound kernels (welford, cross_entropy, swiglu, geglu)."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from farm import validate
+from farm.spaces import SearchSpace, load_space
+from kernels.lowering import Platform
+
+SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
+DTYPES = ("float32", "bfloat16")
+# The platform a device target is lowered for on this CPU host.
+LOWERING_PLATFORM = {"tpu": "tpu", "gpu-triton": "cuda"}
+
+
+def space(name: str) -> SearchSpace:
+    """The search space in search_spaces/<name>.yaml."""
+    return load_space(SPACES / f"{name}.yaml")
+
+
+def largest_config(space_: SearchSpace, module: ModuleType, target: str, shape: tuple[int, ...],
+                   dtype: str) -> dict[str, Any]:
+    """The config of the space valid on `shape` with the largest on-chip footprint."""
+    valid = [c for c in space_.configs(target) if space_.violated(c, shape, dtype, target) is None]
+    assert valid, f"{space_.path}: no valid {target} config for {shape} {dtype}"
+    return max(valid, key=lambda c: module.footprint(c, shape, dtype, target))
+
+
+def cases(space_: SearchSpace, module: ModuleType, shapes: dict[str, tuple[int, ...]],
+          explicit: dict[str, list[dict[str, Any]]], dtypes: tuple[str, ...] = DTYPES) -> list[Any]:
+    """pytest params (target, shape, dtype, config): default, largest valid and `explicit` configs."""
+    params = []
+    for target, configs in explicit.items():
+        shape = shapes[target]
+        for dtype in dtypes:
+            named = [("default", module.default_config(shape, target)),
+                     ("largest", largest_config(space_, module, target, shape, dtype))]
+            named += [(f"config{i}", c) for i, c in enumerate(configs)]
+            params += [pytest.param(target, shape, dtype, c, id=f"{target}-{dtype}-{name}")
+                       for name, c in named]
+    return params
+
+
+def relative_error(module: ModuleType, config: dict[str, Any], shape: tuple[int, ...], dtype: str,
+                   target: str) -> float:
+    """The error of a poisoned, interpret-mode build of `config` against the reference."""
+    inputs = module.make_inputs(shape, jnp.dtype(dtype), jax.random.key(3))
+    fn = module.build(config, shape, jnp.dtype(dtype), Platform(target, interpret=True, poison_outputs=True))
+    out = jax.block_until_ready(jax.jit(fn)(*inputs))
+    return validate.relative_error(out, module.reference(*validate.upcast(inputs)))
+
+
+def lower_for_device(module: ModuleType, config: dict[str, Any], shape: tuple[int, ...], dtype: str,
+                     target: str) -> str:
+    """Lower the native (non-interpret) build of `config` for the target's device; the module text."""
+    args = jax.eval_shape(lambda: module.make_inputs(shape, jnp.dtype(dtype), jax.random.key(0)))
+    fn = module.build(config, shape, jnp.dtype(dtype), Platform(target))
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=(LOWERING_PLATFORM[target],)).as_text()
+
+
+def check(module: ModuleType, target: str, shape: tuple[int, ...], dtype: str,
+          config: dict[str, Any]) -> None:
+    """`config` matches the reference in interpret mode and, on a device target, lowers for it."""
+    error = relative_error(module, config, shape, dtype, target)
+    bound = validate.tolerance(dtype, module)
+    assert error <= bound, f"{target} {config} {dtype}: relative error {error:.3g} > {bound:.3g}"
+    if target in LOWERING_PLATFORM:
+        text = lower_for_device(module, config, shape, dtype, target)
+        marker = "tpu_custom_call" if target == "tpu" else "triton"
+        assert marker in text, f"{target} lowering of {config} has no {marker} call"

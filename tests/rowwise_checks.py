@@ -1,0 +1,99 @@
+"""Shared checks for the row-wise kernels (softmax, norms): numerics, lowering, config choice."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from farm import validate
+from farm.spaces import load_space
+from kernels.lowering import Platform
+
+SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
+DTYPES = ("float32", "bfloat16")
+# The platform each device target is lowered for when no such device is attached.
+LOWERING_PLATFORM = {"tpu": "tpu", "gpu-triton": "cuda"}
+
+
+def relative_error(module: ModuleType, config: dict[str, Any], shape: tuple[int, ...],
+                   dtype: str, target: str) -> float:
+    """The error of a poisoned, interpret-mode build of `config` against the reference."""
+    inputs = module.make_inputs(shape, jnp.dtype(dtype), jax.random.key(7))
+    fn = module.build(config, shape, jnp.dtype(dtype),
+                      Platform(target, interpret=True, poison_outputs=True))
+    out = jax.block_until_ready(jax.jit(fn)(*inputs))
+    return validate.relative_error(out, module.reference(*validate.upcast(inputs)))
+
+
+def assert_matches(module: ModuleType, config: dict[str, Any], shape: tuple[int, ...],
+                   dtype: str, target: str) -> None:
+    """`config` computes the reference within the farm's tolerance for `dtype`."""
+    error = relative_error(module, config, shape, dtype, target)
+    bound = validate.tolerance(dtype, module)
+    assert error <= bound, f"{target} {config} {dtype}: relative error {error:.3g} > {bound:.3g}"
+
+
+def lower_for_device(module: ModuleType, config: dict[str, Any], shape: tuple[int, ...],
+                     dtype: str, target: str) -> str:
+    """Lower the non-interpret build of `config` for the target's device; the module text."""
+    args = jax.eval_shape(lambda: module.make_inputs(shape, jnp.dtype(dtype), jax.random.key(0)))
+    fn = module.build(config, shape, jnp.dtype(dtype), Platform(target))
+    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=(LOWERING_PLATFORM[target],))
+    return lowered.as_text()
+
+
+def valid_configs(kernel: str, target: str, shape: tuple[int, ...],
+                  dtype: str) -> list[dict[str, Any]]:
+    """Every config of the kernel's search space that satisfies its constraints on `shape`."""
+    space = load_space(SPACES / f"{kernel}.yaml")
+    return [c for c in space.configs(target) if space.violated(c, shape, dtype, target) is None]
+
+
+def largest_config(module: ModuleType, target: str, shape: tuple[int, ...],
+                   dtype: str) -> dict[str, Any]:
+    """The valid config of the search space with the largest on-chip footprint on `shape`."""
+    configs = valid_configs(module.NAME, target, shape, dtype)
+    assert configs, f"no valid {target} config of {module.NAME} for {shape} {dtype}"
+    return max(configs, key=lambda c: module.footprint(c, shape, dtype, target))
+
+
+def seed_shape(kernel: str) -> tuple[int, ...]:
+    """The first shape the kernel's search space tunes on TPU."""
+    space = load_space(SPACES / f"{kernel}.yaml")
+    return next(t.shapes[0] for t in space.targets if t.name == "tpu")
+
+
+def numerics_cases(module: ModuleType, shape: tuple[int, ...],
+                   explicit: dict[str, list[dict[str, Any]]]) -> list[Any]:
+    """pytest params (target, dtype, config): the default, the largest valid and `explicit`."""
+    import pytest
+
+    cases = []
+    for target, configs in explicit.items():
+        for dtype in DTYPES:
+            named = [("default", module.default_config(shape, target)),
+                     ("largest", largest_config(module, target, shape, dtype))]
+            named += [(f"config{i}", c) for i, c in enumerate(configs)]
+            cases += [pytest.param(target, dtype, c, id=f"{target}-{dtype}-{name}")
+                      for name, c in named]
+    return cases
+
+
+def lowering_cases(module: ModuleType, shape: tuple[int, ...],
+                   explicit: dict[str, list[dict[str, Any]]]) -> list[Any]:
+    """pytest params (target, dtype, shape, config) for the device targets: the numerics
+    cases' configs, and the default and largest valid config on the seed shape (bfloat16)."""
+    import pytest
+
+    cases = [p for p in numerics_cases(module, shape, explicit) if p.values[0] in LOWERING_PLATFORM]
+    cases = [pytest.param(t, d, shape, c, id=p.id) for p in cases for t, d, c in [p.values]]
+    seed = seed_shape(module.NAME)
+    for target in (t for t in explicit if t in LOWERING_PLATFORM):
+        for name, config in (("default", module.default_config(seed, target)),
+                             ("largest", largest_config(module, target, seed, "bfloat16"))):
+            cases.append(pytest.param(target, "bfloat16", seed, config,
+                                      id=f"{target}-seed-{name}"))
+    return cases

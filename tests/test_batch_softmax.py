@@ -1,0 +1,47 @@
+"""Batched softmax: configs of every target match the reference; device configs lower."""
+from __future__ import annotations
+
+import pytest
+
+from kernels import batch_softmax as K
+from tests.rowwise_checks import assert_matches, lower_for_device, lowering_cases, numerics_cases
+
+SHAPE = (2, 16, 384)
+RAGGED = (3, 13, 200)  # Triton: neither rows nor columns fill a power-of-two block
+CONFIGS = {
+    "interpret": [{"block_batch": 2, "block_rows": 16, "strategy": "fori_loop", "block_cols": 128},
+                  {"block_rows": 8, "strategy": "grid", "block_cols": 128}],
+    "tpu": [{"block_batch": 2, "block_rows": 16, "strategy": "one_pass", "buffers": 1},
+            {"block_rows": 16, "strategy": "fori_loop", "block_cols": 128},
+            {"block_batch": 2, "block_rows": 16, "strategy": "grid", "block_cols": 128},
+            {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 1}],
+    "gpu-triton": [{"block_rows": 4, "passes": 1, "num_warps": 4, "num_stages": 1},
+                   {"block_rows": 2, "passes": 2, "block_cols": 128, "rows_per_program": 8}],
+}
+
+
+@pytest.mark.parametrize("target,dtype,config", numerics_cases(K, SHAPE, CONFIGS))
+def test_matches_reference(target: str, dtype: str, config: dict) -> None:
+    assert_matches(K, config, SHAPE, dtype, target)
+
+
+@pytest.mark.parametrize("config", CONFIGS["gpu-triton"])
+def test_triton_masks_ragged_rows_and_columns(config: dict) -> None:
+    assert_matches(K, config, RAGGED, "bfloat16", "gpu-triton")
+
+
+@pytest.mark.parametrize("target,dtype,shape,config", lowering_cases(K, SHAPE, CONFIGS))
+def test_lowers_for_device(target: str, dtype: str, shape: tuple, config: dict) -> None:
+    assert lower_for_device(K, config, shape, dtype, target)
+
+
+def test_footprint_by_hand() -> None:
+    shape = (64, 2048, 4096)
+    # TPU one_pass, 2 batch entries x 16 rows of 4096 bf16: x and y double-buffered, f32 copies.
+    config = {"block_batch": 2, "block_rows": 16, "strategy": "one_pass"}
+    block = 2 * 16 * 4096
+    assert K.footprint(config, shape, "bfloat16", "tpu") == 2 * 2 * block * 2 + 2 * block * 4
+    # Triton passes=2: 4 rows x 1024 columns of x and y in f32, 2 chunks of x loaded ahead.
+    config = {"block_rows": 4, "passes": 2, "block_cols": 1024, "num_stages": 3}
+    expected = 2 * 4 * 1024 * 4 + 2 * 4 * 1024 * 2
+    assert K.footprint(config, shape, "bfloat16", "gpu-triton") == expected

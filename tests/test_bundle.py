@@ -1,0 +1,137 @@
+"""`farm bundle`: merge run bundles into one signed archive (real Parquet, real signatures)."""
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pyarrow.parquet as pq
+import pytest
+
+from farm import artifacts, bundle, cli, signing
+from farm.errors import BundleError
+from farm.pull import extract_archive
+from farm.trust import UnverifiedBundleWarning, load_trust
+from tests import bundles as B
+
+OLD, NEW = "2025-01-01T00:00:00+00:00", "2025-02-01T00:00:00+00:00"
+
+
+@pytest.fixture()
+def key(tmp_path):
+    return B.keypair(tmp_path / "keys", "ci")
+
+
+@pytest.fixture()
+def two_runs(tmp_path, key):
+    """Two run folders: run-b retunes softmax 64x256 later and adds a matmul task."""
+    private, _ = key
+    run_a = [B.row("softmax", (64, 256), {"block_rows": 16}, created=OLD, run_id="run-a"),
+             B.row("softmax", (128, 512), {"block_rows": 32}, created=OLD, run_id="run-a")]
+    run_b = [B.row("softmax", (64, 256), {"block_rows": 64}, created=NEW, run_id="run-b"),
+             B.row("matmul", (128, 128, 128), {"block_m": 64, "block_n": 64, "block_k": 32}, created=NEW,
+                   run_id="run-b")]
+    B.write(tmp_path / "run-a" / "bundle", run_a, private, [B.trial(r, n) for r in run_a for n in range(3)])
+    B.write(tmp_path / "run-b" / "bundle", run_b, private, [B.trial(r, n) for r in run_b for n in range(2)])
+    return tmp_path / "run-a", tmp_path / "run-b"
+
+
+def _open(archive, tmp_path, trusted):
+    folder = extract_archive(archive, tmp_path / "opened")
+    artifacts.verify_bundle(folder, trusted)
+    return folder
+
+
+def test_merge_keeps_the_newest_row_per_task_and_every_trial(tmp_path, key, two_runs):
+    private, public = key
+    out = tmp_path / "merged.tar.gz"
+    result = bundle.merge(two_runs, out, private, load_trust([public]))
+    assert (result.rows, result.trials, result.replaced) == (3, 6 + 4, 1)
+
+    folder = _open(out, tmp_path, signing.load_trusted_keys([public]))
+    rows = {r["task_key"]: r for r in pq.read_table(folder / artifacts.CONFIGS).to_pylist()}
+    assert json.loads(rows["softmax/64x256/float32/interpret"]["config"]) == {"block_rows": 64}
+    assert rows["softmax/64x256/float32/interpret"]["run_id"] == "run-b"
+    assert rows["softmax/128x512/float32/interpret"]["run_id"] == "run-a"
+    assert "matmul/128x128x128/float32/interpret" in rows
+    trials = pq.read_table(folder / artifacts.TRIALS)
+    assert sorted(set(trials.column("run_id").to_pylist())) == ["run-a", "run-b"]
+    manifest = json.loads((folder / artifacts.MANIFEST).read_text())
+    assert manifest["run_ids"] == ["run-a", "run-b"] and len(manifest["merged_from"]) == 2
+
+
+def test_configs_parquet_is_plain_parquet(tmp_path, key, two_runs):
+    """Readable by pyarrow alone, with the documented columns and types."""
+    private, public = key
+    bundle.merge(two_runs, tmp_path / "merged.tar.gz", private, load_trust([public]))
+    folder = _open(tmp_path / "merged.tar.gz", tmp_path, signing.load_trusted_keys([public]))
+    table = pq.read_table(str(folder / "configs.parquet"))
+    assert table.schema.names == artifacts.CONFIG_COLUMNS.names
+    assert table.schema.field("shape").type == artifacts.CONFIG_COLUMNS.field("shape").type
+    assert pq.ParquetFile(str(folder / "trials.parquet")).metadata.num_rows == 10
+
+
+def test_archive_holds_only_the_bundle_files_at_its_root(tmp_path, key, two_runs):
+    private, public = key
+    bundle.merge(two_runs, tmp_path / "merged.tgz", private, load_trust([public]))
+    with tarfile.open(tmp_path / "merged.tgz") as tar:
+        members = tar.getmembers()
+    assert sorted(m.name for m in members) == sorted([artifacts.CONFIGS, artifacts.TRIALS, artifacts.MANIFEST,
+                                                      artifacts.SIGNATURE])
+    assert all(m.isfile() and m.uid == 0 and m.mode == 0o644 for m in members)
+
+
+def test_equal_created_later_input_wins_and_device_kinds_stay_apart(tmp_path, key):
+    private, public = key
+    first = B.write(tmp_path / "a", [B.row("softmax", (64, 256), {"block_rows": 8}, created=OLD),
+                                     B.row("softmax", (64, 256), {"block_rows": 4}, device_kind="NVIDIA H200",
+                                           target="interpret", created=OLD)], private)
+    second = B.write(tmp_path / "b", [B.row("softmax", (64, 256), {"block_rows": 2}, created=OLD)], private)
+    out = tmp_path / "merged"
+    result = bundle.merge([first, second], out, private, load_trust([public]))  # a folder this time
+    rows = {(r["task_key"], r["device_kind"]): json.loads(r["config"])
+            for r in artifacts.read_configs(out).to_pylist()}
+    assert result.rows == 2
+    assert rows[("softmax/64x256/float32/interpret", "cpu")] == {"block_rows": 2}
+    assert rows[("softmax/64x256/float32/interpret", "NVIDIA H200")] == {"block_rows": 4}
+    artifacts.verify_bundle(out, signing.load_trusted_keys([public]))
+
+
+def test_same_bundle_twice_is_merged_once(tmp_path, key, two_runs):
+    private, public = key
+    result = bundle.merge([two_runs[0], two_runs[0] / "bundle"], tmp_path / "m.tar.gz", private, load_trust([public]))
+    assert result.trials == 6 and any("already given" in note for note in result.warnings)
+
+
+def test_inputs_are_verified_first(tmp_path, key, two_runs):
+    private, public = key
+    other, _ = B.keypair(tmp_path / "keys", "stranger")
+    stranger = B.write(tmp_path / "stranger", [B.row("softmax", (8, 128), {"block_rows": 8})], other)
+    out = tmp_path / "m.tar.gz"
+    with pytest.raises(BundleError, match="not trusted"):
+        bundle.merge([two_runs[0], stranger], out, private, load_trust([public]))
+    assert not out.exists()
+
+    with pytest.warns(UnverifiedBundleWarning):
+        result = bundle.merge([two_runs[0], stranger], out, private, load_trust([public]), allow_unsigned=True)
+    assert result.rows == 3 and out.exists()
+
+    configs = two_runs[1] / "bundle" / artifacts.CONFIGS
+    configs.write_bytes(configs.read_bytes().replace(b"run-b", b"run-x"))
+    with pytest.raises(BundleError, match="sha256"):
+        bundle.merge(two_runs, tmp_path / "m2.tar.gz", private, load_trust([public]))
+
+
+def test_cli_bundle(tmp_path, key, two_runs, capsys):
+    private, public = key
+    keyfile = tmp_path / "keys" / "ci.pem"
+    out = tmp_path / "merged.tar.gz"
+    assert cli.main(["bundle", *map(str, two_runs), "--out", str(out), "--key", str(keyfile),
+                     "--trust", str(public)]) == 0
+    assert "3 tasks from 2 inputs" in capsys.readouterr().out
+    _open(out, tmp_path, signing.load_trusted_keys([public]))
+
+    assert cli.main(["bundle", str(two_runs[0]), "--out", str(out), "--key", str(keyfile)]) == 2
+    assert "--trust" in capsys.readouterr().err
+    assert cli.main(["bundle", str(tmp_path / "nowhere"), "--out", str(out), "--key", str(keyfile),
+                     "--trust", str(public)]) == 2
+    assert "nowhere: not found" in capsys.readouterr().err

@@ -1,0 +1,174 @@
+"""Flash attention forward (flash_attention, flash_attention_causal): strategies, lowering, VMEM.
+
+Numerics run in interpret mode on the CPU with tiny sequences (TPU interpret mode is slow):
+both TPU strategies, Triton, and the Mosaic GPU kernels in Pallas's GPU interpreter (whose
+matmuls there are plain dots, see kernels/flash_attention.py). Lowering for TPU and CUDA
+checks block rules, layouts and shared memory; speed is only measured on real hardware.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import kernels
+from farm import outcomes, validate
+from farm.plan import TuningTask
+from farm.spaces import load_space
+from farm.worker import measure
+from kernels import flash_attention
+from kernels.lowering import Platform
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ("flash_attention", "flash_attention_causal")
+MIB = 1 << 20
+TPU_SHAPE = (1, 1, 256, 128)  # TPU tiles: head_dim and block_kv multiples of 128
+GPU_SHAPE = (1, 2, 128, 32)
+MGPU_SHAPE = (1, 1, 256, 64)  # 4 key blocks of 64 through 2 or 3 pipeline slots
+
+
+def _error(name: str, config: dict, target: str, shape: tuple, dtype=jnp.float32) -> float:
+    module = kernels.load(name)
+    inputs = module.make_inputs(shape, dtype, jax.random.key(2))
+    fn = module.build(config, shape, dtype, Platform(target, interpret=True, poison_outputs=True))
+    return validate.relative_error(jax.jit(fn)(*inputs), module.reference(*validate.upcast(inputs)))
+
+
+def _lower(name: str, config: dict, target: str, shape: tuple, dtype=jnp.bfloat16) -> str:
+    module = kernels.load(name)
+    inputs = jax.eval_shape(lambda: module.make_inputs(shape, dtype, jax.random.key(0)))
+    fn = module.build(config, shape, dtype, Platform(target))
+    platform = "tpu" if target == "tpu" else "cuda"
+    return jax.jit(fn).trace(*inputs).lower(lowering_platforms=(platform,)).as_text()
+
+
+def test_causal_and_non_causal_references_differ():
+    q, k, v = flash_attention.make_inputs((1, 1, 16, 8), jnp.float32, jax.random.key(0))
+    full, causal = (kernels.load(n).reference(q, k, v) for n in NAMES)
+    assert jnp.allclose(full[..., -1, :], causal[..., -1, :], atol=1e-5)  # the last row sees every key
+    assert validate.relative_error(causal, full) > 0.1
+    assert kernels.load(NAMES[1]).flops((1, 1, 16, 8)) * 2 == kernels.load(NAMES[0]).flops((1, 1, 16, 8))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_space_loads_with_both_seed_shapes(name):
+    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    targets = {t.name: t for t in space.targets}
+    assert set(targets) == {"tpu", "gpu-triton", "gpu-mosaic", "interpret"}
+    assert targets["tpu"].shapes == ((8, 32, 8192, 256), (4, 32, 4096, 128))
+    module = kernels.load(name)
+    for target in space.targets:
+        for shape in target.shapes:
+            config = module.default_config(shape, target.name)
+            assert space.violated(config, shape, target.dtypes[0], target.name) is None
+
+
+TPU_CONFIGS = [
+    {"block_q": 128, "block_kv": 128, "attn_strategy": "emit_pipeline"},
+    {"block_q": 64, "block_kv": 128, "attn_strategy": "emit_pipeline", "buffers": 3},
+    {"block_q": 128, "block_kv": 128, "attn_strategy": "unroll"},
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("config", TPU_CONFIGS, ids=lambda c: f"{c['attn_strategy']}-{c['block_q']}")
+def test_tpu_strategies_in_tpu_interpret_mode(name, config):
+    assert _error(name, config, "tpu", TPU_SHAPE) <= 2e-3
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("target,config", [
+    ("interpret", {"block_q": 64, "block_kv": 32}),
+    ("gpu-triton", {"block_q": 32, "block_kv": 64, "num_warps": 4, "num_stages": 2}),
+])
+def test_triton_kernel_in_interpret_mode(name, target, config):
+    assert _error(name, config, target, GPU_SHAPE, jnp.bfloat16) <= validate.tolerance("bfloat16")
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("strategy", ["emit_pipeline", "unroll"])
+def test_tpu_strategies_lower_for_tpu_on_cpu(name, strategy):
+    config = {"block_q": 256, "block_kv": 512, "attn_strategy": strategy}
+    assert "tpu_custom_call" in _lower(name, config, "tpu", (1, 2, 1024, 256))
+
+
+@pytest.mark.parametrize("strategy", ["emit_pipeline", "unroll"])
+def test_unroll_outgrows_a_64_mib_vmem_at_32k_while_emit_pipeline_does_not(strategy):
+    # The (8, 32, S, 256) seed's head dim; bf16; the VMEM model is in kernels/flash_attention.py.
+    vmem = 64 * MIB
+    for name in NAMES:
+        module = kernels.load(name)
+        for block in (128, 512):
+            config = {"block_q": block, "block_kv": block, "attn_strategy": strategy}
+            at_8k = module.footprint(config, (8, 32, 8192, 256), jnp.bfloat16, "tpu")
+            at_32k = module.footprint(config, (8, 32, 32768, 256), jnp.bfloat16, "tpu")
+            assert at_8k <= vmem
+            if strategy == "unroll":
+                assert at_32k > vmem
+            else:
+                assert at_32k == at_8k <= vmem
+
+
+def test_triton_attention_lowers_for_cuda():
+    config = {"block_q": 64, "block_kv": 64, "num_warps": 4, "num_stages": 2}
+    for name in NAMES:
+        assert "__gpu$xla.gpu.triton" in _lower(name, config, "gpu-triton", (1, 2, 512, 128))
+
+
+MGPU_CONFIGS = [
+    {"block_q": 64, "block_kv": 64, "mgpu_pipeline": "warp_specialized", "max_concurrent_steps": 2},
+    {"block_q": 64, "block_kv": 64, "mgpu_pipeline": "pipelined", "max_concurrent_steps": 3},
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("config", MGPU_CONFIGS, ids=lambda c: c["mgpu_pipeline"])
+def test_mosaic_gpu_kernels_in_the_gpu_interpreter(name, config):
+    error = _error(name, config, "gpu-mosaic", MGPU_SHAPE, jnp.bfloat16)
+    assert error <= validate.tolerance("bfloat16")
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape,config", [
+    ((1, 2, 1024, 256), {"block_q": 64, "block_kv": 64, "mgpu_pipeline": "warp_specialized",
+                         "max_concurrent_steps": 2}),
+    ((1, 2, 1024, 128), {"block_q": 64, "block_kv": 128, "mgpu_pipeline": "warp_specialized",
+                         "max_concurrent_steps": 2}),
+    ((1, 2, 1024, 128), {"block_q": 128, "block_kv": 128, "mgpu_pipeline": "pipelined",
+                         "max_concurrent_steps": 3}),
+])
+def test_mosaic_gpu_kernels_lower_in_bf16_within_their_footprint(name, shape, config, monkeypatch):
+    # JAX's own attention_mgpu.py fails on bf16 (f16 SMEM); ours lowers in bf16, and its
+    # footprint bounds the shared memory Mosaic GPU counts from above by at most 1 KiB.
+    assert "mosaic_gpu" in _lower(name, config, "gpu-mosaic", shape)
+    core = pytest.importorskip("jax.experimental.mosaic.gpu.core")
+    if not hasattr(core, "_SMEM_SIZE_BOUND"):
+        pytest.skip("this JAX does not expose Mosaic GPU's shared-memory bound")
+    monkeypatch.setattr(core, "_SMEM_SIZE_BOUND", 1)
+    with pytest.raises(ValueError, match="exceeds available shared memory") as info:
+        _lower(name, config, "gpu-mosaic", shape)
+    actual = int(re.search(r"smem_bytes=(\d+)", str(info.value)).group(1))
+    model = kernels.load(name).footprint(config, shape, jnp.bfloat16, "gpu-mosaic")
+    assert actual <= model <= actual + 1024
+
+
+def test_mosaic_gpu_refuses_what_it_cannot_build():
+    module = kernels.load("flash_attention")
+    with pytest.raises(NotImplementedError, match="bfloat16 or float16"):
+        module.build(MGPU_CONFIGS[0], MGPU_SHAPE, jnp.float32, Platform("gpu-mosaic"))
+    with pytest.raises(NotImplementedError, match="multiples of 64"):
+        module.build({**MGPU_CONFIGS[0], "block_q": 32}, MGPU_SHAPE, jnp.bfloat16, Platform("gpu-mosaic"))
+    with pytest.raises(NotImplementedError, match="multiples of 128"):
+        module.build({"block_q": 64, "block_kv": 64}, MGPU_SHAPE, jnp.bfloat16, Platform("tpu"))
+    with pytest.raises(ValueError, match="must divide"):
+        module.build({"block_q": 96, "block_kv": 64}, MGPU_SHAPE, jnp.bfloat16, Platform("interpret"))
+
+
+def test_the_farm_measures_a_mosaic_gpu_kernel_in_the_gpu_interpreter():
+    task = TuningTask("flash_attention_causal", MGPU_SHAPE, "bfloat16", "gpu-mosaic")
+    m = measure(task, MGPU_CONFIGS[1], interpret=True, repetitions=2, warmup=1)
+    assert m.outcome == outcomes.OK, m.error
+    assert m.numerics_error <= validate.tolerance("bfloat16")

@@ -1,0 +1,249 @@
+"""The matmul family (matmul, bmm, broadcast_matmul, matmul_layernorm, matmul_subtiled_epilogue).
+
+Numerics run every strategy in interpret mode on the CPU: TPU interpret mode for "tpu", Pallas
+interpret for "gpu-triton"/"interpret", Pallas's GPU interpreter for "gpu-mosaic" (bf16 only).
+Lowering for TPU and for CUDA checks what interpret mode cannot (Mosaic's block rules, WGMMA
+layouts, Mosaic GPU's shared-memory budget). Timing and real-hardware numerics are not tested here.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import kernels
+from farm import outcomes, validate
+from farm.plan import TuningTask
+from farm.spaces import load_space
+from farm.worker import measure
+from kernels import matmul_core, mgpu_launch
+from kernels.lowering import Platform
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILY = ("matmul", "bmm", "broadcast_matmul", "matmul_layernorm", "matmul_subtiled_epilogue")
+
+MM, BATCHED, LN, EPI = (128, 256, 256), (2, 64, 256, 256), (64, 256, 256), (128, 256, 256)
+SHAPES = {"matmul": MM, "bmm": BATCHED, "broadcast_matmul": BATCHED, "matmul_layernorm": LN,
+          "matmul_subtiled_epilogue": EPI}
+TRITON = {"num_warps": 4, "num_stages": 2}
+
+
+def _blocks(bm: int, bn: int, bk: int, **knobs) -> dict:
+    return {"block_m": bm, "block_n": bn, "block_k": bk, **knobs}
+
+
+def _run(name: str, config: dict, target: str, dtype=jnp.float32, shape=None) -> float:
+    module = kernels.load(name)
+    shape = shape or SHAPES[name]
+    inputs = module.make_inputs(shape, dtype, jax.random.key(1))
+    fn = module.build(config, shape, dtype, Platform(target, interpret=True, poison_outputs=True))
+    out = jax.jit(fn)(*inputs)
+    return validate.relative_error(out, module.reference(*validate.upcast(inputs)))
+
+
+def _lower(name: str, config: dict, target: str, dtype=jnp.bfloat16, shape=None) -> str:
+    module = kernels.load(name)
+    shape = shape or SHAPES[name]
+    inputs = jax.eval_shape(lambda: module.make_inputs(shape, dtype, jax.random.key(0)))
+    platform = {"tpu": "tpu", "gpu-triton": "cuda", "gpu-mosaic": "cuda"}[target]
+    fn = module.build(config, shape, dtype, Platform(target))
+    return jax.jit(fn).trace(*inputs).lower(lowering_platforms=(platform,)).as_text()
+
+
+def test_modules_follow_the_protocol_and_are_registered():
+    for name in FAMILY:
+        module = kernels.load(name)
+        assert module.NAME == name
+        assert set(module.TARGETS) >= {"interpret", "tpu", "gpu-triton"}
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_space_loads_and_default_configs_satisfy_it(name):
+    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    module = kernels.load(name)
+    for target in space.targets:
+        for shape in target.shapes:
+            config = module.default_config(shape, target.name)
+            assert space.violated(config, shape, target.dtypes[0], target.name) is None, (target.name, shape)
+    # The seed shapes the brief asks for, in bf16 on every accelerator target.
+    seeds = {t.name: t.shapes for t in space.targets if t.name != "interpret"}
+    assert all(all(len(s) == len(module.SHAPE_NAMES) for s in shapes) for shapes in seeds.values())
+
+
+NUMERICS = [
+    ("matmul", "interpret", _blocks(64, 128, 64, group_m=2, epi_n=32)),
+    ("matmul", "gpu-triton", _blocks(32, 64, 64, group_m=2, **TRITON)),
+    ("matmul", "tpu", _blocks(64, 128, 128, k_strategy="grid", buffers=1)),
+    ("matmul", "tpu", _blocks(128, 128, 128, k_strategy="emit_pipeline", buffers=3)),
+    ("bmm", "gpu-triton", _blocks(32, 128, 32, **TRITON)),
+    ("bmm", "tpu", _blocks(64, 128, 128, k_strategy="emit_pipeline")),
+    ("broadcast_matmul", "gpu-triton", _blocks(32, 64, 64, fold_batch=True, group_m=4, **TRITON)),
+    ("broadcast_matmul", "tpu", _blocks(64, 128, 128, k_strategy="resident", buffers=1, fold_batch=False)),
+    ("broadcast_matmul", "tpu", _blocks(128, 256, 128, k_strategy="emit_pipeline", fold_batch=True)),
+    ("matmul_layernorm", "gpu-triton", _blocks(16, 256, 32, ln_strategy="fused", **TRITON)),
+    ("matmul_layernorm", "gpu-triton", _blocks(32, 64, 32, ln_strategy="two_phase", ln_rows=4, **TRITON)),
+    ("matmul_layernorm", "tpu", _blocks(32, 256, 128, ln_strategy="fused", k_strategy="grid")),
+    ("matmul_layernorm", "tpu", _blocks(64, 256, 128, ln_strategy="fused", k_strategy="emit_pipeline")),
+    ("matmul_layernorm", "tpu", _blocks(64, 128, 128, ln_strategy="two_phase", ln_rows=16, k_strategy="resident")),
+    ("matmul_subtiled_epilogue", "gpu-triton", _blocks(64, 128, 32, epi_n=64, **TRITON)),
+    ("matmul_subtiled_epilogue", "tpu", _blocks(64, 256, 128, k_strategy="grid", epi_n=128, epi_m=32)),
+    ("matmul_subtiled_epilogue", "tpu", _blocks(128, 256, 128, k_strategy="emit_pipeline", epi_n=128)),
+]
+
+
+@pytest.mark.parametrize("name,target,config", NUMERICS, ids=lambda v: v if isinstance(v, str) else "-".join(
+    str(x) for x in v.values()))
+def test_numerics_in_interpret_mode(name, target, config):
+    dtype = jnp.bfloat16 if "fold_batch" in config or target == "interpret" else jnp.float32
+    module = kernels.load(name)
+    assert _run(name, config, target, dtype) <= validate.tolerance(jnp.dtype(dtype).name, module)
+
+
+def test_a_wrong_kernel_fails_validation():
+    # The layer norm's reference normalises rows: an un-normalised matmul is far off.
+    module = kernels.load("matmul_layernorm")
+    a, b, gamma, beta = module.make_inputs(LN, jnp.float32, jax.random.key(0))
+    plain = kernels.load("matmul").build(_blocks(32, 64, 64), LN, jnp.float32, Platform("interpret"))
+    assert validate.relative_error(plain(a, b), module.reference(a, b, gamma, beta)) > 0.5
+
+
+TPU_LOWERING = [
+    ("matmul", _blocks(128, 128, 128, k_strategy="grid", buffers=1)),
+    ("matmul", _blocks(128, 256, 128, k_strategy="resident", epi_m=64, epi_n=128)),
+    ("matmul", _blocks(128, 128, 128, k_strategy="emit_pipeline", buffers=3)),
+    ("bmm", _blocks(64, 128, 128, k_strategy="grid")),
+    ("bmm", _blocks(64, 128, 128, k_strategy="emit_pipeline")),
+    ("broadcast_matmul", _blocks(64, 256, 128, k_strategy="resident", fold_batch=False)),
+    ("matmul_layernorm", _blocks(64, 256, 128, ln_strategy="fused", k_strategy="emit_pipeline")),
+    ("matmul_layernorm", _blocks(64, 128, 128, ln_strategy="two_phase", ln_rows=8, k_strategy="grid")),
+    ("matmul_subtiled_epilogue", _blocks(128, 256, 128, k_strategy="grid", epi_n=128, epi_m=64)),
+]
+
+
+@pytest.mark.parametrize("name,config", TPU_LOWERING)
+def test_lowers_for_tpu_on_cpu(name, config):
+    assert "tpu_custom_call" in _lower(name, config, "tpu")
+
+
+def test_tpu_lowering_rejects_what_interpret_mode_accepts():
+    config = _blocks(64, 128, 64, k_strategy="grid")  # block_k 64: not a multiple of 128 lanes
+    assert _run("matmul", config, "tpu") < 1e-5
+    with pytest.raises(Exception, match="divisible by 8 and 128"):
+        _lower("matmul", config, "tpu")
+
+
+def test_build_refuses_unsupported_configs():
+    with pytest.raises(ValueError, match="must divide"):
+        kernels.load("matmul").build(_blocks(96, 128, 128), MM, jnp.float32, Platform("interpret"))
+    with pytest.raises(NotImplementedError, match="buffers"):
+        kernels.load("matmul").build(_blocks(64, 128, 128, k_strategy="grid", buffers=3), MM,
+                                     jnp.bfloat16, Platform("tpu"))
+    with pytest.raises(ValueError, match="whole rows"):
+        kernels.load("matmul_layernorm").build(_blocks(64, 128, 128, ln_strategy="fused"), LN,
+                                               jnp.float32, Platform("interpret"))
+    with pytest.raises(NotImplementedError, match="bfloat16 or float16"):
+        kernels.load("matmul").build(_blocks(64, 64, 64), MM, jnp.float32, Platform("gpu-mosaic"))
+    with pytest.raises(NotImplementedError, match="no gpu-mosaic"):
+        kernels.load("matmul_layernorm").build(_blocks(64, 256, 64, ln_strategy="two_phase"), LN,
+                                               jnp.bfloat16, Platform("gpu-mosaic"))
+
+
+@pytest.mark.parametrize("name", ["matmul", "bmm", "matmul_layernorm", "matmul_subtiled_epilogue"])
+def test_triton_kernels_lower_for_cuda(name):
+    config = {"matmul_layernorm": _blocks(32, 64, 32, ln_strategy="two_phase", ln_rows=4, **TRITON),
+              "matmul_subtiled_epilogue": _blocks(64, 128, 32, epi_n=64, **TRITON)}.get(
+        name, _blocks(32, 64, 32, group_m=2, **TRITON))
+    assert "__gpu$xla.gpu.triton" in _lower(name, config, "gpu-triton")
+
+
+# ------------------------------------------------------------------------------ Mosaic GPU
+
+MGPU = [
+    ("matmul", _blocks(64, 128, 64, mgpu_pipeline="pipelined", max_concurrent_steps=2)),
+    ("matmul", _blocks(64, 64, 64, mgpu_pipeline="warp_specialized", max_concurrent_steps=2,
+                       wg_split="n", grid_tile_width=2)),
+    ("bmm", _blocks(64, 64, 64, mgpu_pipeline="warp_specialized", max_concurrent_steps=3, wg_split="m")),
+    ("broadcast_matmul", _blocks(64, 128, 64, mgpu_pipeline="pipelined", max_concurrent_steps=2,
+                                 fold_batch=False)),
+    ("matmul_subtiled_epilogue", _blocks(64, 64, 64, mgpu_pipeline="warp_specialized",
+                                         max_concurrent_steps=2, epi_n=32, grid_minor="m")),
+]
+
+
+@pytest.mark.parametrize("name,config", MGPU)
+def test_mosaic_gpu_kernels_lower_for_cuda(name, config):
+    shape = (2, 128, 128, 128) if name == "bmm" else None
+    assert "mosaic_gpu" in _lower(name, config, "gpu-mosaic", shape=shape)
+
+
+@pytest.mark.parametrize("name,config", [MGPU[0], MGPU[4]])
+def test_mosaic_gpu_numerics_in_the_gpu_interpreter(name, config, monkeypatch):
+    # One "SM", so the persistent warp-specialized kernel loops over both tiles.
+    monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 1)
+    shape = {"matmul": (128, 256, 128), "matmul_subtiled_epilogue": (128, 128, 128)}[name]
+    error = _run(name, config, "gpu-mosaic", jnp.bfloat16, shape)
+    assert error <= validate.tolerance("bfloat16", kernels.load(name))
+
+
+def test_mosaic_gpu_poisoned_build_writes_into_a_nan_buffer():
+    module = kernels.load("matmul")
+    inputs = jax.eval_shape(lambda: module.make_inputs(MM, jnp.bfloat16, jax.random.key(0)))
+    fn = module.build(MGPU[1][1], MM, jnp.bfloat16, Platform("gpu-mosaic", poison_outputs=True))
+    text = jax.jit(fn).trace(*inputs).lower(lowering_platforms=("cuda",)).as_text()
+    assert "dense<0x7FC0> : tensor<bf16>" in text  # the NaN the output buffer starts from
+    assert "output_operand_aliases" in text  # ... and the kernel writes into it in place
+
+
+SEED = (8192, 8192, 8192)
+SMEM_CASES = [
+    _blocks(128, 128, 64, mgpu_pipeline="warp_specialized", max_concurrent_steps=4),  # fits: 230480 B
+    _blocks(128, 128, 64, mgpu_pipeline="warp_specialized", max_concurrent_steps=5),  # does not
+    _blocks(128, 128, 64, mgpu_pipeline="pipelined", max_concurrent_steps=6),
+    _blocks(64, 256, 128, mgpu_pipeline="pipelined", max_concurrent_steps=3, epi_n=128),
+    _blocks(128, 128, 64, mgpu_pipeline="warp_specialized", wg_split="m", max_concurrent_steps=3, epi_n=32),
+]
+
+
+@pytest.mark.parametrize("config", SMEM_CASES)
+def test_mosaic_gpu_footprint_bounds_mosaics_own_shared_memory_count(config, monkeypatch):
+    core = pytest.importorskip("jax.experimental.mosaic.gpu.core")
+    if not hasattr(core, "_SMEM_SIZE_BOUND"):
+        pytest.skip("this JAX does not expose Mosaic GPU's shared-memory bound")
+    model = kernels.load("matmul").footprint(config, SEED, jnp.bfloat16, "gpu-mosaic")
+    try:
+        _lower("matmul", config, "gpu-mosaic", shape=SEED)
+        fits = True
+    except ValueError as err:
+        assert "exceeds available shared memory" in str(err)
+        fits = False
+    assert fits == (model <= mgpu_launch.SMEM_BYTES)
+    monkeypatch.setattr(core, "_SMEM_SIZE_BOUND", 1)  # make Mosaic GPU report its count
+    with pytest.raises(ValueError, match="exceeds available shared memory") as info:
+        _lower("matmul", config, "gpu-mosaic", shape=SEED)
+    actual = int(re.search(r"smem_bytes=(\d+)", str(info.value)).group(1))
+    assert actual <= model <= actual + 1024
+
+
+def test_footprints_grow_with_tiles_and_depth():
+    p = matmul_core.Problem(4096, 4096, 4096)
+    small = _blocks(128, 128, 128, k_strategy="grid")
+    assert matmul_core.footprint(p, small, jnp.bfloat16, "tpu") < matmul_core.footprint(
+        p, {**small, "k_strategy": "resident"}, jnp.bfloat16, "tpu")
+    assert matmul_core.footprint(p, {**small, "buffers": 1}, jnp.bfloat16, "tpu") < matmul_core.footprint(
+        p, small, jnp.bfloat16, "tpu")
+    triton = _blocks(128, 128, 64, num_stages=2)
+    assert matmul_core.footprint(p, triton, jnp.bfloat16, "gpu-triton") < matmul_core.footprint(
+        p, {**triton, "num_stages": 4}, jnp.bfloat16, "gpu-triton")
+
+
+def test_the_farm_measures_tpu_strategies_and_rejects_what_mosaic_would():
+    task = TuningTask("matmul_layernorm", LN, "bfloat16", "tpu")
+    good = _blocks(32, 256, 128, ln_strategy="fused", k_strategy="emit_pipeline", buffers=3)
+    m = measure(task, good, interpret=True, repetitions=2, warmup=1)
+    assert m.outcome == outcomes.OK, m.error
+    m = measure(task, {**good, "k_strategy": "grid", "buffers": 2, "block_k": 64}, interpret=True,
+                repetitions=2, warmup=1)
+    assert m.outcome == outcomes.COMPILE_ERROR and "divisible by 8 and 128" in m.error

@@ -1,0 +1,65 @@
+"""Layer norm: configs of every target match the reference; device configs lower."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from farm import validate
+from kernels import layer_norm as K
+from kernels.lowering import Platform
+from tests.rowwise_checks import assert_matches, lower_for_device, lowering_cases, numerics_cases
+
+SHAPE = (16, 384)  # three 128-column blocks; padded to 512 on Triton
+RAGGED = (13, 200)  # Triton: neither rows nor columns fill a power-of-two block
+CONFIGS = {
+    "interpret": [{"block_rows": 8, "strategy": "fori_loop", "block_cols": 128},
+                  {"block_rows": 16, "strategy": "grid", "block_cols": 128}],
+    "tpu": [{"block_rows": 16, "strategy": "one_pass", "buffers": 1},
+            {"block_rows": 16, "strategy": "fori_loop", "block_cols": 128},
+            {"block_rows": 16, "strategy": "grid", "block_cols": 128},
+            {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 3}],
+    "gpu-triton": [{"block_rows": 4, "passes": 1, "num_warps": 4, "num_stages": 1},
+                   {"block_rows": 2, "passes": 2, "block_cols": 128, "rows_per_program": 8}],
+}
+
+
+@pytest.mark.parametrize("target,dtype,config", numerics_cases(K, SHAPE, CONFIGS))
+def test_matches_reference(target: str, dtype: str, config: dict) -> None:
+    assert_matches(K, config, SHAPE, dtype, target)
+
+
+@pytest.mark.parametrize("config", CONFIGS["gpu-triton"])
+def test_triton_masks_ragged_rows_and_columns(config: dict) -> None:
+    assert_matches(K, config, RAGGED, "bfloat16", "gpu-triton")
+
+
+@pytest.mark.parametrize("target,config", [("tpu", CONFIGS["tpu"][2]),
+                                           ("gpu-triton", CONFIGS["gpu-triton"][1])])
+def test_streamed_variance_is_accurate_far_from_zero(target: str, config: dict) -> None:
+    # Rows centred at 1000 with unit spread: E[x^2] - E[x]^2 would lose every digit in f32.
+    # A ramp across the columns gives each column chunk its own mean, so merging the chunks'
+    # statistics must account for the spread between their means.
+    x, weight, bias = K.make_inputs(SHAPE, jnp.float32, jax.random.key(3))
+    ramp = jnp.linspace(-2.0, 2.0, SHAPE[1])
+    x = x - x.mean(axis=-1, keepdims=True) + 1000.0 + ramp
+    out = K.build(config, SHAPE, jnp.float32, Platform(target, interpret=True))(x, weight, bias)
+    assert validate.relative_error(out, K.reference(x, weight, bias)) < 1e-3
+
+
+@pytest.mark.parametrize("target,dtype,shape,config", lowering_cases(K, SHAPE, CONFIGS))
+def test_lowers_for_device(target: str, dtype: str, shape: tuple, config: dict) -> None:
+    assert lower_for_device(K, config, shape, dtype, target)
+
+
+def test_footprint_by_hand() -> None:
+    shape = (16384, 16384)
+    # TPU emit_pipeline, 16 x 512 chunks, 3 buffers: x (3) and y (2) chunks in bf16, weight
+    # and bias chunks (3 each, 32 bytes a column), f32 x and y, count/mean/m2 scratch.
+    config = {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 512, "buffers": 3}
+    expected = ((3 + 2) * 16 * 512 * 2 + 3 * 2 * 512 * 32 + 2 * 16 * 512 * 4
+                + 3 * 16 * 128 * 4)
+    assert K.footprint(config, shape, "bfloat16", "tpu") == expected
+    # Triton passes=1: one row of 16384 columns, x and y, weight and bias in f32.
+    config = {"block_rows": 1, "passes": 1, "num_warps": 16}
+    assert K.footprint(config, shape, "bfloat16", "gpu-triton") == (2 + 2) * 16384 * 4

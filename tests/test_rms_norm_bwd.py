@@ -1,0 +1,60 @@
+"""RMS norm backward: configs of every target match the reference; device configs lower."""
+from __future__ import annotations
+
+import pytest
+
+from kernels import rms_norm_bwd as K
+from tests.rowwise_checks import assert_matches, lower_for_device, lowering_cases, numerics_cases
+
+SHAPE = (16, 384)  # three 128-column blocks; padded to 512 on Triton
+RAGGED = (13, 200)  # Triton: neither rows nor columns fill a power-of-two block
+CONFIGS = {
+    "interpret": [{"block_rows": 8, "strategy": "fori_loop", "block_cols": 128},
+                  {"block_rows": 16, "strategy": "grid", "block_cols": 128}],
+    "tpu": [{"block_rows": 16, "strategy": "one_pass", "buffers": 1},
+            {"block_rows": 16, "strategy": "fori_loop", "block_cols": 128},
+            {"block_rows": 16, "strategy": "grid", "block_cols": 128},
+            {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 3}],
+    "gpu-triton": [{"block_rows": 2, "passes": 1, "rows_per_program": 16, "num_warps": 4},
+                   {"block_rows": 4, "passes": 2, "block_cols": 128, "rows_per_program": 4}],
+}
+
+
+@pytest.mark.parametrize("target,dtype,config", numerics_cases(K, SHAPE, CONFIGS))
+def test_matches_reference(target: str, dtype: str, config: dict) -> None:
+    assert_matches(K, config, SHAPE, dtype, target)
+
+
+@pytest.mark.parametrize("config", CONFIGS["gpu-triton"])
+def test_triton_masks_ragged_rows_and_columns(config: dict) -> None:
+    assert_matches(K, config, RAGGED, "bfloat16", "gpu-triton")
+
+
+@pytest.mark.parametrize("target,dtype,shape,config", lowering_cases(K, SHAPE, CONFIGS))
+def test_lowers_for_device(target: str, dtype: str, shape: tuple, config: dict) -> None:
+    assert lower_for_device(K, config, shape, dtype, target)
+
+
+def test_both_gradients_are_checked() -> None:
+    # A wrong dweight alone must fail validation: the error is the worst over (dx, dweight).
+    import jax
+    import jax.numpy as jnp
+
+    from farm import validate
+
+    inputs = K.make_inputs(SHAPE, jnp.float32, jax.random.key(0))
+    dx, dweight = K.reference(*inputs)
+    assert validate.relative_error((dx, 1.1 * dweight), K.reference(*inputs)) > 2e-3
+
+
+def test_footprint_by_hand() -> None:
+    shape = (8192, 8192)
+    # TPU one_pass, 16 rows: x, dy, dx double-buffered (bf16); weight once and the dweight
+    # partial twice (32 bytes a column); f32 x, dy, dx.
+    config = {"block_rows": 16, "strategy": "one_pass"}
+    expected = (2 * 2 + 2 * 1) * 16 * 8192 * 2 + (1 + 2) * 8192 * 32 + 3 * 16 * 8192 * 4
+    assert K.footprint(config, shape, "bfloat16", "tpu") == expected
+    # Triton passes=1: one row each of x, dy and dx, the weight and the dweight accumulator,
+    # all f32.
+    config = {"block_rows": 1, "passes": 1, "rows_per_program": 64, "num_warps": 16}
+    assert K.footprint(config, shape, "bfloat16", "gpu-triton") == (3 + 1 + 1) * 8192 * 4

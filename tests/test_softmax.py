@@ -1,0 +1,50 @@
+"""Row softmax: configs of every target match the reference; device configs lower."""
+from __future__ import annotations
+
+import pytest
+
+from kernels import softmax as K
+from tests.rowwise_checks import assert_matches, lower_for_device, lowering_cases, numerics_cases
+
+SHAPE = (16, 384)  # 384 columns: three TPU lane tiles, padded to 512 on Triton
+RAGGED = (13, 200)  # Triton: neither rows nor columns fill a power-of-two block
+CONFIGS = {
+    "interpret": [{"block_rows": 8, "strategy": "fori_loop", "block_cols": 128},
+                  {"block_rows": 16, "strategy": "grid", "block_cols": 128}],
+    "tpu": [{"block_rows": 16, "strategy": "one_pass", "buffers": 1},
+            {"block_rows": 16, "strategy": "fori_loop", "block_cols": 128},
+            {"block_rows": 16, "strategy": "grid", "block_cols": 128},
+            {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 3}],
+    "gpu-triton": [{"block_rows": 4, "passes": 1, "num_warps": 4, "num_stages": 1},
+                   {"block_rows": 2, "passes": 2, "block_cols": 128, "rows_per_program": 8}],
+}
+
+
+@pytest.mark.parametrize("target,dtype,config", numerics_cases(K, SHAPE, CONFIGS))
+def test_matches_reference(target: str, dtype: str, config: dict) -> None:
+    assert_matches(K, config, SHAPE, dtype, target)
+
+
+@pytest.mark.parametrize("config", CONFIGS["gpu-triton"])
+def test_triton_masks_ragged_rows_and_columns(config: dict) -> None:
+    assert_matches(K, config, RAGGED, "bfloat16", "gpu-triton")
+
+
+@pytest.mark.parametrize("target,dtype,shape,config", lowering_cases(K, SHAPE, CONFIGS))
+def test_lowers_for_device(target: str, dtype: str, shape: tuple, config: dict) -> None:
+    assert lower_for_device(K, config, shape, dtype, target)
+
+
+def test_footprint_by_hand() -> None:
+    shape = (65536, 2560)
+    # TPU one_pass, 16 rows of 2560 bf16: x and y double-buffered, f32 x and y temporaries.
+    config = {"block_rows": 16, "strategy": "one_pass"}
+    expected = 2 * 2 * 16 * 2560 * 2 + 2 * 16 * 2560 * 4
+    assert K.footprint(config, shape, "bfloat16", "tpu") == expected
+    # TPU grid over 512-column chunks, one buffer: chunks, temporaries, m and l scratch.
+    config = {"block_rows": 16, "strategy": "grid", "block_cols": 512, "buffers": 1}
+    chunks = 2 * 16 * 512 * 2 + 2 * 16 * 512 * 4
+    assert K.footprint(config, shape, "bfloat16", "tpu") == chunks + 2 * 16 * 128 * 4
+    # Triton passes=1: 2 rows padded to 4096 columns, x and y in f32 registers.
+    config = {"block_rows": 2, "passes": 1, "num_warps": 8}
+    assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 2 * 2 * 4096 * 4

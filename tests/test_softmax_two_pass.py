@@ -1,0 +1,59 @@
+"""Two-pass softmax: configs of every target match the reference; device configs lower."""
+from __future__ import annotations
+
+import pytest
+
+from kernels import softmax_two_pass as K
+from tests.rowwise_checks import assert_matches, lower_for_device, lowering_cases, numerics_cases
+
+SHAPE = (16, 384)  # three 128-column blocks; padded to 512 on Triton
+RAGGED = (13, 200)  # Triton: neither rows nor columns fill a power-of-two block
+CONFIGS = {
+    "interpret": [{"block_rows": 8, "strategy": "fori_loop", "block_cols": 128},
+                  {"block_rows": 16, "strategy": "grid", "block_cols": 128}],
+    "tpu": [{"block_rows": 16, "strategy": "fori_loop", "block_cols": 128},
+            {"block_rows": 16, "strategy": "grid", "block_cols": 128, "buffers": 1},
+            {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 1},
+            {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 3}],
+    "gpu-triton": [{"block_rows": 2, "block_cols": 128, "rows_per_program": 8},
+                   {"block_rows": 4, "block_cols": 256, "num_warps": 2, "num_stages": 2}],
+}
+
+
+@pytest.mark.parametrize("target,dtype,config", numerics_cases(K, SHAPE, CONFIGS))
+def test_matches_reference(target: str, dtype: str, config: dict) -> None:
+    assert_matches(K, config, SHAPE, dtype, target)
+
+
+@pytest.mark.parametrize("config", CONFIGS["gpu-triton"])
+def test_triton_masks_ragged_rows_and_columns(config: dict) -> None:
+    assert_matches(K, config, RAGGED, "bfloat16", "gpu-triton")
+
+
+@pytest.mark.parametrize("target,dtype,shape,config", lowering_cases(K, SHAPE, CONFIGS))
+def test_lowers_for_device(target: str, dtype: str, shape: tuple, config: dict) -> None:
+    assert lower_for_device(K, config, shape, dtype, target)
+
+
+def test_online_sum_survives_a_max_in_the_last_block() -> None:
+    # The running sum must be rescaled when a later column block raises the row max.
+    import jax.numpy as jnp
+
+    from farm import validate
+    from kernels.lowering import Platform
+
+    x = jnp.zeros((8, 512), jnp.float32).at[:, -1].set(30.0).at[:, 0].set(-5.0)
+    config = {"block_rows": 8, "strategy": "fori_loop", "block_cols": 128}
+    out = K.build(config, x.shape, jnp.float32, Platform("tpu", interpret=True))(x)
+    assert validate.relative_error(out, K.reference(x)) < 1e-5
+
+
+def test_footprint_by_hand() -> None:
+    shape = (8192, 8192)
+    # TPU emit_pipeline, 16 x 1024 chunks: x in 3 buffers, y in 2 (bf16), f32 x and y, m and l.
+    config = {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 1024, "buffers": 3}
+    expected = (3 + 2) * 16 * 1024 * 2 + 2 * 16 * 1024 * 4 + 2 * 16 * 128 * 4
+    assert K.footprint(config, shape, "bfloat16", "tpu") == expected
+    # Triton: one row, 4096-column chunks of x and y in f32, 2 chunks of x loaded ahead.
+    config = {"block_rows": 1, "block_cols": 4096, "num_stages": 3}
+    assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 2 * 4096 * 4 + 2 * 4096 * 2
