@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -37,6 +38,9 @@ TRIALS_LOG = "trials.jsonl"
 RUN_INFO = "run.json"
 # How many invalid or pruned configs a task may draw per trial of budget before it stops.
 SKIPPED_DRAWS_PER_TRIAL = 50
+# After this many constraint-breaking draws in a row, a random valid config is queued instead.
+INVALID_STREAK = 4
+VALID_DRAWS = 5000
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -73,6 +77,7 @@ class _TaskState:
     capacity: capacity.Capacity = capacity.NONE
     asked: int = 0
     skipped: int = 0
+    invalid_streak: int = 0
     exhausted: bool = False
     measured: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)   # config json -> record
     waiting: dict[str, list[optuna.Trial]] = dataclasses.field(default_factory=dict)
@@ -180,6 +185,23 @@ class Sweep:
         if state.skipped >= SKIPPED_DRAWS_PER_TRIAL * state.planned.trials:
             state.exhausted = True
 
+    def _enqueue_valid(self, state: _TaskState) -> None:
+        """After a run of constraint-breaking draws, queue a random config that satisfies them.
+
+        The sampler still hears about every invalid draw (told PRUNED), but a space whose
+        constraints reject most of its product no longer stalls the driver.
+        """
+        space, task = state.planned.space, state.planned.task
+        params = space.params_for(task.target)
+        rng = random.Random(f"{task.key}/{state.skipped}")
+        for _ in range(VALID_DRAWS):
+            config = {p.name: rng.choice(p.choices) for p in params}
+            if space.violated(config, task.shape, task.dtype, task.target) is None \
+                    and config_json(config) not in state.measured:
+                state.study.enqueue_trial(config)
+                state.invalid_streak = 0
+                return
+
     def _next_trial(self, state: _TaskState) -> _Trial | None:
         """Ask until a config needs measuring; answer invalid, pruned and cached ones on the way."""
         space, task = state.planned.space, state.planned.task
@@ -191,7 +213,11 @@ class Sweep:
             broken = space.violated(config, task.shape, task.dtype, task.target)
             if broken is not None:
                 self._skip(state, trial, key, outcomes.INVALID, f"breaks constraint: {broken}")
+                state.invalid_streak += 1
+                if state.invalid_streak >= INVALID_STREAK:
+                    self._enqueue_valid(state)
                 continue
+            state.invalid_streak = 0
             if key in state.measured:
                 state.asked += 1
                 self._answer_cached(state, trial, key, state.measured[key])

@@ -138,3 +138,31 @@ def test_failures_do_not_stop_the_sweep(ray_local, tmp_path, signing_key):
     assert Counter(t["outcome"] for t in trials) == {outcomes.OK: 2, outcomes.COMPILE_ERROR: 1}
     failed = next(t for t in trials if t["outcome"] == outcomes.COMPILE_ERROR)
     assert json.loads(failed["config"])["block_m"] == 48 and "must divide" in failed["error"]
+
+
+def test_a_space_that_rejects_almost_every_config_still_makes_progress(ray_local, tmp_path, signing_key):
+    # One config of 64 satisfies the constraint; after a short run of invalid draws the driver
+    # queues a valid one instead of burning the draw limit (50 per trial) on the sampler.
+    space = tmp_path / "narrow.yaml"
+    space.write_text(textwrap.dedent("""\
+        kernel: matmul
+        dtypes: [float32]
+        shapes: [[64, 64, 64]]
+        targets: [interpret]
+        params:
+          block_m: {values: [8, 16, 32, 64]}
+          block_n: {values: [8, 16, 32, 64]}
+          block_k: {values: [8, 16, 32, 64]}
+        constraints:
+          - block_m * block_n * block_k == 64 * 64 * 64
+        trials: 2
+    """))
+    out = tmp_path / "run"
+    assert cli.main(["sweep", str(space), "--out", str(out), "--key", str(signing_key[0]), "--quiet",
+                     "--repetitions", "2"]) == 0
+    trials = pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
+    counts = Counter(t["outcome"] for t in trials)
+    assert counts[outcomes.OK] == 1 and counts[outcomes.OK] + counts[outcomes.CACHED] == 2
+    assert counts[outcomes.INVALID] <= 12
+    ok = next(t for t in trials if t["outcome"] == outcomes.OK)
+    assert json.loads(ok["config"]) == {"block_m": 64, "block_n": 64, "block_k": 64}
