@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Nightly retuning: retune the tasks a software upgrade (or a kernel edit) made stale, warm-started
+# from the deployed bundle, and publish the new bundle only when the regression gate passes.
+#
+#   scripts/nightly_retune.sh        # from the repository root (cron, or `ray job submit -- bash ...`)
+#
+# Settings (environment, defaults in brackets):
+#   FARM_PREVIOUS        the bundle to compare with: a deployment (farm pull --dest), bundle or run folder, archive
+#   FARM_BUNDLE_URL      or a URL to `farm pull` it from first (path, file://, http(s)://, gs://, s3://)
+#   FARM_SPACES          search spaces [search_spaces/*.yaml]
+#   FARM_TARGET          target to retune [tpu]; empty: every target of the spaces
+#   FARM_ADDRESS         Ray address [auto: the cluster this runs on]; empty: an embedded local Ray
+#   FARM_KEY             signing key [.keys/ci_ed25519.pem]
+#   FARM_TRUST           trusted keys: a .pub file or a trust folder [trust/]
+#   FARM_OUT_ROOT        where run folders go; keep it outside a job's temporary working dir [artifacts]
+#   FARM_PUBLISH         folder the new archive is copied to when the gate passes [$FARM_OUT_ROOT/published]
+#   FARM_MAX_REGRESSION  gate: new/old time above 1 + this, beyond noise, blocks [0.05]
+#   FARM_EXTRA           more `farm retune` flags, e.g. "--interpret --trials 8" []
+#
+# Exit codes: 0 published (or nothing stale), 3 the gate blocked (see RUN/retune.md), other: an error.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python}
+stamp=$(date -u +%Y%m%d-%H%M%S)
+root=${FARM_OUT_ROOT:-artifacts}
+out="$root/retune-$stamp"
+trust=${FARM_TRUST:-trust/}
+key=${FARM_KEY:-.keys/ci_ed25519.pem}
+mkdir -p "$root"
+
+previous=${FARM_PREVIOUS:-}
+if [[ -z "$previous" ]]; then
+    if [[ -z "${FARM_BUNDLE_URL:-}" ]]; then
+        echo "nightly_retune: set FARM_PREVIOUS (a bundle) or FARM_BUNDLE_URL (to pull one)" >&2
+        exit 2
+    fi
+    "$PY" -m farm pull "$FARM_BUNDLE_URL" --dest "$root/deployed" --trust "$trust"
+    previous="$root/deployed"
+fi
+
+flags=()
+target=${FARM_TARGET-tpu}
+address=${FARM_ADDRESS-auto}
+[[ -n "$target" ]] && flags+=(--target "$target")
+[[ -n "$address" ]] && flags+=(--address "$address")
+
+# shellcheck disable=SC2086  # FARM_SPACES and FARM_EXTRA are word lists
+status=0
+"$PY" -m farm retune ${FARM_SPACES:-search_spaces/*.yaml} --previous "$previous" --trust "$trust" \
+    --key "$key" --out "$out" --quiet --max-regression "${FARM_MAX_REGRESSION:-0.05}" "${flags[@]}" \
+    ${FARM_EXTRA:-} || status=$?
+
+case $status in
+    0)
+        publish=${FARM_PUBLISH:-$root/published}
+        mkdir -p "$publish"
+        "$PY" -m farm bundle "$out" --out "$publish/kernels-$stamp.tar.gz" --key "$key" --trust "$trust"
+        echo "nightly_retune: published $publish/kernels-$stamp.tar.gz (report: $out/retune.md)"
+        ;;
+    3)
+        echo "nightly_retune: BLOCKED: a task regressed beyond the gate; nothing published (report: $out/retune.md)" >&2
+        ;;
+    *)
+        echo "nightly_retune: farm retune failed with exit code $status" >&2
+        ;;
+esac
+exit $status

@@ -1,0 +1,273 @@
+"""Nightly retuning with the real parts: Ray, Optuna, Parquet, interpret mode, signed bundles.
+
+Upgrades are simulated two ways: FARM_FINGERPRINT_OVERRIDE replaces the recorded versions, and a
+kernel module copied to a folder on the workers' import path is edited. The fixture kernel
+`tests.fixtures.versioned_softmax` behaves as a "software file" says (speeds, broken variants).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import optuna
+import pyarrow.parquet as pq
+import pytest
+
+from farm import artifacts, cli, fingerprint, outcomes, retune, signing, studies
+from farm.errors import FarmError
+from farm.plan import PlannedTask, TuningTask
+from farm.spaces import Param
+
+REPO = Path(__file__).resolve().parent.parent
+SPACE = """\
+kernel: {kernel}
+dtypes: [float32]
+shapes: {shapes}
+targets: [interpret]
+params:
+  block_rows: {{values: [8]}}
+  variant: {{values: [a, b, c]}}
+  software: {{values: ["{software}"]}}
+sampler: grid
+trials: 3
+"""
+VERSIONED = "tests.fixtures.versioned_softmax"
+SOURCE_KERNEL = "retune_src.kernel"
+NEW_JAX = {fingerprint.OVERRIDE_ENV: json.dumps({"jax": "0.99.0"})}
+
+
+def _space(folder: Path, name: str, kernel: str, shapes: list[list[int]], software: Path) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(SPACE.format(kernel=kernel, shapes=json.dumps(shapes), software=software))
+    return path
+
+
+def _key(kernel: str, shape: str) -> str:
+    return f"{kernel}/{shape}/float32/interpret"
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory, worker_modules, ray_local, signing_key):
+    """A previous bundle: a cold sweep of the versioned kernel (3 shapes) and a copied kernel (1 shape)."""
+    root = tmp_path_factory.mktemp("retune")
+    package = worker_modules / SOURCE_KERNEL.split(".")[0]
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    shutil.copyfile(REPO / "tests" / "fixtures" / "versioned_softmax.py", package / "kernel.py")
+    software = root / "software.json"  # absent: the old software
+    spaces = {
+        "versioned": _space(root, "versioned", VERSIONED, [[16, 128], [32, 128], [64, 128]], software),
+        "source": _space(root, "source", SOURCE_KERNEL, [[16, 128]], software),
+        "source2": _space(root, "source2", SOURCE_KERNEL, [[16, 128], [32, 128]], software),
+        "versioned64": _space(root, "versioned64", VERSIONED, [[64, 128]], software),
+    }
+    previous = root / "previous"
+    assert cli.main(["sweep", str(spaces["versioned"]), str(spaces["source"]), "--out", str(previous),
+                     "--key", str(signing_key[0]), "--quiet", "--repetitions", "3"]) == 0
+    rows = {r["task_key"]: r for r in pq.read_table(previous / "bundle" / "configs.parquet").to_pylist()}
+    assert {json.loads(r["config"])["variant"] for r in rows.values()} == {"a"}  # 5 ms beats 15 and 25
+    return {"root": root, "software": software, "spaces": spaces, "previous": previous, "rows": rows,
+            "package": package}
+
+
+def _retune(farm, signing_key, name, *spaces, extra=()):
+    out = farm["root"] / name
+    code = cli.main(["retune", *map(str, spaces), "--previous", str(farm["previous"]), "--trust", str(signing_key[1]),
+                     "--key", str(signing_key[0]), "--out", str(out), "--quiet", "--repetitions", "3", *extra])
+    report = json.loads((out / retune.REPORT_JSON).read_text())
+    assert report["exit_code"] == code
+    artifacts.verify_bundle(out / "bundle", signing.load_trusted_keys([signing_key[1]]))
+    trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()] \
+        if (out / "trials.jsonl").exists() else []
+    rows = {r["task_key"]: r for r in pq.read_table(out / "bundle" / "configs.parquet").to_pylist()}
+    return code, report, {t["task_key"]: t for t in report["tasks"]}, trials, rows
+
+
+def _variant(config: str | None) -> str | None:
+    return json.loads(config)["variant"] if config else None
+
+
+def test_sweep_bundles_record_a_fingerprint(farm):
+    row = farm["rows"][_key(VERSIONED, "16x128")]
+    recorded = json.loads(row["fingerprint"])
+    assert row["fingerprint_sha256"] == fingerprint.digest(recorded)
+    assert recorded["jax"] and recorded["pallas_farm"] and recorded["device_kind"] == "cpu"
+    assert "python" not in recorded
+    assert set(recorded["kernel_source"]) >= {VERSIONED, "kernels.softmax", "kernels.lowering"}
+
+
+def test_only_tasks_whose_kernel_source_changed_are_retuned(farm, signing_key):
+    kernel = farm["package"] / "kernel.py"
+    kernel.write_text(kernel.read_text() + "\n# edited: the kernel's source changed\n")
+    code, report, tasks, trials, rows = _retune(
+        farm, signing_key, "source-changed", farm["spaces"]["versioned"], farm["spaces"]["source2"],
+        extra=["--noise", "0.3"])  # same behaviour: only a generous noise floor keeps a busy 2-core box from flaking
+    assert code == 0
+    src16, src32 = _key(SOURCE_KERNEL, "16x128"), _key(SOURCE_KERNEL, "32x128")
+    assert {t["task_key"] for t in trials} == {src16, src32}
+    assert tasks[src16]["decision"] == retune.KEPT
+    assert tasks[src16]["stale_because"] == [f"kernel source {SOURCE_KERNEL} changed"]
+    assert tasks[src32]["decision"] == retune.NEW and tasks[src32]["budget"] == 3
+    first = min((t for t in trials if t["task_key"] == src16), key=lambda t: t["trial"])
+    assert first["trial"] == 0 and first["config"] == farm["rows"][src16]["config"]
+    for shape in ("16x128", "32x128", "64x128"):
+        key = _key(VERSIONED, shape)
+        assert tasks[key]["decision"] == retune.CARRIED and tasks[key]["trials"] == 0
+        assert rows[key] == farm["rows"][key]  # carried over unchanged
+    assert rows[src16]["fingerprint"] != farm["rows"][src16]["fingerprint"]
+    assert rows[src16]["config"] == farm["rows"][src16]["config"]
+
+
+def test_upgrade_retunes_warm_started_and_decides(farm, signing_key, monkeypatch):
+    monkeypatch.setenv(fingerprint.OVERRIDE_ENV, NEW_JAX[fingerprint.OVERRIDE_ENV])
+    farm["software"].write_text(json.dumps({
+        "16x128": {"delay_ms": {"a": 5, "b": 2, "c": 25}, "broken": ["a"]},   # the old winner breaks
+        "32x128": {"delay_ms": {"a": 15, "b": 2, "c": 25}},                   # another config is now faster
+        "64x128": {"delay_ms": {"a": 4, "b": 15, "c": 25}},                   # the old winner is still best
+    }))
+    try:
+        code, report, tasks, trials, rows = _retune(farm, signing_key, "upgrade", farm["spaces"]["versioned"])
+    finally:
+        farm["software"].unlink()
+    assert code == 0, report
+    k16, k32, k64 = (_key(VERSIONED, s) for s in ("16x128", "32x128", "64x128"))
+    assert {t["task_key"] for t in trials} == {k16, k32, k64}
+    for key in (k16, k32, k64):
+        old_jax = json.loads(farm["rows"][key]["fingerprint"])["jax"]
+        assert tasks[key]["stale_because"] == [f"jax {old_jax} -> 0.99.0"]
+        first = next(t for t in trials if t["task_key"] == key and t["trial"] == 0)
+        assert first["config"] == farm["rows"][key]["config"]  # the previous winner is measured first
+        assert json.loads(rows[key]["fingerprint"])["jax"] == "0.99.0"
+    assert tasks[k16]["decision"] == retune.REPAIRED and tasks[k16]["flagged"]
+    assert tasks[k16]["baseline_outcome"] == outcomes.COMPILE_ERROR and "not supported" in tasks[k16]["note"]
+    assert _variant(rows[k16]["config"]) == "b"
+    assert tasks[k32]["decision"] == retune.IMPROVED and _variant(rows[k32]["config"]) == "b"
+    assert tasks[k32]["ratio"] < 0.8
+    assert tasks[k64]["decision"] == retune.KEPT and rows[k64]["config"] == farm["rows"][k64]["config"]
+    assert rows[k64]["median_s"] == tasks[k64]["baseline_median_s"]  # the old config's time under the new software
+    assert not report["blocked"] and report["other_rows_carried"] == 1
+    assert not any(t["escalated"] for t in tasks.values())  # the budget already covers the space
+    src = _key(SOURCE_KERNEL, "16x128")
+    assert rows[src] == farm["rows"][src]  # not in the given spaces: carried over unchanged
+    markdown = (farm["root"] / "upgrade" / retune.REPORT_MD).read_text()
+    assert "| repaired |" in markdown and "## Flagged" in markdown and "gate: " in markdown
+
+
+def test_a_regression_escalates_then_exits_3(farm, signing_key, monkeypatch, capsys):
+    monkeypatch.setenv(fingerprint.OVERRIDE_ENV, NEW_JAX[fingerprint.OVERRIDE_ENV])
+    farm["software"].write_text(json.dumps({"*": {"delay_ms": {"a": 25, "b": 35, "c": 45}}}))
+    try:  # --trials 1: only the previous winner; it slowed down, so a second pass searches the space's budget
+        code, report, tasks, trials, rows = _retune(farm, signing_key, "regressed", farm["spaces"]["versioned64"],
+                                                    extra=["--trials", "1"])
+    finally:
+        farm["software"].unlink()
+    key = _key(VERSIONED, "64x128")
+    assert code == retune.EXIT_BLOCKED == 3
+    assert tasks[key]["decision"] == retune.REGRESSED and tasks[key]["blocks_rollout"]
+    assert tasks[key]["escalated"] and tasks[key]["trials"] == 3
+    assert [t["trial"] for t in trials] == [0, 1, 2] and trials[0]["config"] == farm["rows"][key]["config"]
+    assert tasks[key]["ratio"] > 1.5 and report["blocked"] == [key]
+    assert rows[key]["config"] == farm["rows"][key]["config"]  # nothing better: the old config stays
+    assert "regressed beyond --max-regression" in capsys.readouterr().err
+
+
+# -- the promotion rule and the gate, on synthetic records -----------------------------------------
+def _plan(row):
+    planned = PlannedTask(TuningTask("k", (8,), "float32", "interpret"), space=None, trials=3)
+    return retune.TaskPlan(planned, device_kind="cpu", fingerprint={}, previous=row, changes=["x"], warm=[{"v": 1}])
+
+
+def _rec(v, outcome=outcomes.OK, median=None, spread=0.01, error=None):
+    return {"config": json.dumps({"v": v}, separators=(",", ":")), "outcome": outcome, "median_s": median,
+            "spread": spread, "min_s": median and median * 0.99, "error": error}
+
+
+OLD_ROW = {"status": "ok", "config": '{"v":1}', "median_s": 1.0, "spread": 0.01, "min_s": 0.99}
+
+
+@pytest.mark.parametrize("records, decision, chosen", [
+    ([_rec(1, median=1.0), _rec(2, median=0.5)], retune.IMPROVED, 2),
+    ([_rec(1, median=1.0), _rec(2, median=0.975)], retune.KEPT, 1),         # 0.975 * 1.02 > 0.99: within noise
+    ([_rec(1, median=2.0), _rec(2, median=1.95)], retune.REGRESSED, 1),
+    ([_rec(1, median=2.0, spread=5.0), _rec(2, median=1.95)], retune.REGRESSED, 1),
+    ([_rec(1, outcomes.WRONG_RESULT, error="relative error 1"), _rec(2, median=1.0)], retune.REPAIRED, 2),
+    ([_rec(1, outcomes.OOM, error="RESOURCE_EXHAUSTED"), _rec(2, outcomes.COMPILE_ERROR)], retune.FAILED, None),
+])
+def test_promotion_rule(records, decision, chosen):
+    """One slow outlier (a huge spread) does not hide a change: the rule reads medians and minimums."""
+    made = retune.decide(_plan(OLD_ROW), records, noise=0.02)
+    assert made.decision == decision
+    assert (json.loads(made.chosen["config"])["v"] if made.chosen else None) == chosen
+
+
+def test_gate_blocks_only_beyond_the_limit_and_the_noise():
+    settings = retune.RetuneSettings(max_regression=0.05, noise=0.02)
+
+    def report(decision, new_median, new_min=None):
+        row = {"status": "ok", "config": '{"v":2}', "median_s": new_median, "spread": 0.01,
+               "min_s": new_median * 0.99 if new_min is None else new_min}
+        return retune._task_report(_plan(OLD_ROW), retune.Decision(decision, None, None), row, [], settings)
+
+    assert report(retune.REGRESSED, 1.5)["blocks_rollout"]
+    assert report(retune.IMPROVED, 1.5)["blocks_rollout"]         # better than the old config now, worse than before
+    assert not report(retune.KEPT, 1.04)["blocks_rollout"]        # within --max-regression
+    assert not report(retune.REGRESSED, 1.5, new_min=1.01)["blocks_rollout"]   # its fastest sample is within noise
+    assert retune._task_report(_plan(OLD_ROW), retune.Decision(retune.FAILED, None, None), None, [],
+                               settings)["blocks_rollout"]
+    loose = retune.RetuneSettings(max_regression=1.0)
+    assert not retune._task_report(_plan(OLD_ROW), retune.Decision(retune.REGRESSED, None, None),
+                                   {**OLD_ROW, "median_s": 1.5}, [], loose)["blocks_rollout"]
+
+
+# -- fingerprints and warm starts --------------------------------------------------------------------
+def test_kernel_source_hash_follows_the_module_and_the_kernels_it_uses(tmp_path, monkeypatch):
+    (tmp_path / "hashpkg").mkdir()
+    (tmp_path / "hashpkg" / "__init__.py").write_text("")
+    (tmp_path / "hashpkg" / "helper.py").write_text("X = 1\n")
+    body = (REPO / "tests" / "fixtures" / "versioned_softmax.py").read_text()
+    (tmp_path / "hashpkg" / "k.py").write_text(body + "\nfrom . import helper  # noqa\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = fingerprint.kernel_sources("hashpkg.k")
+    assert {"hashpkg.k", "hashpkg.helper", "kernels.softmax", "kernels.rowwise"} <= set(before)
+    (tmp_path / "hashpkg" / "helper.py").write_text("X = 2\n")
+    after = fingerprint.kernel_sources("hashpkg.k")
+    assert fingerprint.changes({"kernel_source": before}, {"kernel_source": after}) == [
+        "kernel source hashpkg.helper changed"]
+
+
+def test_fingerprint_override(tmp_path, monkeypatch):
+    info = {"software": {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2"}, "device_kind": "cpu"}
+    base = fingerprint.for_task(VERSIONED, info)
+    monkeypatch.setenv(fingerprint.OVERRIDE_ENV, '{"jax": "0.99.0", "jaxlib": null, "libtpu": "0.0.9"}')
+    changed = fingerprint.for_task(VERSIONED, info)
+    assert fingerprint.changes(base, changed) == ["jax 0.10.2 -> 0.99.0", "jaxlib 0.10.2 -> None",
+                                                  "libtpu None -> 0.0.9"]
+    (tmp_path / "fp.json").write_text('{"device_kind": "TPU v6 lite"}')
+    monkeypatch.setenv(fingerprint.OVERRIDE_ENV, f"@{tmp_path / 'fp.json'}")
+    assert fingerprint.for_task(VERSIONED, info)["device_kind"] == "TPU v6 lite"
+    monkeypatch.setenv(fingerprint.OVERRIDE_ENV, "{jax")
+    with pytest.raises(FarmError, match=fingerprint.OVERRIDE_ENV):
+        fingerprint.for_task(VERSIONED, info)
+    assert fingerprint.changes(None, base) == ["no fingerprint recorded"]
+
+
+def test_warm_start_is_queued_first_in_order():
+    params = (Param("v", (1, 2, 3, 4), "values"),)
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
+    assert studies.enqueue_warm_start(study, params, [{"v": 3}, {"v": 9}, {"v": 1}, {"v": 3}], {"v": 2})
+    asked = [study.ask() for _ in range(3)]
+    assert [(t.number, studies.suggest(t, params)) for t in asked] == [(0, {"v": 3}), (1, {"v": 1}), (2, {"v": 2})]
+    assert not studies.enqueue_warm_start(study, params, [{"v": 4}], {"v": 2})  # not in a study that has trials
+
+
+def test_retune_refuses_bad_input_before_any_work(tmp_path, signing_key, capsys):
+    space = _space(tmp_path, "s", VERSIONED, [[16, 128]], tmp_path / "none.json")
+    base = [str(space), "--key", str(signing_key[0]), "--out", str(tmp_path / "out"), "--quiet"]
+    assert cli.main(["retune", *base, "--previous", str(tmp_path / "missing"), "--trust", str(signing_key[1])]) == 2
+    assert "--previous" in capsys.readouterr().err
+    other, _ = signing.generate_keypair(tmp_path / "other.pem")[:2]
+    bundle = artifacts.write_bundle(tmp_path / "b", [], [], signing.load_private_key(other))
+    assert cli.main(["retune", *base, "--previous", str(bundle), "--trust", str(signing_key[1])]) == 1
+    assert "not trusted" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
