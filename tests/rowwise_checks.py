@@ -97,3 +97,28 @@ def lowering_cases(module: ModuleType, shape: tuple[int, ...],
             cases.append(pytest.param(target, "bfloat16", seed, config,
                                       id=f"{target}-seed-{name}"))
     return cases
+
+
+def kernel_checks(module: ModuleType, shape: tuple[int, ...], ragged: tuple[int, ...],
+                  configs: dict[str, list[dict[str, Any]]]) -> tuple[Any, Any, Any]:
+    """The three checks every row-wise kernel gets, as pytest test functions.
+
+    Assign them to `test_*` names in the kernel's test module: numerics of the default, the
+    largest and `configs` per target and dtype; Triton masking of a ragged shape; lowering
+    for the device targets at the test and seed shapes.
+    """
+    import pytest
+
+    @pytest.mark.parametrize("target,dtype,config", numerics_cases(module, shape, configs))
+    def matches_reference(target: str, dtype: str, config: dict) -> None:
+        assert_matches(module, config, shape, dtype, target)
+
+    @pytest.mark.parametrize("config", configs["gpu-triton"])
+    def triton_masks_ragged_rows_and_columns(config: dict) -> None:
+        assert_matches(module, config, ragged, "bfloat16", "gpu-triton")
+
+    @pytest.mark.parametrize("target,dtype,shape,config", lowering_cases(module, shape, configs))
+    def lowers_for_device(target: str, dtype: str, shape: tuple, config: dict) -> None:
+        assert lower_for_device(module, config, shape, dtype, target)
+
+    return matches_reference, triton_masks_ragged_rows_and_columns, lowers_for_device

@@ -8,7 +8,7 @@ import pytest
 from farm import validate
 from kernels import layer_norm as K
 from kernels.lowering import Platform
-from tests.rowwise_checks import assert_matches, lower_for_device, lowering_cases, numerics_cases
+from tests.rowwise_checks import kernel_checks
 
 SHAPE = (16, 384)  # three 128-column blocks; padded to 512 on Triton
 RAGGED = (13, 200)  # Triton: neither rows nor columns fill a power-of-two block
@@ -23,15 +23,8 @@ CONFIGS = {
                    {"block_rows": 2, "passes": 2, "block_cols": 128, "rows_per_program": 8}],
 }
 
-
-@pytest.mark.parametrize("target,dtype,config", numerics_cases(K, SHAPE, CONFIGS))
-def test_matches_reference(target: str, dtype: str, config: dict) -> None:
-    assert_matches(K, config, SHAPE, dtype, target)
-
-
-@pytest.mark.parametrize("config", CONFIGS["gpu-triton"])
-def test_triton_masks_ragged_rows_and_columns(config: dict) -> None:
-    assert_matches(K, config, RAGGED, "bfloat16", "gpu-triton")
+test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
+    kernel_checks(K, SHAPE, RAGGED, CONFIGS)
 
 
 @pytest.mark.parametrize("target,config", [("tpu", CONFIGS["tpu"][2]),
@@ -45,11 +38,6 @@ def test_streamed_variance_is_accurate_far_from_zero(target: str, config: dict) 
     x = x - x.mean(axis=-1, keepdims=True) + 1000.0 + ramp
     out = K.build(config, SHAPE, jnp.float32, Platform(target, interpret=True))(x, weight, bias)
     assert validate.relative_error(out, K.reference(x, weight, bias)) < 1e-3
-
-
-@pytest.mark.parametrize("target,dtype,shape,config", lowering_cases(K, SHAPE, CONFIGS))
-def test_lowers_for_device(target: str, dtype: str, shape: tuple, config: dict) -> None:
-    assert lower_for_device(K, config, shape, dtype, target)
 
 
 def test_footprint_by_hand() -> None:

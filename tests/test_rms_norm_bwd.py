@@ -1,10 +1,8 @@
 """RMS norm backward: configs of every target match the reference; device configs lower."""
 from __future__ import annotations
 
-import pytest
-
 from kernels import rms_norm_bwd as K
-from tests.rowwise_checks import assert_matches, lower_for_device, lowering_cases, numerics_cases
+from tests.rowwise_checks import kernel_checks
 
 SHAPE = (16, 384)  # three 128-column blocks; padded to 512 on Triton
 RAGGED = (13, 200)  # Triton: neither rows nor columns fill a power-of-two block
@@ -19,20 +17,8 @@ CONFIGS = {
                    {"block_rows": 4, "passes": 2, "block_cols": 128, "rows_per_program": 4}],
 }
 
-
-@pytest.mark.parametrize("target,dtype,config", numerics_cases(K, SHAPE, CONFIGS))
-def test_matches_reference(target: str, dtype: str, config: dict) -> None:
-    assert_matches(K, config, SHAPE, dtype, target)
-
-
-@pytest.mark.parametrize("config", CONFIGS["gpu-triton"])
-def test_triton_masks_ragged_rows_and_columns(config: dict) -> None:
-    assert_matches(K, config, RAGGED, "bfloat16", "gpu-triton")
-
-
-@pytest.mark.parametrize("target,dtype,shape,config", lowering_cases(K, SHAPE, CONFIGS))
-def test_lowers_for_device(target: str, dtype: str, shape: tuple, config: dict) -> None:
-    assert lower_for_device(K, config, shape, dtype, target)
+test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
+    kernel_checks(K, SHAPE, RAGGED, CONFIGS)
 
 
 def test_both_gradients_are_checked() -> None:
