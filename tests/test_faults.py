@@ -6,16 +6,15 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
-from farm import cli, outcomes
+from farm import outcomes
+from tests.sweeps import run_sweep
 
 FAULTS = """\
 kernel: tests.fixtures.faulty_softmax
@@ -30,17 +29,8 @@ trials: 4
 """
 
 
-def _sweep(tmp_path, signing_key, text, *extra):
-    space = tmp_path / "space.yaml"
-    space.write_text(textwrap.dedent(text))
-    out = tmp_path / "run"
-    assert cli.main(["sweep", str(space), "--out", str(out), "--key", str(signing_key[0]), "--quiet",
-                     "--repetitions", "2", *extra]) == 0
-    return out, pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
-
-
 def test_hangs_and_crashes_are_recorded_and_the_sweep_finishes(ray_local, tmp_path, signing_key):
-    out, trials = _sweep(tmp_path, signing_key, FAULTS, "--compile-timeout", "4", "--timing-timeout", "4",
+    out, trials = run_sweep(tmp_path, signing_key, FAULTS, "--compile-timeout", "4", "--timing-timeout", "4",
                          "--workers", "2")
     by_fault = {json.loads(t["config"])["fault"]: t for t in trials}
     assert by_fault["none"]["outcome"] == outcomes.OK
@@ -57,7 +47,7 @@ def test_hangs_and_crashes_are_recorded_and_the_sweep_finishes(ray_local, tmp_pa
 
 def test_a_trial_whose_worker_died_once_is_requeued(ray_local, tmp_path, signing_key):
     marker = tmp_path / "crashed-once"
-    _, trials = _sweep(tmp_path, signing_key, f"""\
+    _, trials = run_sweep(tmp_path, signing_key, f"""\
         kernel: tests.fixtures.faulty_softmax
         dtypes: [float32]
         shapes: [[16, 128]]
@@ -99,7 +89,7 @@ def test_killing_worker_processes_loses_no_trial(ray_local, tmp_path, signing_ke
 
     killer = threading.Thread(target=kill_workers_mid_sweep)
     killer.start()
-    _, trials = _sweep(tmp_path, signing_key, """\
+    _, trials = run_sweep(tmp_path, signing_key, """\
         kernel: matmul
         dtypes: [float32]
         shapes: [[64, 64, 64]]

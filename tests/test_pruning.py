@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import textwrap
 from collections import Counter
 
 import jax.numpy as jnp
@@ -10,8 +9,9 @@ import optuna
 import pyarrow.parquet as pq
 import pytest
 
-from farm import capacity, cli, outcomes, pruning, studies
+from farm import capacity, outcomes, pruning, studies
 from kernels import softmax
+from tests.sweeps import run_sweep
 
 MIB = 1 << 20
 
@@ -83,15 +83,6 @@ def test_default_memory_params_are_the_integer_knobs():
     assert pruning.memory_params(softmax, {"block_rows": 8, "strategy": "x", "flag": True}) == ("block_rows",)
 
 
-def _sweep(tmp_path, signing_key, text, *extra):
-    space = tmp_path / "space.yaml"
-    space.write_text(textwrap.dedent(text))
-    out = tmp_path / "run"
-    assert cli.main(["sweep", str(space), "--out", str(out), "--key", str(signing_key[0]), "--quiet",
-                     "--repetitions", "2", *extra]) == 0
-    return out, pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
-
-
 def test_configs_over_shared_memory_are_pruned_never_compiled(ray_local, tmp_path, signing_key):
     # Emulating an H200 (232448 B of shared memory per block): long f32 rows make the larger
     # row blocks too big; they must be pruned without compiling, the rest measured.
@@ -99,7 +90,7 @@ def test_configs_over_shared_memory_are_pruned_never_compiled(ray_local, tmp_pat
     fits = {rows: softmax.footprint({"block_rows": rows, **cfg}, shape, jnp.float32, "gpu-triton") <= 232448
             for rows in (1, 2, 4, 8, 16)}
     assert any(fits.values()) and not all(fits.values())
-    out, trials = _sweep(tmp_path, signing_key, """\
+    out, trials = run_sweep(tmp_path, signing_key, """\
         kernel: softmax
         dtypes: [float32]
         shapes: [[16, 8192]]
@@ -133,7 +124,7 @@ def test_configs_over_shared_memory_are_pruned_never_compiled(ray_local, tmp_pat
 
 
 def test_a_real_oom_prunes_every_larger_config_of_the_same_strategy(ray_local, tmp_path, signing_key):
-    out, trials = _sweep(tmp_path, signing_key, """\
+    out, trials = run_sweep(tmp_path, signing_key, """\
         kernel: tests.fixtures.faulty_softmax
         dtypes: [float32]
         shapes: [[64, 128]]
