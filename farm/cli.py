@@ -60,27 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("spaces", nargs="*", metavar="SPACE", help="search space YAML files")
     sweep.add_argument("--resume", type=Path, metavar="RUN_DIR",
                        help="continue a killed sweep: same spaces and settings, nothing measured twice")
-    sweep.add_argument("--target", action="append", choices=TARGETS, help="only these targets (repeatable)")
     sweep.add_argument("--trials", type=_positive_int, help="trials per task (overrides the spaces)")
-    sweep.add_argument("--sampler", choices=("tpe", "random", "grid"), help="override the spaces' samplers")
-    sweep.add_argument("--seed", type=int, help="override the spaces' sampler seeds")
     sweep.add_argument("--out", type=Path, help="run folder (default artifacts/run-<UTC time>); must be new or empty")
-    sweep.add_argument("--address", help="Ray cluster address (default: start an embedded local Ray)")
-    sweep.add_argument("--workers", type=_positive_int, help="workers per pool (default: one per chip, GPU or CPU)")
-    sweep.add_argument("--depth", type=_positive_int, help="trials in flight per worker (default 2; 1 on CPU)")
-    sweep.add_argument("--node-label", action="append", metavar="KEY=VALUE", help="only nodes with this label")
-    sweep.add_argument("--interpret", action="store_true", help="run kernels in interpret mode on CPU")
-    sweep.add_argument("--emulate", choices=capacity_profiles(), help="memory capacity to prune against in "
-                       "interpret mode (default: v7 for tpu, h200 for gpu targets)")
-    sweep.add_argument("--key", type=Path, default=Path(DEFAULT_KEY), help=f"signing key (default {DEFAULT_KEY})")
-    sweep.add_argument("--repetitions", type=_positive_int, default=10, help="timing samples per config")
-    sweep.add_argument("--input-sets", type=_positive_int, default=1, help="rotating input sets when timing")
-    sweep.add_argument("--compile-timeout", type=_positive_float, default=600.0, help="seconds to compile a config")
-    sweep.add_argument("--timing-timeout", type=_positive_float, default=300.0,
-                       help="seconds to validate and time a config")
-    sweep.add_argument("--max-attempts", type=_positive_int, default=2,
-                       help="runs of a trial whose worker died before it is recorded worker_lost")
-    sweep.add_argument("--quiet", action="store_true", help="no live progress table")
+    _add_run_options(sweep)
 
     verify = sub.add_parser("verify", help="check a bundle's signature and file hashes")
     verify.add_argument("bundle", type=Path)
@@ -125,7 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
     retune.add_argument("--trust", action="append", type=Path, help="verify the previous bundle against these "
                         "public keys / trust folders (repeatable)")
     retune.add_argument("--allow-unsigned", action="store_true", help="accept an unverified previous bundle (warns)")
-    retune.add_argument("--key", type=Path, default=Path(DEFAULT_KEY), help=f"signing key (default {DEFAULT_KEY})")
     retune.add_argument("--out", type=Path, help="run folder (default artifacts/retune-<UTC time>); new or empty")
     retune.add_argument("--max-regression", type=_non_negative_float, default=0.05,
                         help="gate: new / old time above 1 + this, beyond noise, exits 3 (default 0.05)")
@@ -138,25 +119,42 @@ def build_parser() -> argparse.ArgumentParser:
                         "tasks whose previous winner broke or slowed down beyond noise")
     retune.add_argument("--top", type=_positive_int, default=3,
                         help="previous configs queued first per task: the winner and the next best (default 3)")
-    retune.add_argument("--target", action="append", choices=TARGETS, help="only these targets (repeatable)")
-    retune.add_argument("--sampler", choices=("tpe", "random", "grid"), help="override the spaces' samplers")
-    retune.add_argument("--seed", type=int, help="override the spaces' sampler seeds")
-    retune.add_argument("--address", help="Ray cluster address (default: start an embedded local Ray)")
-    retune.add_argument("--workers", type=_positive_int, help="workers per pool (default: one per chip, GPU or CPU)")
-    retune.add_argument("--depth", type=_positive_int, help="trials in flight per worker (default 2; 1 on CPU)")
-    retune.add_argument("--node-label", action="append", metavar="KEY=VALUE", help="only nodes with this label")
-    retune.add_argument("--interpret", action="store_true", help="run kernels in interpret mode on CPU")
-    retune.add_argument("--emulate", choices=capacity_profiles(), help="memory capacity to prune against in "
-                        "interpret mode")
-    retune.add_argument("--repetitions", type=_positive_int, default=10, help="timing samples per config")
-    retune.add_argument("--input-sets", type=_positive_int, default=1, help="rotating input sets when timing")
-    retune.add_argument("--compile-timeout", type=_positive_float, default=600.0, help="seconds to compile a config")
-    retune.add_argument("--timing-timeout", type=_positive_float, default=300.0,
-                        help="seconds to validate and time a config")
-    retune.add_argument("--max-attempts", type=_positive_int, default=2,
-                        help="runs of a trial whose worker died before it is recorded worker_lost")
-    retune.add_argument("--quiet", action="store_true", help="no live progress table")
+    _add_run_options(retune)
     return parser
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that runs a sweep (`sweep`, `retune`)."""
+    parser.add_argument("--target", action="append", choices=TARGETS, help="only these targets (repeatable)")
+    parser.add_argument("--sampler", choices=("tpe", "random", "grid"), help="override the spaces' samplers")
+    parser.add_argument("--seed", type=int, help="override the spaces' sampler seeds")
+    parser.add_argument("--address", help="Ray cluster address (default: start an embedded local Ray)")
+    parser.add_argument("--workers", type=_positive_int, help="workers per pool (default: one per chip, GPU or CPU)")
+    parser.add_argument("--depth", type=_positive_int, help="trials in flight per worker (default 2; 1 on CPU)")
+    parser.add_argument("--node-label", action="append", metavar="KEY=VALUE", help="only nodes with this label")
+    parser.add_argument("--interpret", action="store_true", help="run kernels in interpret mode on CPU")
+    parser.add_argument("--emulate", choices=capacity_profiles(), help="memory capacity to prune against in "
+                        "interpret mode (default: v7 for tpu, h200 for gpu targets)")
+    parser.add_argument("--key", type=Path, default=Path(DEFAULT_KEY), help=f"signing key (default {DEFAULT_KEY})")
+    parser.add_argument("--repetitions", type=_positive_int, default=10, help="timing samples per config")
+    parser.add_argument("--input-sets", type=_positive_int, default=1, help="rotating input sets when timing")
+    parser.add_argument("--compile-timeout", type=_positive_float, default=600.0, help="seconds to compile a config")
+    parser.add_argument("--timing-timeout", type=_positive_float, default=300.0,
+                        help="seconds to validate and time a config")
+    parser.add_argument("--max-attempts", type=_positive_int, default=2,
+                        help="runs of a trial whose worker died before it is recorded worker_lost")
+    parser.add_argument("--quiet", action="store_true", help="no live progress table")
+
+
+def _sweep_settings(args: argparse.Namespace, out: Path) -> Any:
+    """SweepSettings from the options `_add_run_options` defines."""
+    from farm import driver, placement
+
+    return driver.SweepSettings(
+        run_dir=out, interpret=args.interpret, emulate=args.emulate, workers=args.workers, depth=args.depth,
+        node_labels=placement.parse_labels(args.node_label), sampler=args.sampler, seed=args.seed,
+        repetitions=args.repetitions, input_sets=args.input_sets, compile_timeout_s=args.compile_timeout,
+        timing_timeout_s=args.timing_timeout, max_attempts=args.max_attempts, address=args.address)
 
 
 def _check_out(out: Path) -> None:
@@ -166,7 +164,7 @@ def _check_out(out: Path) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Validate everything, run (or resume) the sweep, write the signed bundle, print winners."""
-    from farm import artifacts, driver, plan, placement, select, signing, spaces
+    from farm import artifacts, driver, plan, select, signing, spaces
     from farm.progress import SweepProgress
 
     if args.resume and args.spaces:
@@ -181,11 +179,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         planned = plan.expand(loaded, args.target, args.trials)
         out = args.out or Path("artifacts") / f"run-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         _check_out(out)
-        settings = driver.SweepSettings(
-            run_dir=out, interpret=args.interpret, emulate=args.emulate, workers=args.workers, depth=args.depth,
-            node_labels=placement.parse_labels(args.node_label), sampler=args.sampler, seed=args.seed,
-            repetitions=args.repetitions, input_sets=args.input_sets, compile_timeout_s=args.compile_timeout,
-            timing_timeout_s=args.timing_timeout, max_attempts=args.max_attempts, address=args.address)
+        settings = _sweep_settings(args, out)
     key = signing.load_private_key(args.key)
     if not args.resume:
         _save_run(out, loaded, args, settings)
@@ -312,7 +306,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 def cmd_retune(args: argparse.Namespace) -> int:
     """Retune stale tasks warm-started from a previous bundle; write the bundle and report; 3 if the gate blocks."""
-    from farm import driver, placement, plan, retune, signing, spaces
+    from farm import plan, retune, signing, spaces
     from farm.progress import SweepProgress
 
     loaded = spaces.load_spaces(args.spaces)
@@ -321,11 +315,7 @@ def cmd_retune(args: argparse.Namespace) -> int:
     _check_out(out)
     key = signing.load_private_key(args.key)
     previous = retune.load_previous(args.previous, _trust(args), allow_unsigned=args.allow_unsigned)
-    settings = driver.SweepSettings(
-        run_dir=out, interpret=args.interpret, emulate=args.emulate, workers=args.workers, depth=args.depth,
-        node_labels=placement.parse_labels(args.node_label), sampler=args.sampler, seed=args.seed,
-        repetitions=args.repetitions, input_sets=args.input_sets, compile_timeout_s=args.compile_timeout,
-        timing_timeout_s=args.timing_timeout, max_attempts=args.max_attempts, address=args.address)
+    settings = _sweep_settings(args, out)
     options = retune.RetuneSettings(top=args.top, trials=args.trials, noise=args.noise,
                                     max_regression=args.max_regression, escalate=not args.no_escalate)
     result = retune.retune(planned, previous, settings, key, options, progress=None if args.quiet else SweepProgress)
