@@ -145,6 +145,31 @@ def load_winners(runs: Path | None, bundle: Path | None) -> tuple[dict[str, dict
     return winners, progress
 
 
+def search_stats(records: Sequence[dict[str, Any]], within: float = 0.02) -> dict[str, dict[str, Any]]:
+    """Per task: the sweep (run) that found its winner, how long it ran, its trial counts and when it
+    first came within `within` of that run's final best (seconds since the sweep started).
+    `records`: every record of every sweep, so that tasks sharing a sweep are counted."""
+    from farm import outcomes
+
+    stats: dict[str, dict[str, Any]] = {}
+    for key in sorted({r["task_key"] for r in records}):
+        mine = [r for r in records if r["task_key"] == key]
+        best = _best(mine)
+        if best is None:
+            continue
+        run = [r for r in mine if r.get("run_id") == best.get("run_id") and r.get("elapsed_s") is not None]
+        ok = sorted((r for r in run if r["outcome"] == outcomes.OK and r.get("median_s")), key=lambda r: r["elapsed_s"])
+        final = min(r["median_s"] for r in ok)
+        reached = next(r["elapsed_s"] for r in ok if r["median_s"] <= (1 + within) * final)
+        stats[key] = {"run_id": best.get("run_id"), "tune_s": max(r["elapsed_s"] for r in run),
+                      "within_2pct_s": reached, "best_s": final,
+                      "trials": sum(r["outcome"] in outcomes.MEASURED for r in run),
+                      "ok": len(ok), "pruned": sum(r["outcome"] == outcomes.PRUNED for r in run),
+                      "failed": sum(r["outcome"] in outcomes.FAILURES for r in run),
+                      "tasks_in_sweep": len({r["task_key"] for r in records if r.get("run_id") == best.get("run_id")})}
+    return stats
+
+
 def build_rows(paths: Sequence[Path], targets: Sequence[str], winners: dict[str, dict]) -> tuple[list[Row], list]:
     """Rows for every space's tasks on `targets`, with each target's winner or default config."""
     rows: dict[tuple, Row] = {}
@@ -545,6 +570,16 @@ def markdown(report: dict[str, Any]) -> str:
                              f"{c['numerics_error']:.2e} > {c['tolerance']:.0e} (not timed)")
             elif c.get("status") in ("unavailable", "error", "skipped"):
                 lines.append(f"- {r['space']} {shape} {n}: {c['status']}: {c.get('error')}")
+    searches = report.get("searches") or {}
+    if searches:
+        lines += ["", "## The searches behind the farm columns", "",
+                  "Seconds since the sweep started; a sweep that tuned several tasks at once shared its GPU(s) "
+                  "among them (tasks in sweep).", "",
+                  "| task | tasks in sweep | sweep time (s) | first within 2% of final best (s) | trials | ok "
+                  "| pruned | failed |", "|---|---|---|---|---|---|---|---|"]
+        for key, st in searches.items():
+            lines.append(f"| {key} | {st['tasks_in_sweep']} | {st['tune_s']:.0f} | {st['within_2pct_s']:.0f} "
+                         f"| {st['trials']} | {st['ok']} | {st['pruned']} | {st['failed']} |")
     checks = [(r, c) for r in results for c in r.get("timing_check", [])]
     if checks:
         lines += ["", "## Independent timing check (input set 0; goal within 5%)", "",
@@ -713,7 +748,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     method = __doc__[__doc__.index("Timing method"):].strip()
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": device, "versions": _versions(),
                               "gpu": gpu, "small": args.small, "targets": targets, "repetitions": args.repetitions,
-                              "l2_bytes": args.l2_bytes, "method": method, "results": list(errors)}
+                              "l2_bytes": args.l2_bytes, "method": method, "results": list(errors),
+                              "searches": search_stats([r for recs in progress.values() for r in recs])}
     print(f"seed table: {len(rows)} rows on {device} ({'GPU' if gpu else 'CPU'}), winners for {len(winners)} tasks",
           flush=True)
     kept: list[tuple[dict[str, Any], dict]] = []

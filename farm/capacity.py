@@ -2,7 +2,7 @@
 
 TPU VMEM per TensorCore comes from JAX's own TPU info table (v2-v4 16 MiB, v5e 128 MiB, v5p
 64 MiB, v6e 128 MiB, v7 64 MiB), read from the device on a TPU. GPU shared memory per block
-comes from the device (through torch, when present) or a table by device kind (232448 bytes
+comes from the device (JAX's `shared_memory_per_block_optin`, else torch) or a table by device kind (232448 bytes
 on H100/H200). Interpret-mode runs emulate a named profile.
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ def detect(target: str) -> Capacity:
 
         return Capacity(pltpu.get_tpu_info().vmem_capacity_bytes, hbm, "vmem", f"device:{device.device_kind}")
     if device.platform == "gpu":
-        smem = _gpu_shared_memory()
+        smem = getattr(device, "shared_memory_per_block_optin", None) or _gpu_shared_memory()
         kind = device.device_kind.lower()
         table = next((c for name, c in _GPUS.items() if name in kind), NONE)
         return Capacity(smem or table.onchip_bytes, hbm or table.hbm_bytes, "shared memory",

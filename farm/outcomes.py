@@ -20,12 +20,15 @@ MEASURED = (OK, COMPILE_ERROR, RUN_ERROR, WRONG_RESULT, OOM, TIMEOUT, WORKER_LOS
 SKIPPED = (INVALID, PRUNED)        # drawn but not counted against the trial budget
 ALL = (*MEASURED, *SKIPPED, CACHED)
 FAILURES = tuple(o for o in MEASURED if o != OK)
+# Keep error texts readable in tables; the head of a compiler error says what went wrong.
+ERROR_CHARS = 4000
 
 # Messages compilers and runtimes give when memory runs out (kept with real examples in tests).
 _OOM_PATTERNS = (
     r"Shared memory size limit exceeded",
     r"exceeds available shared memory",
     r"[Rr]an out of memory in memory space",
+    r"[Rr]an out of shared memory",
     r"RESOURCE_EXHAUSTED",
     r"[Oo]ut of memory",
     r"OutOfMemory",
@@ -37,6 +40,34 @@ def classify_error(message: str, default: str) -> str:
     if any(re.search(p, message) for p in _OOM_PATTERNS):
         return OOM
     return default
+
+
+_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KiB": 2**10, "M": 2**20, "MB": 2**20, "MiB": 2**20,
+          "G": 2**30, "GB": 2**30, "GiB": 2**30}
+_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(GiB|MiB|KiB|GB|MB|KB|G|M|K|B)?"
+# (requested, available): the first size each pattern captures; the real messages are test data.
+_NUMBER_PATTERNS = (
+    (rf"requested:? {_SIZE}", rf"available:? {_SIZE}"),                     # Triton (via XLA)
+    (rf"\bsmem_bytes={_SIZE}", rf"max_smem_bytes={_SIZE}"),                # Mosaic GPU
+    (rf"Used {_SIZE} of", rf"Used [0-9.]+\w* of {_SIZE}"),                 # Mosaic TPU / XLA:TPU (vmem)
+    (rf"trying to allocate {_SIZE}", None),                                 # XLA's device allocator (HBM)
+)
+
+
+def _bytes(pattern: str | None, message: str) -> int | None:
+    match = re.search(pattern, message) if pattern else None
+    if match is None:
+        return None
+    return int(float(match.group(1)) * _UNITS[match.group(2) or ""])
+
+
+def memory_numbers(message: str) -> tuple[int | None, int | None]:
+    """(requested, available) bytes from an out-of-memory message, None where it gives neither."""
+    for requested_re, available_re in _NUMBER_PATTERNS:
+        requested = _bytes(requested_re, message)
+        if requested is not None:
+            return requested, _bytes(available_re, message)
+    return None, None
 
 
 @dataclasses.dataclass
@@ -54,6 +85,17 @@ class Measurement:
     error: str | None = None
     worker: str | None = None
     device_kind: str | None = None
+    requested_bytes: int | None = None   # out of memory: what the compiler or allocator asked for
+    available_bytes: int | None = None   # ... and what it had, where the message says
+
+    def fail(self, message: str, default: str) -> Measurement:
+        """Record a failure: its outcome (`oom` or `default`), its text (cut to ERROR_CHARS) and,
+        for `oom`, the byte counts parsed from the whole message."""
+        self.outcome = classify_error(message, default)
+        self.error = message[:ERROR_CHARS]
+        if self.outcome == OOM:
+            self.requested_bytes, self.available_bytes = memory_numbers(message)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (it crosses Ray and lands in Parquet)."""

@@ -28,13 +28,9 @@ from farm.outcomes import Measurement  # noqa: E402
 from farm.plan import TuningTask  # noqa: E402
 from kernels.lowering import Platform  # noqa: E402
 
-# Keep error texts readable in tables; the head of a compiler error says what went wrong.
-ERROR_CHARS = 4000
 
-
-def _error_text(err: BaseException) -> str:
-    text = "".join(traceback.format_exception_only(type(err), err)).strip()
-    return text[:ERROR_CHARS]
+def _full_text(err: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(err), err)).strip()
 
 
 def _seed(task: TuningTask, purpose: str, trial_seed: int) -> jax.Array:
@@ -71,8 +67,8 @@ def compile_config(task: TuningTask, config: dict[str, Any], *, interpret: bool,
             native = module.build(config, task.shape, dtype, Platform("tpu"))
             jax.jit(native).trace(*inputs[0]).lower(lowering_platforms=("tpu",))
     except Exception as err:  # noqa: BLE001 - every failure is data
-        return Measurement(outcomes.classify_error(str(err), outcomes.COMPILE_ERROR), error=_error_text(err),
-                           compile_s=time.perf_counter() - started)
+        return Measurement(outcomes.COMPILE_ERROR, compile_s=time.perf_counter() - started).fail(
+            _full_text(err), outcomes.COMPILE_ERROR)
     return Compiled(module, task, config, interpret, trial_seed, executable, inputs,
                     time.perf_counter() - started)
 
@@ -117,7 +113,7 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         inputs, ref = (references or _REFERENCES).get(c.module, task)
     except Exception as err:  # noqa: BLE001 - the reference failing is no verdict on the config
         result.outcome = outcomes.RUN_ERROR
-        result.error = f"the reference could not be computed (not this config's fault): {_error_text(err)}"
+        result.error = f"the reference could not be computed (not this config's fault): {_full_text(err)[:outcomes.ERROR_CHARS]}"
         return result
     try:
         check_fn = c.module.build(c.config, task.shape, dtype,
@@ -126,9 +122,7 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         result.numerics_error = validate.relative_error(out, ref)
         del out
     except Exception as err:  # noqa: BLE001
-        result.outcome = outcomes.classify_error(str(err), outcomes.RUN_ERROR)
-        result.error = _error_text(err)
-        return result
+        return result.fail(_full_text(err), outcomes.RUN_ERROR)
     bound = validate.tolerance(task.dtype, c.module)
     if not result.numerics_error <= bound:
         result.outcome = outcomes.WRONG_RESULT
@@ -139,9 +133,7 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         t = timing.time_calls(c.executable, c.inputs, warmup=warmup, repetitions=repetitions,
                               budget_s=time_budget_s)
     except Exception as err:  # noqa: BLE001
-        result.outcome = outcomes.classify_error(str(err), outcomes.RUN_ERROR)
-        result.error = _error_text(err)
-        return result
+        return result.fail(_full_text(err), outcomes.RUN_ERROR)
     result.median_s, result.min_s, result.spread = t.median_s, t.min_s, t.spread
     result.n_timed, result.calls_per_sample = len(t.samples), t.calls_per_sample
     return result

@@ -56,15 +56,35 @@ def test_tpu_interpret_checks_mosaic_layout_rules():
     assert bad.outcome == outcomes.COMPILE_ERROR and "divisible by 8 and 128" in bad.error
 
 
-@pytest.mark.parametrize("message", [
-    "JaxRuntimeError: RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested 262144, available: 232448",
-    "Mosaic GPU kernel exceeds available shared memory: 300000 > 232448",
-    "Ran out of memory in memory space vmem while allocating on stack",
-    "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 171798691840 bytes.",
-    "CUDA_ERROR_OUT_OF_MEMORY: out of memory",
-])
-def test_oom_messages_are_classified(message):
+# Real messages (requested bytes, available bytes): Triton through XLA and XLA's allocator as seen on
+# the H200; Mosaic GPU's from jax/experimental/mosaic/gpu/core.py; XLA:TPU's as TPU users report it.
+OOM_MESSAGES = [
+    ("JaxRuntimeError: RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested 262144, available: 232448",
+     262144, 232448),
+    ("ValueError: Mosaic GPU kernel exceeds available shared memory: smem_bytes=300000 > max_smem_bytes=232448",
+     300000, 232448),
+    ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space vmem. "
+     "Used 98.04M of 64.00M vmem. Exceeded vmem capacity by 34.04M.", int(98.04 * 2**20), 64 * 2**20),
+    ("EXECUTION FAILED: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 64.02GiB with allocator "
+     "GPU_0_bfc on device 0. [tf-allocator-allocation-error='']", int(64.02 * 2**30), None),
+    ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 171798691840 bytes.", 171798691840, None),
+    ("CUDA_ERROR_OUT_OF_MEMORY: out of memory", None, None),
+    ("ValueError: Ran out of shared memory.", None, None),
+]
+
+
+@pytest.mark.parametrize("message,requested,available", OOM_MESSAGES)
+def test_oom_messages_are_classified_with_their_byte_counts(message, requested, available):
     assert outcomes.classify_error(message, outcomes.COMPILE_ERROR) == outcomes.OOM
+    failed = outcomes.Measurement(outcomes.COMPILE_ERROR).fail("x" * 5000 + message, outcomes.COMPILE_ERROR)
+    assert failed.outcome == outcomes.OOM
+    assert (failed.requested_bytes, failed.available_bytes) == (requested, available)
+    assert len(failed.error) == outcomes.ERROR_CHARS   # stored text is cut; the numbers come from all of it
+
+
+def test_a_failure_that_is_not_oom_carries_no_byte_counts():
+    failed = outcomes.Measurement(outcomes.OK).fail("requested 5 things, available: 3", outcomes.COMPILE_ERROR)
+    assert failed.outcome == outcomes.COMPILE_ERROR and failed.requested_bytes is None
 
 
 def test_other_errors_keep_their_default():

@@ -1,0 +1,207 @@
+"""Does the footprint model predict what the compiler accepts? Compile random configs and see.
+
+    python bench/oom_probe.py --out DIR [--per-task 8] [--seed 0] [--exclude OLD/oom_probe.json]
+    python bench/oom_probe.py --out DIR --small          # CPU dry run (interpret mode, no verdicts)
+
+For every space (default: all in search_spaces/), GPU target and seed shape, draws --per-task
+configs uniformly among those that satisfy the space's constraints (static pruning is not
+applied), compiles each one ahead of time with the farm's own `compile_config` (a thread pool
+keeps the compiler busy) and runs it once. The model's verdict is footprint <= capacity
+(capacity read from the device, as a worker does); the compiler's is `oom` (did not fit) or any
+outcome after a successful run (it fit). Other compile errors give no verdict and are counted
+apart. For `oom`, the bytes the compiler asked for are kept beside the model's figure.
+`--exclude` leaves out configs an earlier probe measured, so a model calibrated on one probe is
+judged on configs it has not seen. Writes DIR/oom_probe.json and DIR/oom_probe.md (and each row to
+DIR/oom_probe_rows.jsonl as it comes).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import jax  # noqa: E402
+
+import kernels  # noqa: E402
+from bench.oom_report import FIT  # noqa: E402
+from farm import capacity, outcomes, pruning, spaces  # noqa: E402
+from farm.outcomes import Measurement  # noqa: E402
+from farm.plan import TuningTask  # noqa: E402
+from farm.worker import compile_config  # noqa: E402
+
+GPU_TARGETS = ("gpu-triton", "gpu-mosaic")
+
+
+def sample(space: spaces.SearchSpace, target: str, shape: tuple[int, ...], dtype: str, count: int,
+           rng: random.Random, exclude: set[str], attempts: int = 20_000) -> list[dict[str, Any]]:
+    """Up to `count` distinct configs drawn uniformly among those the constraints allow (by rejection)."""
+    params = space.params_for(target)
+    chosen: dict[str, dict[str, Any]] = {}
+    for _ in range(attempts):
+        if len(chosen) == count:
+            break
+        config = {p.name: rng.choice(p.choices) for p in params}
+        key = _key(space.kernel, target, shape, config)
+        if key not in chosen and key not in exclude and space.violated(config, shape, dtype, target) is None:
+            chosen[key] = config
+    return list(chosen.values())
+
+
+def _key(kernel: str, target: str, shape: tuple[int, ...], config: dict[str, Any]) -> str:
+    return f"{kernel}/{'x'.join(map(str, shape))}/{target}/{json.dumps(config, sort_keys=True)}"
+
+
+def verdict(task: TuningTask, config: dict[str, Any], interpret: bool) -> Measurement:
+    """Compile (the farm's path) and run once; the outcome says whether it fit."""
+    compiled = compile_config(task, config, interpret=interpret)
+    if isinstance(compiled, Measurement):
+        return compiled
+    try:
+        jax.block_until_ready(compiled.executable(*compiled.inputs[0]))
+    except Exception as err:  # noqa: BLE001 - every failure is data
+        return Measurement(outcomes.RUN_ERROR, compile_s=compiled.compile_s).fail(str(err), outcomes.RUN_ERROR)
+    return Measurement(outcomes.OK, compile_s=compiled.compile_s)
+
+
+def _row(task: TuningTask, config: dict[str, Any], m: Measurement, caps: dict[str, capacity.Capacity]) -> dict:
+    cap = caps[task.target]
+    footprint, _ = pruning.static_verdict(kernels.load(task.kernel), config, task.shape, task.dtype, task.target, cap)
+    row = {"kernel": task.kernel, "target": task.target, "shape": list(task.shape), "dtype": task.dtype,
+           "config": config, "footprint_bytes": footprint, "capacity_bytes": cap.onchip_bytes,
+           "model_fits": cap.onchip_bytes is None or footprint <= cap.onchip_bytes,
+           "outcome": m.outcome, "requested_bytes": m.requested_bytes, "available_bytes": m.available_bytes,
+           "compile_s": m.compile_s, "error": (m.error or "")[:600]}
+    row["judgement"] = judge(row)
+    print(f"{row['judgement']:24s} {task.kernel:26s} {task.target:10s} model {footprint:>8d} "
+          f"requested {m.requested_bytes or '-':>8} {m.outcome}", flush=True)
+    return row
+
+
+def judge(row: dict[str, Any]) -> str:
+    """'agree', 'model says fits, oom', 'model says no fit, fits' or 'no verdict'."""
+    if row["outcome"] == outcomes.OOM:
+        fits = False
+    elif row["outcome"] in FIT:
+        fits = True
+    else:
+        return "no verdict"
+    if row["model_fits"] == fits:
+        return "agree"
+    return "model says fits, oom" if row["model_fits"] else "model says no fit, fits"
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Agreement overall and per (kernel, target), the misses, and requested/model byte ratios."""
+    counts = Counter(r["judgement"] for r in rows)
+    judged = sum(v for k, v in counts.items() if k != "no verdict")
+    per: dict[str, Counter] = {}
+    for r in rows:
+        per.setdefault(f"{r['kernel']} / {r['target']}", Counter())[r["judgement"]] += 1
+    ratios = [r["requested_bytes"] / r["footprint_bytes"] for r in rows
+              if r["outcome"] == outcomes.OOM and r.get("requested_bytes") and r["footprint_bytes"]]
+    return {"configs": len(rows), "judged": judged, "agree": counts["agree"],
+            "agreement": counts["agree"] / judged if judged else None, "counts": dict(counts),
+            "per_task": {k: dict(v) for k, v in sorted(per.items())},
+            "model_fits": sum(r["model_fits"] for r in rows), "model_no_fit": sum(not r["model_fits"] for r in rows),
+            "requested_over_model": {"n": len(ratios), "min": min(ratios, default=None),
+                                     "max": max(ratios, default=None)},
+            "misses": [r for r in rows if r["judgement"] not in ("agree", "no verdict")],
+            "no_verdict": [{k: r[k] for k in ("kernel", "target", "config", "outcome", "error")}
+                           for r in rows if r["judgement"] == "no verdict"]}
+
+
+def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The report as Markdown."""
+    agreement = summary["agreement"]
+    lines = [f"# Footprint model vs compiler ({meta['device']}, {meta['date']})", "",
+             f"Command: `{meta['command']}`", "",
+             f"configs compiled: {summary['configs']}; with a verdict: {summary['judged']}; "
+             f"agree: {summary['agree']} (**{'-' if agreement is None else f'{agreement:.1%}'}**); "
+             f"model says fits / no fit: {summary['model_fits']} / {summary['model_no_fit']}", "",
+             "| kernel / target | agree | model says fits, oom | model says no fit, fits | no verdict |",
+             "|---|---|---|---|---|"]
+    for key, c in summary["per_task"].items():
+        lines.append(f"| {key} | {c.get('agree', 0)} | {c.get('model says fits, oom', 0)} | "
+                     f"{c.get('model says no fit, fits', 0)} | {c.get('no verdict', 0)} |")
+    lines += ["", "Misses:"] + [f"- {m['kernel']} {m['target']} {m['shape']} `{m['config']}`: model "
+                                f"{m['footprint_bytes']} B, capacity {m['capacity_bytes']} B, compiler {m['outcome']}"
+                                f" (requested {m.get('requested_bytes')})" for m in summary["misses"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--spaces", nargs="*", type=Path, help="space files (default: all)")
+    parser.add_argument("--per-task", type=int, default=8, help="configs per (space, target, shape)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exclude", type=Path, action="append", default=[], help="an earlier oom_probe.json")
+    parser.add_argument("--threads", type=int, default=6, help="compiles in flight")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="stop submitting compiles after this")
+    parser.add_argument("--small", action="store_true", help="interpret mode on the spaces' CPU shapes, "
+                        "capacities of the h200 profile (a dry run of this script: no compiler verdicts)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    paths = args.spaces or sorted((REPO / "search_spaces").glob("*.yaml"))
+    exclude = {_key(r["kernel"], r["target"], tuple(r["shape"]), r["config"])
+               for old in args.exclude for r in json.loads(old.read_text())["rows"]}
+    rng = random.Random(args.seed)
+    jobs = []
+    for space in spaces.load_spaces(paths):
+        small_shapes = next((t.shapes for t in space.targets if t.name == "interpret"), ())
+        for spec in space.targets:
+            if spec.name not in GPU_TARGETS:
+                continue
+            for shape in (small_shapes if args.small else spec.shapes):
+                dtype = spec.dtypes[0]
+                for config in sample(space, spec.name, shape, dtype, args.per_task, rng, exclude):
+                    jobs.append((TuningTask(space.kernel, shape, dtype, spec.name), config))
+    print(f"{len(jobs)} configs to compile", flush=True)
+    caps = {t: (capacity.profile("h200") if args.small else capacity.for_target(t, interpret=False))
+            for t in {task.target for task, _ in jobs}}
+    rows: list[dict[str, Any]] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = open(args.out / "oom_probe_rows.jsonl", "a")   # kept even if a config takes the process down
+    pending: dict[concurrent.futures.Future, tuple[TuningTask, dict[str, Any]]] = {}
+    queue = iter(jobs)
+    with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+        while True:
+            while len(pending) < 2 * args.threads and time.monotonic() - started < args.budget_s:
+                job = next(queue, None)
+                if job is None:
+                    break
+                pending[pool.submit(verdict, *job, args.small)] = job
+            if not pending:
+                break
+            done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                rows.append(_row(*pending.pop(future), future.result(), caps))
+                log.write(json.dumps(rows[-1], default=str) + "\n")
+                log.flush()
+    log.close()
+    summary = summarize(rows)
+    device = jax.devices()[0]
+    meta = {"device": device.device_kind, "date": time.strftime("%Y-%m-%d"), "jax": jax.__version__,
+            "command": "python bench/oom_probe.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "seconds": time.monotonic() - started, "capacities": {t: c.to_dict() for t, c in caps.items()}}
+    (args.out / "oom_probe.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows},
+                                                        indent=1, default=str))
+    text = markdown(summary, meta)
+    (args.out / "oom_probe.md").write_text(text)
+    print(text)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
