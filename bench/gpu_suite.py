@@ -143,6 +143,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int)
     parser.add_argument("--sampler")
     parser.add_argument("--no-static-pruning", action="store_true")
+    parser.add_argument("--time-budget", type=float, help="seconds per sweep before it stops asking for trials")
     parser.add_argument("--skip-compare", action="store_true")
     parser.add_argument("--together", action="store_true", help="one sweep over all spaces (shared workers)")
     parser.add_argument("--skip-ceilings", action="store_true")
@@ -169,7 +170,7 @@ def main() -> None:
         settings = driver.SweepSettings(run_dir=args.out / "runs" / name, depth=args.depth,
                                         repetitions=10, input_sets=2, workers=args.workers, sampler=args.sampler,
                                         static_pruning=not args.no_static_pruning, compile_timeout_s=120,
-                                        timing_timeout_s=120)
+                                        timing_timeout_s=120, time_budget_s=args.time_budget)
         t0 = time.monotonic()
         try:
             sweep = driver.Sweep(planned, settings)

@@ -141,6 +141,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-timeout", type=_positive_float, default=600.0, help="seconds to compile a config")
     parser.add_argument("--timing-timeout", type=_positive_float, default=300.0,
                         help="seconds to validate and time a config")
+    parser.add_argument("--time-budget", type=_positive_float, metavar="SECONDS",
+                        help="once the workers are up, stop asking for new trials after this long (trials in "
+                        "flight finish; default: no limit)")
     parser.add_argument("--max-attempts", type=_positive_int, default=2,
                         help="runs of a trial whose worker died before it is recorded worker_lost")
     parser.add_argument("--quiet", action="store_true", help="no live progress table")
@@ -154,7 +157,8 @@ def _sweep_settings(args: argparse.Namespace, out: Path) -> Any:
         run_dir=out, interpret=args.interpret, emulate=args.emulate, workers=args.workers, depth=args.depth,
         node_labels=placement.parse_labels(args.node_label), sampler=args.sampler, seed=args.seed,
         repetitions=args.repetitions, input_sets=args.input_sets, compile_timeout_s=args.compile_timeout,
-        timing_timeout_s=args.timing_timeout, max_attempts=args.max_attempts, address=args.address)
+        timing_timeout_s=args.timing_timeout, max_attempts=args.max_attempts, address=args.address,
+        time_budget_s=args.time_budget)
 
 
 def _check_out(out: Path) -> None:

@@ -64,6 +64,7 @@ class SweepSettings:
     max_attempts: int = 2              # a trial whose worker died is re-queued up to this many runs
     static_pruning: bool = True        # False: compile even what the footprint model says cannot fit
     address: str | None = None         # Ray address; None starts an embedded local Ray
+    time_budget_s: float | None = None  # once workers are up, stop asking for trials after this long
     # task key -> configs queued first, in order, in a new study (farm retune: previous winners)
     warm_start: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
@@ -145,6 +146,7 @@ class Sweep:
         self._workers: list[_Worker] = []
         self._refs: dict[Any, _Worker] = {}
         self._t0 = time.monotonic()
+        self._stopped_early = False
 
     # -- records and telling ---------------------------------------------------------------
     def _record(self, state: _TaskState, trial_number: int, key: str, outcome: str,
@@ -377,11 +379,15 @@ class Sweep:
                 if (state.pool, state.planned.task.target) == pool_target:
                     state.capacity = capacity.Capacity(**info["capacity"])
         self._write_run_info(started=None)
+        measuring_since = time.monotonic()   # the time budget starts once the workers are up
         with open(self.run_dir / TRIALS_LOG, "a") as self._log:
             if resume:
                 self._resume(states)
             queues = {pool: deque(s for s in states if s.pool == pool) for pool in self.pool_info}
             while True:
+                budget = self.settings.time_budget_s
+                if budget is not None and time.monotonic() - measuring_since > budget:
+                    self._stop_asking(states)
                 self._dispatch(queues)
                 if not self._refs:
                     if any(self._retry.values()) and not self._workers:
@@ -395,11 +401,18 @@ class Sweep:
         wall = time.monotonic() - started
         measured = sum(1 for r in self.records if r["outcome"] in outcomes.MEASURED)
         self.summary = {"wall_s": wall, "measured_trials": measured, "trials_per_s": measured / wall if wall else 0,
-                        "workers": len(self._workers), "duty_cycle": duty}
+                        "workers": len(self._workers), "duty_cycle": duty,
+                        "stopped_by_time_budget": self._stopped_early}
         for worker in list(self._workers):
             self._retire(worker, replace=False)
         self._write_run_info(started=started)
         return self.records
+
+    def _stop_asking(self, states: list[_TaskState]) -> None:
+        """The time budget is spent: no task asks for another trial (retries and trials in flight finish)."""
+        for state in states:
+            if state.wants_trials:
+                state.exhausted = self._stopped_early = True
 
     def _dispatch(self, queues: dict[str, deque[_TaskState]]) -> None:
         for worker in list(self._workers):

@@ -49,6 +49,7 @@ class Compiled:
     executable: Any
     inputs: list[tuple[Any, ...]]
     compile_s: float
+    check_executable: Any          # the poisoned-output build, compiled too (validation runs it)
 
 
 def compile_config(task: TuningTask, config: dict[str, Any], *, interpret: bool, trial_seed: int = 0,
@@ -62,6 +63,10 @@ def compile_config(task: TuningTask, config: dict[str, Any], *, interpret: bool,
         inputs = [module.make_inputs(task.shape, dtype, _seed(task, f"time{i}", trial_seed))
                   for i in range(max(1, input_sets))]
         executable = jax.jit(fn).lower(*inputs[0]).compile()
+        # Compiled here, off the device lock: validation then only runs it.
+        check_fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret,
+                                                                    poison_outputs=True))
+        check_executable = jax.jit(check_fn).lower(*inputs[0]).compile()
         if task.target == "tpu" and interpret:
             # Interpret mode ignores Mosaic's layout rules; lowering the native kernel checks them.
             native = module.build(config, task.shape, dtype, Platform("tpu"))
@@ -70,7 +75,7 @@ def compile_config(task: TuningTask, config: dict[str, Any], *, interpret: bool,
         return Measurement(outcomes.COMPILE_ERROR, compile_s=time.perf_counter() - started).fail(
             _full_text(err), outcomes.COMPILE_ERROR)
     return Compiled(module, task, config, interpret, trial_seed, executable, inputs,
-                    time.perf_counter() - started)
+                    time.perf_counter() - started, check_executable)
 
 
 class ReferenceCache:
@@ -116,9 +121,7 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         result.error = f"the reference could not be computed (not this config's fault): {_full_text(err)[:outcomes.ERROR_CHARS]}"
         return result
     try:
-        check_fn = c.module.build(c.config, task.shape, dtype,
-                                  Platform(task.target, interpret=c.interpret, poison_outputs=True))
-        out = jax.block_until_ready(jax.jit(check_fn)(*inputs))
+        out = jax.block_until_ready(c.check_executable(*inputs))
         result.numerics_error = validate.relative_error(out, ref)
         del out
     except Exception as err:  # noqa: BLE001

@@ -27,7 +27,8 @@ def test_footprint_by_hand() -> None:
     config = {"block_batch": 2, "block_rows": 16, "strategy": "one_pass"}
     block = 2 * 16 * 4096
     assert K.footprint(config, shape, "bfloat16", "tpu") == 2 * 2 * block * 2 + 2 * block * 4
-    # Triton passes=2: 4 rows x 1024 columns of x and y in f32, 2 chunks of x loaded ahead.
+    # Triton passes=2: 2 chunks of 4 x 1024 bf16 x loaded ahead; reduction scratch of 4 rows
+    # over the default 4 warps.
     config = {"block_rows": 4, "passes": 2, "block_cols": 1024, "num_stages": 3}
-    expected = 2 * 4 * 1024 * 4 + 2 * 4 * 1024 * 2
+    expected = 2 * 4 * 1024 * 2 + 4 * 4 * 4
     assert K.footprint(config, shape, "bfloat16", "gpu-triton") == expected

@@ -40,6 +40,6 @@ def test_footprint_by_hand() -> None:
     config = {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 1024, "buffers": 3}
     expected = (3 + 2) * 16 * 1024 * 2 + 2 * 16 * 1024 * 4 + 2 * 16 * 128 * 4
     assert K.footprint(config, shape, "bfloat16", "tpu") == expected
-    # Triton: one row, 4096-column chunks of x and y in f32, 2 chunks of x loaded ahead.
+    # Triton: one row, 2 chunks of 4096 bf16 x loaded ahead, reduction scratch of 4 warps.
     config = {"block_rows": 1, "block_cols": 4096, "num_stages": 3}
-    assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 2 * 4096 * 4 + 2 * 4096 * 2
+    assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 2 * 4096 * 2 + 4 * 4

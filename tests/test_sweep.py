@@ -13,6 +13,7 @@ import optuna
 import pyarrow.parquet as pq
 import pytest
 
+from tests.sweeps import run_sweep
 from farm import artifacts, cli, outcomes, signing, studies
 
 
@@ -166,3 +167,25 @@ def test_a_space_that_rejects_almost_every_config_still_makes_progress(ray_local
     assert counts[outcomes.INVALID] <= 12
     ok = next(t for t in trials if t["outcome"] == outcomes.OK)
     assert json.loads(ok["config"]) == {"block_m": 64, "block_n": 64, "block_k": 64}
+
+
+def test_a_time_budget_stops_asking_and_still_writes_a_bundle(ray_local, tmp_path, signing_key):
+    # 64 configs cannot all be compiled and timed in 2 s on CPU; the budget stops the asking, the
+    # trials in flight finish and the bundle holds the best of what was measured.
+    out, trials = run_sweep(tmp_path, signing_key, """\
+        kernel: matmul
+        dtypes: [float32]
+        shapes: [[64, 64, 64]]
+        targets: [interpret]
+        params:
+          block_m: {values: [8, 16, 32, 64]}
+          block_n: {values: [8, 16, 32, 64]}
+          block_k: {values: [8, 16, 32, 64]}
+        sampler: grid
+        trials: 64
+    """, "--time-budget", "2")
+    measured = [t for t in trials if t["outcome"] in outcomes.MEASURED]
+    assert 0 < len(measured) < 64
+    assert json.loads((out / "run.json").read_text())["summary"]["stopped_by_time_budget"] is True
+    row = pq.read_table(out / "bundle" / "configs.parquet").to_pylist()[0]
+    assert row["status"] == "ok" and row["trials"] == len(measured)
