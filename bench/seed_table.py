@@ -30,15 +30,14 @@ or triton.testing.do_bench for everything: XLA launches on its own streams, so a
 on torch's stream does not bracket JAX work, and do_bench's per-call wait would time JAX's host
 dispatch; queued calls with one wait time both frameworks the same way.
 
-Independent check (--check): for the first shape of a few spaces, each column is timed again on
-one input set with farm.timing.time_calls and with a device clock over the same kind of queued
-calls: for JAX columns, a CUPTI trace through torch.profiler (the span from the first kernel's
-start to the last kernel's end, divided by the calls: device time including the gaps between
-calls, which is what farm.timing claims to measure; the sum of kernel durations is kept too, and
-the CUPTI kernel sum of jax.experimental.mosaic.gpu.profiler as a cross-check); for torch
-columns, CUDA events around the queued calls. The % difference against the span (or events) is
-reported (goal: within 5%). Where the kernels' sum is far below the span, the calls are
-dispatch-bound: both clocks then measure the host, not the kernel.
+Independent check (--check): for the first shape of a few spaces, each column's farm.timing
+samples (queued calls on input set 0, one wait per sample) are run again under a CUPTI trace
+(torch.profiler, kernels of every stream, JAX's and torch's alike). For the same samples it
+compares farm.timing's host clock with the device's: the span from a sample's first kernel start
+to its last kernel end, per call. Both clocks see the same calls at the same GPU clocks, so the
+difference is what farm.timing adds (launch latency, the final wait) or misses. Goal: within 5%.
+The kernels' summed durations are reported too: far below the span, the calls are dispatch-bound
+and both clocks measure the host, not the kernel.
 """
 from __future__ import annotations
 
@@ -348,73 +347,40 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> tup
 
 # -- the independent timing check ------------------------------------------------------------
 
-def _cupti_s(p: baselines.Prepared, iterations: int) -> float:
-    from jax.experimental.mosaic.gpu import profiler
-
-    _, ms = profiler.measure(p.fn, iterations=iterations)(*p.inputs[0])
-    if ms is None:
-        raise RuntimeError("CUPTI saw no kernel")
-    return statistics.median(ms if isinstance(ms, list) else [ms]) / 1e3
-
-
-def _kineto_s(p: baselines.Prepared, iterations: int) -> tuple[float, float]:
-    """(span, busy) per call of a JAX column from torch.profiler's CUPTI trace of `iterations`
-    queued calls: span = last kernel end - first kernel start (gaps between kernels included, as
-    in farm.timing), busy = the sum of kernel durations (every stream)."""
+def traced_samples(p: baselines.Prepared, calls: int, repetitions: int) -> dict[str, float]:
+    """farm.timing's samples of `p` (input set 0), run under a CUPTI trace (torch.profiler, every
+    stream): per call, the median of the host clock that farm.timing reads, of the device span
+    (first kernel start to last kernel end of each sample) and of the kernels' summed durations."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    jax.block_until_ready(p.fn(*p.inputs[0]))
+    timing.run_sample(p.call, [(0,)], calls)   # warm
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        out = None
-        for _ in range(iterations):
-            out = p.fn(*p.inputs[0])
-        jax.block_until_ready(out)
-    ranges = [(e.time_range.start, e.time_range.end) for e in prof.events()
-              if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0]
-    if not ranges:
-        raise RuntimeError("torch.profiler saw no kernel")
-    span_us = max(end for _, end in ranges) - min(start for start, _ in ranges)
-    busy_us = sum(end - start for start, end in ranges)
-    return span_us / 1e6 / iterations, busy_us / 1e6 / iterations
-
-
-def _events_s(p: baselines.Prepared, calls: int, repetitions: int) -> float:
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repetitions):
-        start.record()
-        for _ in range(calls):
-            p.fn(*p.inputs[0])
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3 / calls)
-    return statistics.median(samples)
+        host = [timing.run_sample(p.call, [(0,)], calls) for _ in range(repetitions)]
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0)
+    if not kernels or len(kernels) % repetitions:
+        raise RuntimeError(f"{len(kernels)} kernels in the trace of {repetitions} samples")
+    per = len(kernels) // repetitions
+    chunks = [kernels[i * per:(i + 1) * per] for i in range(repetitions)]
+    span = [(c[-1][1] - c[0][0]) / 1e6 / calls for c in chunks]
+    busy = [sum(end - start for start, end in c) / 1e6 / calls for c in chunks]
+    return {"host_s": statistics.median(host), "device_s": statistics.median(span),
+            "kernels_s": statistics.median(busy), "kernels_per_call": per / calls}
 
 
 def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespace, gpu: bool) -> list[dict]:
-    """farm.timing's figure against a device clock for each column, both on input set 0."""
+    """farm.timing's clock against a device clock on the same samples, for each column."""
     checks = []
     for name, p in prepared.items():
-        entry: dict[str, Any] = {"column": name}
+        entry: dict[str, Any] = {"column": name, "method": "CUPTI trace of the same samples (torch.profiler)"}
         try:
             if not gpu:
                 raise baselines.Unavailable(baselines.CPU_ONLY)
-            host = timing.time_calls(p.call, [(0,)], repetitions=args.repetitions, min_sample_s=args.min_sample_s)
-            entry["farm_timing_s"] = host.median_s
-            iterations = max(5, min(200, host.calls_per_sample))
-            if p.framework == "torch":
-                entry |= {"method": "torch.cuda.Event", "device_s": _events_s(p, host.calls_per_sample, args.repetitions)}
-            else:
-                span, busy = _kineto_s(p, iterations)
-                entry |= {"method": "CUPTI trace span (torch.profiler)", "device_s": span, "kernels_s": busy}
-                try:
-                    entry["kernels_mosaic_cupti_s"] = _cupti_s(p, iterations)
-                except Exception as err:  # noqa: BLE001 - a cross-check only
-                    entry["cupti_error"] = _short(err)
-            entry["diff_pct"] = 100 * (entry["farm_timing_s"] - entry["device_s"]) / entry["device_s"]
+            calls = timing.time_calls(p.call, [(0,)], repetitions=2, min_sample_s=args.min_sample_s).calls_per_sample
+            entry |= traced_samples(p, calls, args.repetitions)
+            entry["farm_timing_s"] = entry["host_s"]
+            entry["diff_pct"] = 100 * (entry["host_s"] - entry["device_s"]) / entry["device_s"]
         except baselines.Unavailable as err:
             entry["error"] = str(err)
         except Exception as err:  # noqa: BLE001

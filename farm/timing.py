@@ -28,7 +28,8 @@ class Timing:
     calls_per_sample: int
 
 
-def _run(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], calls: int) -> float:
+def run_sample(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], calls: int) -> float:
+    """One sample: `calls` queued calls, inputs rotating, one wait at the end; seconds per call."""
     start = time.perf_counter()
     out = None
     for i in range(calls):
@@ -41,11 +42,11 @@ def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, w
                repetitions: int = 10, min_sample_s: float = 2e-3, max_calls: int = 1000,
                budget_s: float | None = None) -> Timing:
     """Median per-call time of `fn` over `repetitions` samples, after `warmup` calls."""
-    once = min(_run(fn, input_sets, 1) for _ in range(max(1, warmup)))
+    once = min(run_sample(fn, input_sets, 1) for _ in range(max(1, warmup)))
     calls = max(1, min(max_calls, math.ceil(min_sample_s / max(once, 1e-9))))
     if budget_s is not None:  # shrink repetitions rather than overrun the time limit
         repetitions = max(3, min(repetitions, int(budget_s / max(once * calls, 1e-9))))
-    samples = sorted(_run(fn, input_sets, calls) for _ in range(repetitions))
+    samples = sorted(run_sample(fn, input_sets, calls) for _ in range(repetitions))
     median = statistics.median(samples)
     q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [median, median, median]
     return Timing(median, samples[0], (q[2] - q[0]) / median if median > 0 else 0.0,
@@ -60,12 +61,12 @@ def time_side_by_side(fns: dict[str, Callable[..., Any]], input_sets: Sequence[S
     """
     calls = {}
     for name, fn in fns.items():
-        once = min(_run(fn, input_sets, 1) for _ in range(2))
+        once = min(run_sample(fn, input_sets, 1) for _ in range(2))
         calls[name] = max(1, min(max_calls, math.ceil(min_sample_s / max(once, 1e-9))))
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repetitions):
         for name, fn in fns.items():
-            samples[name].append(_run(fn, input_sets, calls[name]))
+            samples[name].append(run_sample(fn, input_sets, calls[name]))
     timings = {}
     for name, values in samples.items():
         values.sort()

@@ -79,17 +79,23 @@ def compile_config(task: TuningTask, config: dict[str, Any], *, interpret: bool,
 
 
 class ReferenceCache:
-    """Validation inputs and the reference's outputs for the last few tasks a worker has seen.
+    """Validation inputs and the reference's outputs for the tasks a worker has seen lately.
 
     Computing the float32 reference can cost more than the kernel (attention at S = 8k), so a
     worker draws its validation inputs once per task (from its own key, independent of the
-    timing inputs) and checks every config of that task against the same reference.
+    timing inputs) and checks every config of that task against the same reference. A worker
+    serving several tasks in turn keeps each one's entry (up to `size` entries and `max_bytes`
+    of device memory, least recently used out first), so that it is not recomputed per trial.
     """
 
-    def __init__(self, size: int = 2) -> None:
-        self.size = size
+    def __init__(self, size: int = 8, max_bytes: int = 16 << 30) -> None:
+        self.size, self.max_bytes = size, max_bytes
         self._entries: collections.OrderedDict[str, tuple[Any, Any]] = collections.OrderedDict()
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _bytes(entry: tuple[Any, Any]) -> int:
+        return sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(entry))
 
     def get(self, module: Any, task: TuningTask) -> tuple[Any, Any]:
         """(inputs, reference outputs) for `task`; raises if the reference itself fails."""
@@ -97,13 +103,14 @@ class ReferenceCache:
             if task.key in self._entries:
                 self._entries.move_to_end(task.key)
                 return self._entries[task.key]
-            while len(self._entries) >= self.size:
-                self._entries.popitem(last=False)
             dtype = jnp.dtype(task.dtype)
             inputs = module.make_inputs(task.shape, dtype, _seed(task, "check", os.getpid()))
             ref = jax.block_until_ready(module.reference(*validate.upcast(inputs)))
-            self._entries[task.key] = (inputs, ref)
-            return inputs, ref
+            entry = self._entries[task.key] = (inputs, ref)
+            while len(self._entries) > 1 and (len(self._entries) > self.size or sum(
+                    map(self._bytes, self._entries.values())) > self.max_bytes):
+                self._entries.popitem(last=False)
+            return entry
 
 
 _REFERENCES = ReferenceCache()
@@ -112,13 +119,14 @@ _REFERENCES = ReferenceCache()
 def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
                       time_budget_s: float | None = None, references: ReferenceCache | None = None) -> Measurement:
     """On the device: validate a poisoned-output build against the reference, then time."""
-    task, dtype = c.task, jnp.dtype(c.task.dtype)
+    task = c.task
     result = Measurement(outcomes.OK, compile_s=c.compile_s)
     try:
         inputs, ref = (references or _REFERENCES).get(c.module, task)
     except Exception as err:  # noqa: BLE001 - the reference failing is no verdict on the config
         result.outcome = outcomes.RUN_ERROR
-        result.error = f"the reference could not be computed (not this config's fault): {_full_text(err)[:outcomes.ERROR_CHARS]}"
+        result.error = ("the reference could not be computed (not this config's fault): "
+                        + _full_text(err)[:outcomes.ERROR_CHARS])
         return result
     try:
         out = jax.block_until_ready(c.check_executable(*inputs))

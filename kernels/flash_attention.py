@@ -46,7 +46,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels.lowering import Platform, pallas_call
+from kernels.lowering import Platform, pallas_call, triton_dot_buffers
 
 NAME = "flash_attention"
 CAUSAL = False
@@ -125,8 +125,8 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
         # Q/O tiles per compute warpgroup, the K and V slots, and 2.5 KiB for the reduction
         # scratch Mosaic GPU reserves (2 KiB) and barriers: at most 1 KiB above its own count.
         return wgs * bq * dim * item + 2 * steps * bkv * dim * item + 2560
-    if target == "gpu-triton":  # the Q tile, and K and V tiles per pipeline stage
-        return bq * dim * item + int(config.get("num_stages", 2)) * 2 * bkv * dim * item
+    if target == "gpu-triton":  # the Q tile, and K and V tiles per pipeline buffer
+        return bq * dim * item + triton_dot_buffers({"num_stages": 2, **config}, bq) * 2 * bkv * dim * item
     return (bq + 2 * bkv) * dim * item + bq * (bkv + dim) * 4
 
 

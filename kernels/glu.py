@@ -57,15 +57,15 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
 
     TPU: buffers x 3 tiles of block_rows x block_cols (a, b, out), plus two f32 tiles
     (act(a) and the product) that Mosaic materialises for large tiles. interpret: the same
-    with one buffer. gpu-triton: the register tile of one step, elements x (3 x itemsize + 2 x 4),
-    plus num_stages - 1 pipelined (a, b) steps in shared memory when a program loops.
+    with one buffer. gpu-triton: shared memory only (register tiles spill, they do not fail):
+    num_stages - 1 pipelined (a, b) steps when a program loops.
     """
     item = jnp.dtype(dtype).itemsize
     if target == "gpu-triton":
         elements = int(config["block_size"])
         looped = int(config.get("blocks_per_program", 1)) > 1
         stages = int(config.get("num_stages", 1)) - 1 if looped else 0
-        return elements * (3 * item + 2 * 4) + max(stages, 0) * 2 * elements * item
+        return max(stages, 0) * 2 * elements * item
     elements = int(config["block_rows"]) * int(config["block_cols"])
     buffers = int(config.get("buffers", 2)) if target == "tpu" else 1
     return buffers * 3 * elements * item + 2 * elements * 4

@@ -74,6 +74,16 @@ def compiler_params(platform: Platform, config: dict[str, Any], **tpu_kwargs: An
     return None
 
 
+def triton_dot_buffers(config: dict[str, Any], rows: int) -> int:
+    """Shared-memory copies of a Triton dot loop's operand tiles, as Triton 3.6 allocates them on
+    Hopper (measured on the H200, bench/oom_probe.py): num_stages when the dot can use wgmma
+    (num_warps a multiple of 4 and the dot's rows a multiple of 64), else num_stages - 1 (the
+    mma.sync path loads num_stages - 1 steps ahead)."""
+    stages = int(config.get("num_stages", 3))
+    wgmma = int(config.get("num_warps", 4)) % 4 == 0 and rows % 64 == 0
+    return stages if wgmma else max(1, stages - 1)
+
+
 def pallas_call(
     body: Callable[..., None],
     *,

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels.lowering import Platform, pallas_call
+from kernels.lowering import Platform, pallas_call, triton_dot_buffers
 
 MIB = 1 << 20
 
@@ -129,7 +129,7 @@ def footprint(problem: Problem, config: dict[str, Any], dtype: Any, target: str)
     if target == "gpu-mosaic":
         return _mgpu_smem_bytes(problem, config, item, out_item)
     if target == "gpu-triton":  # Triton stages each K step's operand tiles in shared memory
-        return int(config.get("num_stages", 3)) * (bm * bk + bk * bn) * item
+        return triton_dot_buffers(config, bm) * (bm * bk + bk * bn) * item
     return (bm * problem.k + problem.k * bn) * item + bm * bn * 4
 
 

@@ -85,6 +85,8 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
     if config.get("ln_strategy", "fused") == "fused":
         return matmul_bytes
     rows = _ln_rows(config, m)
+    if target == "gpu-triton":  # the row kernel keeps its rows in registers: only reduction scratch
+        return max(matmul_bytes, 2 * rows * int(config.get("num_warps", 4)) * 4)
     buffers = 2 if target == "tpu" else 1  # f32 rows in, rows out, f32 temporaries
     ln_bytes = buffers * rows * n * (4 + jnp.dtype(dtype).itemsize) + 2 * rows * n * 4
     return max(matmul_bytes, ln_bytes)

@@ -90,10 +90,11 @@ def test_footprint_matches_hand_count(module):
     # a, b, out: 2 buffers x 3 x 256 x 1024 x 2 bytes + 2 f32 temporaries x 256 x 1024 x 4
     tpu = {"block_rows": 256, "block_cols": 1024, "buffers": 2}
     assert module.footprint(tpu, shape, dtype, "tpu") == 3145728 + 2097152
-    # 4096 elements x (3 x 2 + 2 x 4) + 2 pipelined stages x (a, b) x 4096 x 2
+    # shared memory: 2 pipelined stages x (a, b) x 4096 x 2 bytes (the register tile does not count)
     gpu = {"tiling": "flat", "block_size": 4096, "blocks_per_program": 2, "block_cols": 64,
            "num_warps": 8, "num_stages": 3}
-    assert module.footprint(gpu, shape, dtype, "gpu-triton") == 57344 + 32768
+    assert module.footprint(gpu, shape, dtype, "gpu-triton") == 32768
+    assert module.footprint({**gpu, "blocks_per_program": 1}, shape, dtype, "gpu-triton") == 0
 
 
 @pytest.mark.parametrize("module", [swiglu, geglu])

@@ -27,6 +27,38 @@ def test_tpu_vmem_per_generation_from_jax_table():
         capacity.profile("v1")
 
 
+# Configs that ran out of shared memory on the H200 (Triton 3.6 through JAX 0.11.2), with the bytes
+# Triton asked for (bench/results/h200/oom_probe_seed0.json): wgmma dots (4k warps, 64k rows)
+# keep num_stages operand copies, mma.sync dots num_stages - 1.
+TRITON_REQUESTED = [
+    ("matmul", (8192, 8192, 8192), {"block_m": 256, "block_n": 16, "block_k": 128, "num_warps": 4,
+                                    "num_stages": 4, "group_m": 1}, 278528),
+    ("broadcast_matmul", (64, 2048, 2048, 2048), {"block_m": 256, "block_n": 128, "block_k": 128, "num_warps": 2,
+                                                  "num_stages": 5, "group_m": 1, "fold_batch": False}, 393216),
+    ("broadcast_matmul", (64, 2048, 2048, 2048), {"block_m": 256, "block_n": 64, "block_k": 128, "num_warps": 8,
+                                                  "num_stages": 3, "group_m": 1, "fold_batch": False}, 245760),
+    ("matmul_layernorm", (4096, 4096, 4096), {"block_m": 16, "block_n": 512, "block_k": 128, "num_warps": 4,
+                                              "num_stages": 3, "group_m": 1, "ln_strategy": "two_phase",
+                                              "ln_rows": 8}, 270336),
+    ("matmul_layernorm", (4096, 4096, 4096), {"block_m": 256, "block_n": 16, "block_k": 128, "num_warps": 4,
+                                              "num_stages": 5, "group_m": 1, "ln_strategy": "two_phase",
+                                              "ln_rows": 8}, 348160),
+    ("flash_attention", (8, 32, 8192, 256), {"block_q": 64, "block_kv": 64, "num_warps": 4, "num_stages": 4},
+     294912),
+    ("flash_attention", (8, 32, 8192, 256), {"block_q": 128, "block_kv": 128, "num_warps": 8, "num_stages": 3},
+     458752),
+    ("flash_attention", (4, 32, 4096, 128), {"block_q": 64, "block_kv": 128, "num_warps": 4, "num_stages": 4},
+     278528),
+]
+
+
+@pytest.mark.parametrize("name,shape,config,requested", TRITON_REQUESTED)
+def test_triton_footprints_equal_what_triton_asked_for(name, shape, config, requested):
+    import kernels
+
+    assert kernels.load(name).footprint(config, shape, jnp.bfloat16, "gpu-triton") == requested
+
+
 def test_interpret_target_has_no_capacity_and_emulation_defaults():
     assert capacity.for_target("interpret", interpret=True) == capacity.NONE
     assert capacity.for_target("tpu", interpret=True).source == "table:v7"

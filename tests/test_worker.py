@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -98,3 +99,29 @@ def test_relative_error_treats_nan_and_shape_mismatch_as_inf():
     assert validate.relative_error(a.at[0, 0].set(jnp.nan), a) == math.inf
     assert validate.relative_error(a[:2], a) == math.inf
     assert validate.tolerance("bfloat16") > validate.tolerance("float32")
+
+
+def test_large_outputs_are_checked_on_the_device_with_the_same_answer(monkeypatch):
+    ref = jax.random.normal(jax.random.key(0), (64, 96))
+    out = ref + 1e-3 * jax.random.normal(jax.random.key(1), (64, 96))
+    on_host = validate.relative_error(out, ref)
+    monkeypatch.setattr(validate, "HOST_CHECK_ELEMENTS", 16)
+    assert validate.relative_error(out, ref) == pytest.approx(on_host, rel=1e-4)
+    assert validate.relative_error(out.at[0, 0].set(jnp.nan), ref) == math.inf
+    assert validate.relative_error(out[:, :95], ref) == math.inf
+
+
+def test_reference_cache_keeps_several_tasks_and_evicts_by_count_and_bytes():
+    from farm.worker import ReferenceCache
+
+    tasks = [TuningTask("softmax", (8, 128 * (i + 1)), "float32", "interpret") for i in range(3)]
+    cache = ReferenceCache(size=2)
+    first = cache.get(softmax, tasks[0])
+    assert cache.get(softmax, tasks[1]) is not first
+    assert cache.get(softmax, tasks[0]) is first          # kept while another task was served
+    cache.get(softmax, tasks[2])                            # over the count: task 1 (least recent) goes
+    assert cache.get(softmax, tasks[0]) is first
+    tiny = ReferenceCache(size=8, max_bytes=1)              # over the byte budget: only the newest stays
+    kept = tiny.get(softmax, tasks[0])
+    tiny.get(softmax, tasks[1])
+    assert tiny.get(softmax, tasks[0]) is not kept
