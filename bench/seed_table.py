@@ -21,8 +21,10 @@ back-to-back calls (enough for >= 5 ms) and waits once at the end: JAX results t
 `jax.block_until_ready`, torch results through `torch.cuda.synchronize` (the torch result is
 wrapped in an object whose `block_until_ready` synchronizes, which `jax.block_until_ready`
 calls). Launches overlap device work, so a sample is device time whenever a call's device time
-exceeds its dispatch time; the median of the samples is reported, with (p75 - p25) / median as
-spread. Samples of the columns are interleaved round robin, so all see the same clocks. Inputs
+exceeds its dispatch time. Samples come in pairs, n and 2n calls, and a pair's per-call time is
+their difference over n, which cancels what a sample pays once (the first launch onto an idle
+device, the final wait); the median of the pairs is reported, with (p75 - p25) / median as
+spread. Pairs of the columns are interleaved round robin, so all see the same clocks. Inputs
 rotate over enough sets that one pass over them is at least twice the L2 (at most 256 sets); no
 cache flush is needed and none is timed. JAX and torch run on separate CUDA streams of the same
 device; only one column runs at a time (each sample ends with a full wait). Why not CUDA events
@@ -30,13 +32,12 @@ or triton.testing.do_bench for everything: XLA launches on its own streams, so a
 on torch's stream does not bracket JAX work, and do_bench's per-call wait would time JAX's host
 dispatch; queued calls with one wait time both frameworks the same way.
 
-Independent check (--check): for the first shape of a few spaces, each column's farm.timing
-samples (queued calls on input set 0, one wait per sample) are run again under a CUPTI trace
-(torch.profiler, kernels of every stream, JAX's and torch's alike). For the same samples it
-compares farm.timing's host clock with the device's: the span from a sample's first kernel start
-to its last kernel end, per call. Both clocks see the same calls at the same GPU clocks, so the
-difference is what farm.timing adds (launch latency, the final wait) or misses. Goal: within 5%.
-The kernels' summed durations are reported too: far below the span, the calls are dispatch-bound
+Independent check (--check): for the first shape of a few spaces, farm.timing.time_calls of each
+column (input set 0) runs under a CUPTI trace (torch.profiler, kernels of every stream, JAX's
+and torch's alike), and its per-call figure is compared with the device's own clock on the same
+samples: the span from a sample's first kernel start to its last kernel end, per call. Same
+calls, same GPU clocks: the difference is what farm.timing gets wrong. Goal: within 5%. The
+kernels' summed durations are reported too: far below the span, the calls are dispatch-bound
 and both clocks measure the host, not the kernel.
 """
 from __future__ import annotations
@@ -347,26 +348,33 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> tup
 
 # -- the independent timing check ------------------------------------------------------------
 
-def traced_samples(p: baselines.Prepared, calls: int, repetitions: int) -> dict[str, float]:
-    """farm.timing's samples of `p` (input set 0), run under a CUPTI trace (torch.profiler, every
-    stream): per call, the median of the host clock that farm.timing reads, of the device span
-    (first kernel start to last kernel end of each sample) and of the kernels' summed durations."""
+def traced_timing(p: baselines.Prepared, repetitions: int, min_sample_s: float) -> dict[str, float]:
+    """farm.timing.time_calls of `p` (input set 0) run under a CUPTI trace (torch.profiler, every
+    stream): farm.timing's per-call figure, and per call the median device span (first kernel
+    start to last kernel end) and summed kernel durations of its longer samples."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    timing.run_sample(p.call, [(0,)], calls)   # warm
+    timing.run_sample(p.call, [(0,)], 2)   # warm
+    warmup = 2
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        host = [timing.run_sample(p.call, [(0,)], calls) for _ in range(repetitions)]
+        t = timing.time_calls(p.call, [(0,)], warmup=warmup, repetitions=repetitions, min_sample_s=min_sample_s)
     kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
                      if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0)
-    if not kernels or len(kernels) % repetitions:
-        raise RuntimeError(f"{len(kernels)} kernels in the trace of {repetitions} samples")
-    per = len(kernels) // repetitions
-    chunks = [kernels[i * per:(i + 1) * per] for i in range(repetitions)]
-    span = [(c[-1][1] - c[0][0]) / 1e6 / calls for c in chunks]
-    busy = [sum(end - start for start, end in c) / 1e6 / calls for c in chunks]
-    return {"host_s": statistics.median(host), "device_s": statistics.median(span),
-            "kernels_s": statistics.median(busy), "kernels_per_call": per / calls}
+    n = t.calls_per_sample
+    calls = warmup + len(t.samples) * 3 * n        # the warm-up calls, then pairs of n and 2n calls
+    if not kernels or len(kernels) % calls:
+        raise RuntimeError(f"{len(kernels)} kernels in the trace of {calls} calls")
+    per = len(kernels) // calls
+    spans, busy, at = [], [], warmup * per
+    for _ in t.samples:
+        at += n * per
+        chunk = kernels[at:at + 2 * n * per]
+        at += 2 * n * per
+        spans.append((chunk[-1][1] - chunk[0][0]) / 1e6 / (2 * n))
+        busy.append(sum(end - start for start, end in chunk) / 1e6 / (2 * n))
+    return {"farm_timing_s": t.median_s, "device_s": statistics.median(spans),
+            "kernels_s": statistics.median(busy), "kernels_per_call": per}
 
 
 def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespace, gpu: bool) -> list[dict]:
@@ -377,10 +385,8 @@ def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespa
         try:
             if not gpu:
                 raise baselines.Unavailable(baselines.CPU_ONLY)
-            calls = timing.time_calls(p.call, [(0,)], repetitions=2, min_sample_s=args.min_sample_s).calls_per_sample
-            entry |= traced_samples(p, calls, args.repetitions)
-            entry["farm_timing_s"] = entry["host_s"]
-            entry["diff_pct"] = 100 * (entry["host_s"] - entry["device_s"]) / entry["device_s"]
+            entry |= traced_timing(p, args.repetitions, args.min_sample_s)
+            entry["diff_pct"] = 100 * (entry["farm_timing_s"] - entry["device_s"]) / entry["device_s"]
         except baselines.Unavailable as err:
             entry["error"] = str(err)
         except Exception as err:  # noqa: BLE001

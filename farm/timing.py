@@ -1,9 +1,13 @@
 """Time device work, not Python dispatch.
 
-Each sample times `calls` back-to-back calls with a single `block_until_ready` at the end,
-so that launches are queued and dispatch overlaps device work; `calls` is chosen so that a
-sample lasts at least `min_sample_s`. Inputs rotate through several sets so that repeated
-calls do not all hit in cache.
+Each sample times back-to-back calls with a single `block_until_ready` at the end, so that
+launches are queued and dispatch overlaps device work; `calls` is chosen so that a sample
+lasts at least `min_sample_s`. A sample's clock also holds costs paid once per sample (the
+first launch onto an idle device, the final wait): against a CUPTI trace of the same samples
+on the H200 they added 10-15% to JAX calls of 0.1-2 ms at 5 ms samples (bench/seed_table.py
+--check). So each measurement is a pair, `calls` and `2 * calls` calls, and the per-call time
+is their difference over `calls`: the once-per-sample costs cancel. Inputs rotate through
+several sets so that repeated calls do not all hit in cache.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ class Timing:
     min_s: float
     spread: float  # (p75 - p25) / median
     samples: tuple[float, ...]
-    calls_per_sample: int
+    calls_per_sample: int  # calls in the shorter sample of each pair
 
 
 def run_sample(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], calls: int) -> float:
@@ -38,15 +42,23 @@ def run_sample(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], call
     return (time.perf_counter() - start) / calls
 
 
+def pair_per_call(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], calls: int) -> float:
+    """Seconds per call from a `calls` sample and a `2 * calls` sample: (T(2n) - T(n)) / n."""
+    short = run_sample(fn, input_sets, calls) * calls
+    long = run_sample(fn, input_sets, 2 * calls) * 2 * calls
+    difference = (long - short) / calls
+    return difference if difference > 0 else long / (2 * calls)   # noise larger than the work
+
+
 def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, warmup: int = 2,
                repetitions: int = 10, min_sample_s: float = 2e-3, max_calls: int = 1000,
                budget_s: float | None = None) -> Timing:
-    """Median per-call time of `fn` over `repetitions` samples, after `warmup` calls."""
+    """Median per-call time of `fn` over `repetitions` sample pairs, after `warmup` calls."""
     once = min(run_sample(fn, input_sets, 1) for _ in range(max(1, warmup)))
     calls = max(1, min(max_calls, math.ceil(min_sample_s / max(once, 1e-9))))
     if budget_s is not None:  # shrink repetitions rather than overrun the time limit
-        repetitions = max(3, min(repetitions, int(budget_s / max(once * calls, 1e-9))))
-    samples = sorted(run_sample(fn, input_sets, calls) for _ in range(repetitions))
+        repetitions = max(3, min(repetitions, int(budget_s / max(3 * once * calls, 1e-9))))
+    samples = sorted(pair_per_call(fn, input_sets, calls) for _ in range(repetitions))
     median = statistics.median(samples)
     q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [median, median, median]
     return Timing(median, samples[0], (q[2] - q[0]) / median if median > 0 else 0.0,
@@ -66,7 +78,7 @@ def time_side_by_side(fns: dict[str, Callable[..., Any]], input_sets: Sequence[S
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repetitions):
         for name, fn in fns.items():
-            samples[name].append(run_sample(fn, input_sets, calls[name]))
+            samples[name].append(pair_per_call(fn, input_sets, calls[name]))
     timings = {}
     for name, values in samples.items():
         values.sort()
