@@ -140,7 +140,8 @@ def load_winners(runs: Sequence[Path], bundle: Path | None) -> tuple[dict[str, d
                                             "source": f"bundle {path}"}
     for folder in runs:
         for stem, path in _trial_files(folder).items():
-            progress.setdefault(stem, []).extend({**r, "source_file": str(path)} for r in read_records(path))
+            progress.setdefault(stem, []).extend({**r, "source_file": str(path), "sweep": f"{folder}:{r.get('run_id')}"}
+                                                 for r in read_records(path))
     everything = [r for records in progress.values() for r in records]
     for key in sorted({r["task_key"] for r in everything}):
         best = _best([r for r in everything if r["task_key"] == key])
@@ -151,10 +152,14 @@ def load_winners(runs: Sequence[Path], bundle: Path | None) -> tuple[dict[str, d
 
 
 def search_stats(records: Sequence[dict[str, Any]], within: float = 0.02) -> dict[str, dict[str, Any]]:
-    """Per task: the sweep (run) that found its winner, how long it ran, its trial counts and when it
-    first came within `within` of that run's final best (seconds since the sweep started).
-    `records`: every record of every sweep, so that tasks sharing a sweep are counted."""
+    """Per task: the sweep that found its winner, how long it ran, its trial counts and when it
+    first came within `within` of that sweep's final best (seconds since the sweep started).
+    `records`: every record of every sweep (a sweep: a --runs folder and run id), so that tasks
+    sharing a sweep are counted."""
     from farm import outcomes
+
+    def sweep(r: dict[str, Any]) -> str:
+        return r.get("sweep") or str(r.get("run_id"))
 
     stats: dict[str, dict[str, Any]] = {}
     for key in sorted({r["task_key"] for r in records}):
@@ -162,16 +167,16 @@ def search_stats(records: Sequence[dict[str, Any]], within: float = 0.02) -> dic
         best = _best(mine)
         if best is None:
             continue
-        run = [r for r in mine if r.get("run_id") == best.get("run_id") and r.get("elapsed_s") is not None]
+        run = [r for r in mine if sweep(r) == sweep(best) and r.get("elapsed_s") is not None]
         ok = sorted((r for r in run if r["outcome"] == outcomes.OK and r.get("median_s")), key=lambda r: r["elapsed_s"])
         final = min(r["median_s"] for r in ok)
         reached = next(r["elapsed_s"] for r in ok if r["median_s"] <= (1 + within) * final)
-        stats[key] = {"run_id": best.get("run_id"), "tune_s": max(r["elapsed_s"] for r in run),
+        stats[key] = {"sweep": sweep(best), "tune_s": max(r["elapsed_s"] for r in run),
                       "within_2pct_s": reached, "best_s": final,
                       "trials": sum(r["outcome"] in outcomes.MEASURED for r in run),
                       "ok": len(ok), "pruned": sum(r["outcome"] == outcomes.PRUNED for r in run),
                       "failed": sum(r["outcome"] in outcomes.FAILURES for r in run),
-                      "tasks_in_sweep": len({r["task_key"] for r in records if r.get("run_id") == best.get("run_id")})}
+                      "tasks_in_sweep": len({r["task_key"] for r in records if sweep(r) == sweep(best)})}
     return stats
 
 
@@ -558,11 +563,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "## The searches behind the farm columns", "",
                   "Seconds since the sweep started; a sweep that tuned several tasks at once shared its GPU(s) "
                   "among them (tasks in sweep).", "",
-                  "| task | tasks in sweep | sweep time (s) | first within 2% of final best (s) | trials | ok "
-                  "| pruned | failed |", "|---|---|---|---|---|---|---|---|"]
+                  "| task | sweep | tasks in sweep | sweep time (s) | first within 2% of final best (s) | trials "
+                  "| ok | pruned | failed |", "|---|---|---|---|---|---|---|---|---|"]
         for key, st in searches.items():
-            lines.append(f"| {key} | {st['tasks_in_sweep']} | {st['tune_s']:.0f} | {st['within_2pct_s']:.0f} "
-                         f"| {st['trials']} | {st['ok']} | {st['pruned']} | {st['failed']} |")
+            lines.append(f"| {key} | {st['sweep']} | {st['tasks_in_sweep']} | {st['tune_s']:.0f} "
+                         f"| {st['within_2pct_s']:.0f} | {st['trials']} | {st['ok']} | {st['pruned']} | {st['failed']} |")
     checks = [(r, c) for r in results for c in r.get("timing_check", [])]
     if checks:
         lines += ["", "## Independent timing check (input set 0; goal within 5%)", "",
@@ -613,14 +618,20 @@ def plot(report: dict[str, Any], progress: dict[str, list[dict[str, Any]]], out:
         fig.savefig(out / "seed_speedup.png", dpi=120)
         plt.close(fig)
         written.append("seed_speedup.png")
-    spaces_with = {s: recs for s, recs in progress.items() if any(r.get("outcome") == "ok" for r in recs)}
+    by_kernel: dict[str, list[dict[str, Any]]] = {}   # one panel per kernel, whichever sweeps tuned it
+    for records in progress.values():
+        for r in records:
+            by_kernel.setdefault(r["kernel"], []).append(r)
+    spaces_with = {k: recs for k, recs in by_kernel.items() if any(r.get("outcome") == "ok" for r in recs)}
     if spaces_with:
         cols = min(4, len(spaces_with))
         rows_n = math.ceil(len(spaces_with) / cols)
         fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols, 3 * rows_n), squeeze=False)
         for ax, (space, records) in zip(axes.flat, sorted(spaces_with.items(), key=lambda kv: _order(kv[0]))):
             for key in sorted({r["task_key"] for r in records}):
+                won = (report.get("searches") or {}).get(key, {}).get("sweep")   # the winner's sweep only
                 ok = sorted((r for r in records if r["task_key"] == key and r.get("outcome") == "ok"
+                             and (won is None or r.get("sweep") == won)
                              and r.get("median_s") and r.get("elapsed_s") is not None), key=lambda r: r["elapsed_s"])
                 if not ok:
                     continue
