@@ -144,9 +144,10 @@ def footprint(reduction: RowReduction, config: dict[str, Any], shape: tuple[int,
     (double-buffered on TPU) and, for grid and emit_pipeline, the f32 (block_rows, 1) state
     buffers. A (block_rows, 1) f32 vector fills 128 lanes (block_rows x 512 bytes, rows rounded
     up to 8); a lane-dense one takes block_rows x 4 bytes (rounded up to 128 rows).
-    gpu-triton: the register tile, block_rows x width x (itemsize + 4) (width = the row padded
-    to a power of two for one_pass, else block_cols), plus num_stages - 1 pipelined input tiles
-    in shared memory for fori_loop.
+    gpu-triton: shared memory only (register tiles spill rather than fail; measured on the H200,
+    bench/oom_probe.py): num_stages - 1 pipelined block_rows x block_cols input tiles for
+    fori_loop, and the f32 scratch where each row reduction combines its warps (block_rows x
+    num_warps).
     """
     rows, cols = shape
     item = jnp.dtype(dtype).itemsize
@@ -154,10 +155,9 @@ def footprint(reduction: RowReduction, config: dict[str, Any], shape: tuple[int,
     br = int(config["block_rows"])
     bc = int(config.get("block_cols", cols))
     if target == "gpu-triton":
-        width = pl.next_power_of_2(cols) if strategy == "one_pass" else bc
-        tile = br * width * (item + 4)  # the loaded tile and its f32 copy, in registers
+        scratch = 4 * br * int(config.get("num_warps", 4))
         stages = int(config.get("num_stages", 1)) - 1 if strategy == "fori_loop" else 0
-        return tile + max(stages, 0) * br * width * item  # loads pipelined through shared memory
+        return scratch + max(stages, 0) * br * bc * item  # loads pipelined through shared memory
     window = bc if strategy in ("grid", "emit_pipeline") else cols  # x block held in VMEM
     slice_ = cols if strategy == "one_pass" else bc                # columns computed at once
     buffers = int(config.get("buffers", 2)) if target == "tpu" else 1

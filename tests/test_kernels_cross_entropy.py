@@ -78,8 +78,11 @@ def test_footprint_matches_hand_count():
     # logits 2 x 128 x 2048 x 2 + f32 work 2 x 128 x 2048 x 4 + (loss + labels) x 2 buffers x 128 x 4
     assert cross_entropy.footprint(tpu, (128, 2048), jnp.bfloat16, "tpu") == 1048576 + 2097152 + 2048
     gpu = {"strategy": "one_pass", "block_rows": 2, "block_cols": 64, "num_warps": 4, "num_stages": 1}
-    # tile 2 x next_pow2(3000) x (4 + 4), no pipelined stages without a loop
-    assert cross_entropy.footprint(gpu, (64, 3000), jnp.float32, "gpu-triton") == 2 * 4096 * 8
+    # no loop, nothing pipelined: the reduction scratch of 2 rows over 4 warps (rows stay in registers)
+    assert cross_entropy.footprint(gpu, (64, 3000), jnp.float32, "gpu-triton") == 2 * 4 * 4
+    looped = {**gpu, "strategy": "fori_loop", "num_stages": 3}
+    # 2 pipelined stages of 2 x 64 f32 inputs + the scratch
+    assert cross_entropy.footprint(looped, (64, 3000), jnp.float32, "gpu-triton") == 2 * 2 * 64 * 4 + 2 * 4 * 4
 
 
 def test_spaces_split_the_seed_tasks_and_defaults_are_valid():
