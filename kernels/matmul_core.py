@@ -150,13 +150,14 @@ def default_config(problem: Problem, target: str) -> dict[str, Any]:
     if target == "tpu":
         return {"block_m": fit(m, 256, 8), "block_n": n if full else fit(n, 256, 128),
                 "block_k": fit(k, 512, 128), "k_strategy": "grid", "buffers": 2}
-    if target == "gpu-mosaic":
+    if target == "gpu-mosaic":   # the warp-specialized knobs at the values the kernel assumes
         return {"block_m": fit(m, 128, 64), "block_n": fit(n, 128, 64), "block_k": 64,
-                "mgpu_pipeline": "pipelined", "max_concurrent_steps": 4}
+                "mgpu_pipeline": "pipelined", "max_concurrent_steps": 4, "wg_split": "n",
+                "grid_minor": "n", "grid_tile_width": 1}
     config = {"block_m": fit(m, 64, 16), "block_n": n if full else fit(n, 64, 16),
-              "block_k": fit(k, 32, 16)}
+              "block_k": fit(k, 32, 16), "group_m": 1}
     if target == "gpu-triton":
-        config |= {"num_warps": 4, "num_stages": 3, "group_m": 1}
+        config |= {"num_warps": 4, "num_stages": 3}
     return config
 
 

@@ -73,8 +73,11 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     config = matmul_core.default_config(_problem(shape), target)
     bn = config["block_n"]
     align = 128 if target == "tpu" else 16
-    if bn // 2 >= align and bn % 2 == 0:
-        config["epi_n"] = bn // 2
+    config["epi_n"] = bn // 2 if bn // 2 >= align and bn % 2 == 0 else bn
+    if target == "tpu":
+        config["epi_m"] = config["block_m"]
+    elif target == "gpu-mosaic":
+        config["epi_m"] = min(64, config["block_m"])
     return config
 
 

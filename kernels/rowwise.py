@@ -185,22 +185,29 @@ def plan(config: dict[str, Any], shape: tuple[int, ...], target: str) -> Plan:
 
 
 def default_config(math_: RowMath, shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """A config that works for any shape: small row blocks; streamed when rows are long."""
+    """A config that works for any shape, with every knob the target reads: small row blocks;
+    streamed when rows are long. Knobs a strategy ignores take the spaces' placeholder (block_cols
+    128 with whole rows)."""
     batch, rows, cols = split_shape(shape)
     if target == "gpu-triton":
         width = pl.next_power_of_2(cols)
         if width <= 8192:
-            return {"block_rows": 1, "num_warps": 4 if width <= 4096 else 8, "num_stages": 1,
-                    "passes": 1}
-        return {"block_rows": 1, "num_warps": 8, "num_stages": 2, "passes": 2,
+            return {"block_rows": 1, "rows_per_program": 1, "num_warps": 4 if width <= 4096 else 8,
+                    "num_stages": 1, "passes": 1, "block_cols": LANES}
+        return {"block_rows": 1, "rows_per_program": 1, "num_warps": 8, "num_stages": 2, "passes": 2,
                 "block_cols": 4096}
-    block_rows = SUBLANES if rows % SUBLANES == 0 else rows
-    config: dict[str, Any] = {"block_rows": block_rows, "strategy": "one_pass"}
+    # TPU: 16 rows make whole (16, 128) tiles of 16-bit types too (the default knows no dtype).
+    tile = 2 * SUBLANES if target == "tpu" else SUBLANES
+    block_rows = tile if rows % tile == 0 else rows
+    config: dict[str, Any] = {"block_rows": block_rows, "strategy": "one_pass", "block_cols": LANES}
     if target == "tpu" and cols % LANES == 0:
         if footprint(math_, config, shape, jnp.float32, target) > DEFAULT_VMEM_LIMIT // 2:
             block_cols = max(c for c in (128, 256, 512, 1024) if cols % c == 0)
-            config = {"block_rows": block_rows, "strategy": "emit_pipeline",
-                      "block_cols": block_cols}
+            config = {"block_rows": block_rows, "strategy": "emit_pipeline", "block_cols": block_cols}
+    if target == "tpu":
+        config["buffers"] = 2
+    if len(shape) == 3:
+        config["block_batch"] = 1
     return config
 
 

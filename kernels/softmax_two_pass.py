@@ -66,12 +66,14 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """A safe config for any shape: 8 (or all) rows, the widest chunk up to 512 that divides."""
     rows, cols = shape
     if target == "gpu-triton":
-        return {"block_rows": 1, "block_cols": min(1024, pl.next_power_of_2(cols)),
-                "num_warps": 4, "num_stages": 2, "passes": 2}
-    block_rows = rowwise.SUBLANES if rows % rowwise.SUBLANES == 0 else rows
-    block_cols = next((c for c in (512, 256, 128) if cols % c == 0), cols)
-    strategy = "emit_pipeline" if target == "tpu" else "fori_loop"
-    return {"block_rows": block_rows, "block_cols": block_cols, "strategy": strategy}
+        return {"block_rows": 1, "block_cols": min(1024, pl.next_power_of_2(cols) // 2),
+                "rows_per_program": 1, "num_warps": 4, "num_stages": 2}
+    tile = 2 * rowwise.SUBLANES if target == "tpu" else rowwise.SUBLANES   # (16, 128) bf16 tiles too
+    block_rows = tile if rows % tile == 0 else rows
+    block_cols = next((c for c in (512, 256, 128) if cols % c == 0 and c < cols), cols)
+    if target == "tpu":
+        return {"block_rows": block_rows, "block_cols": block_cols, "strategy": "emit_pipeline", "buffers": 2}
+    return {"block_rows": block_rows, "block_cols": block_cols, "strategy": "fori_loop"}
 
 
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):

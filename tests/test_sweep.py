@@ -189,3 +189,15 @@ def test_a_time_budget_stops_asking_and_still_writes_a_bundle(ray_local, tmp_pat
     assert json.loads((out / "run.json").read_text())["summary"]["stopped_by_time_budget"] is True
     row = pq.read_table(out / "bundle" / "configs.parquet").to_pylist()[0]
     assert row["status"] == "ok" and row["trials"] == len(measured)
+
+
+def test_the_default_config_is_measured_first_and_reported(demo_run):
+    # Every kernel's default is a point of its spaces (tests/test_default_configs.py), so the
+    # driver queues it as trial 0 and the bundle says how much tuning gained over it.
+    out, _ = demo_run
+    configs = pq.read_table(out / "bundle" / "configs.parquet").to_pylist()
+    trials = pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
+    for row in configs:
+        first = next(t for t in trials if t["task_key"] == row["task_key"] and t["trial"] == 0)
+        assert first["config"] == row["default_config"] and first["outcome"] == outcomes.OK
+        assert row["default_median_s"] == first["median_s"] and row["median_s"] <= row["default_median_s"]

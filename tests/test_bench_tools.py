@@ -1,0 +1,63 @@
+"""The benchmark tools' own logic: the footprint probe's verdicts and the seed table's search stats."""
+from __future__ import annotations
+
+import json
+
+from bench import oom_probe, seed_table
+from farm import outcomes
+
+
+def _row(outcome, model_fits, kernel="matmul", target="gpu-triton", footprint=1000, requested=None):
+    row = {"kernel": kernel, "target": target, "shape": [8, 8, 8], "config": {"block_m": 16},
+           "outcome": outcome, "model_fits": model_fits, "footprint_bytes": footprint,
+           "capacity_bytes": 1500, "requested_bytes": requested, "error": ""}
+    row["judgement"] = oom_probe.judge(row)
+    return row
+
+
+def test_probe_judges_the_model_against_the_compiler():
+    rows = [_row(outcomes.OK, True), _row(outcomes.WRONG_RESULT, True), _row(outcomes.OOM, False, requested=2000),
+            _row(outcomes.OK, False), _row(outcomes.OOM, True, requested=3000), _row(outcomes.COMPILE_ERROR, True)]
+    assert [r["judgement"] for r in rows] == ["agree", "agree", "agree", "model says no fit, fits",
+                                              "model says fits, oom", "no verdict"]
+    summary = oom_probe.summarize(rows)
+    assert (summary["judged"], summary["agree"]) == (5, 3) and summary["agreement"] == 3 / 5
+    assert len(summary["misses"]) == 2 and len(summary["no_verdict"]) == 1
+    assert summary["requested_over_model"] == {"n": 2, "min": 2.0, "max": 3.0}
+
+
+def test_probe_dry_run_writes_its_report(tmp_path):
+    # Interpret mode on CPU: every config compiles and runs, so there are verdicts but no OOMs.
+    summary = oom_probe.main(["--out", str(tmp_path), "--small", "--per-task", "2", "--threads", "1",
+                              "--spaces", "search_spaces/matmul.yaml"])
+    report = json.loads((tmp_path / "oom_probe.json").read_text())
+    assert summary["configs"] == len(report["rows"]) == 8     # 2 configs x 2 targets x 2 CPU shapes
+    assert {r["target"] for r in report["rows"]} == {"gpu-triton", "gpu-mosaic"}
+    assert all(r["capacity_bytes"] == 232448 for r in report["rows"])
+    again = oom_probe.main(["--out", str(tmp_path / "again"), "--small", "--per-task", "2", "--threads", "1",
+                            "--spaces", "search_spaces/matmul.yaml", "--exclude", str(tmp_path / "oom_probe.json")])
+    def keys(rows):
+        return {(r["target"], tuple(r["shape"]), json.dumps(r["config"], sort_keys=True)) for r in rows}
+
+    fresh = json.loads((tmp_path / "again" / "oom_probe.json").read_text())["rows"]
+    assert again["configs"] == 8 and not keys(report["rows"]) & keys(fresh)
+
+
+def _trial(task, elapsed, median, sweep="A", outcome=outcomes.OK):
+    return {"task_key": task, "elapsed_s": elapsed, "median_s": median, "outcome": outcome, "spread": 0.0,
+            "run_id": "all", "sweep": sweep, "config": "{}"}
+
+
+def test_search_stats_follow_the_sweep_that_found_the_winner():
+    records = [_trial("t1", 1.0, 10.0), _trial("t1", 2.0, 5.0), _trial("t1", 3.0, 4.95),
+               _trial("t1", 4.0, None, outcome=outcomes.PRUNED), _trial("t1", 5.0, 6.0),
+               _trial("t2", 1.0, 3.0),
+               _trial("t1", 0.5, 9.0, sweep="B"), _trial("t1", 9.0, 4.9, sweep="B")]
+    stats = seed_table.search_stats(records)
+    t1 = stats["t1"]
+    assert t1["sweep"] == "B" and t1["best_s"] == 4.9 and t1["within_2pct_s"] == 9.0
+    assert (t1["trials"], t1["ok"], t1["tasks_in_sweep"]) == (2, 2, 1)
+    records = records[:6]
+    t1 = seed_table.search_stats(records)["t1"]
+    # 5.0 is within 2% of the final 4.95: reached at 2 s; the sweep ran 5 s; it shared its GPU with t2.
+    assert (t1["within_2pct_s"], t1["tune_s"], t1["pruned"], t1["tasks_in_sweep"]) == (2.0, 5.0, 1, 2)
