@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
-from pathlib import Path
 
 import optuna
 import pyarrow.parquet as pq
