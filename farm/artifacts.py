@@ -50,7 +50,8 @@ TRIAL_COLUMNS = pa.schema([
     ("calls_per_sample", pa.int64()), ("numerics_error", pa.float64()),
     ("compile_s", pa.float64()), ("device_s", pa.float64()), ("footprint_bytes", pa.int64()),
     ("capacity_bytes", pa.int64()), ("requested_bytes", pa.int64()), ("available_bytes", pa.int64()),
-    ("error", pa.string()), ("worker", pa.string()), ("device_kind", pa.string()), ("attempt", pa.int64()), ("requeued", pa.int64()), ("started", pa.string()),
+    ("error", pa.string()), ("worker", pa.string()), ("device_kind", pa.string()), ("attempt", pa.int64()),
+    ("requeued", pa.int64()), ("started", pa.string()),
     ("finished", pa.string()), ("elapsed_s", pa.float64()), ("run_id", pa.string()),
 ])
 

@@ -2,8 +2,8 @@
 
 TPU VMEM per TensorCore comes from JAX's own TPU info table (v2-v4 16 MiB, v5e 128 MiB, v5p
 64 MiB, v6e 128 MiB, v7 64 MiB), read from the device on a TPU. GPU shared memory per block
-comes from the device (JAX's `shared_memory_per_block_optin`, else torch) or a table by device kind (232448 bytes
-on H100/H200). Interpret-mode runs emulate a named profile.
+comes from the device (JAX's `shared_memory_per_block_optin`, else torch) or a table by
+device kind (232448 bytes on H100/H200). Interpret-mode runs emulate a named profile.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each sample times back-to-back calls with a single `block_until_ready` at the en
 launches are queued and dispatch overlaps device work; `calls` is chosen so that a sample
 lasts at least `min_sample_s`. A sample's clock also holds costs paid once per sample (the
 first launch onto an idle device, the final wait): against a CUPTI trace of the same samples
-on the H200 they added 10-15% to JAX calls of 0.1-2 ms at 5 ms samples (bench/seed_table.py
+on the H200 they added 7-15% to JAX calls of 0.2-2.5 ms at 5 ms samples (bench/seed_table.py
 --check). So each measurement is a pair, `calls` and `2 * calls` calls, and the per-call time
 is their difference over `calls`: the once-per-sample costs cancel. Inputs rotate through
 several sets so that repeated calls do not all hit in cache.
