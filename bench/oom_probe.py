@@ -22,6 +22,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -62,13 +63,23 @@ def _key(kernel: str, target: str, shape: tuple[int, ...], config: dict[str, Any
     return f"{kernel}/{'x'.join(map(str, shape))}/{target}/{json.dumps(config, sort_keys=True)}"
 
 
+# Compiles overlap; runs take turns on the one device. Interpret mode keeps its simulated
+# device's state in globals, which a compile resets: there compiles take turns with runs too.
+_DEVICE = threading.Lock()
+
+
 def verdict(task: TuningTask, config: dict[str, Any], interpret: bool) -> Measurement:
     """Compile (the farm's path) and run once; the outcome says whether it fit."""
-    compiled = compile_config(task, config, interpret=interpret)
+    if interpret:
+        with _DEVICE:
+            compiled = compile_config(task, config, interpret=True)
+    else:
+        compiled = compile_config(task, config, interpret=False)
     if isinstance(compiled, Measurement):
         return compiled
     try:
-        jax.block_until_ready(compiled.executable(*compiled.inputs[0]))
+        with _DEVICE:
+            jax.block_until_ready(compiled.executable(*compiled.inputs[0]))
     except Exception as err:  # noqa: BLE001 - every failure is data
         return Measurement(outcomes.RUN_ERROR, compile_s=compiled.compile_s).fail(str(err), outcomes.RUN_ERROR)
     return Measurement(outcomes.OK, compile_s=compiled.compile_s)

@@ -195,8 +195,7 @@ class Worker:
         settings = dict(settings)
         compile_timeout = settings.pop("compile_timeout_s", None)
         input_sets = settings.pop("input_sets", 1)
-        future = self._compile_pool.submit(compile_config, task, config, interpret=self.interpret,
-                                           trial_seed=trial_seed, input_sets=input_sets)
+        future = self._compile_pool.submit(self._compile, task, config, trial_seed, input_sets)
         restart = False
         try:
             compiled = future.result(timeout=compile_timeout)
@@ -216,6 +215,14 @@ class Worker:
         result.worker = f"{socket.gethostname()}:{os.getpid()}"
         result.device_kind = jax.devices()[0].device_kind
         return {**result.to_dict(), "device_s": device_s, "restart": restart}
+
+    def _compile(self, task: TuningTask, config: dict[str, Any], trial_seed: int, input_sets: int) -> Any:
+        if not self.interpret:
+            return compile_config(task, config, interpret=False, trial_seed=trial_seed, input_sets=input_sets)
+        # Pallas interpret mode keeps its simulated device's state in globals, which a compile
+        # resets: in interpret mode compiles and runs take turns.
+        with self._device:
+            return compile_config(task, config, interpret=True, trial_seed=trial_seed, input_sets=input_sets)
 
     def duty(self) -> dict[str, float]:
         """Seconds the device spent validating and timing, and seconds alive."""

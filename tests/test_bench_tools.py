@@ -28,13 +28,13 @@ def test_probe_judges_the_model_against_the_compiler():
 
 def test_probe_dry_run_writes_its_report(tmp_path):
     # Interpret mode on CPU: every config compiles and runs, so there are verdicts but no OOMs.
-    summary = oom_probe.main(["--out", str(tmp_path), "--small", "--per-task", "2", "--threads", "1",
+    summary = oom_probe.main(["--out", str(tmp_path), "--small", "--per-task", "2", "--threads", "2",
                               "--spaces", "search_spaces/matmul.yaml"])
     report = json.loads((tmp_path / "oom_probe.json").read_text())
     assert summary["configs"] == len(report["rows"]) == 8     # 2 configs x 2 targets x 2 CPU shapes
     assert {r["target"] for r in report["rows"]} == {"gpu-triton", "gpu-mosaic"}
     assert all(r["capacity_bytes"] == 232448 for r in report["rows"])
-    again = oom_probe.main(["--out", str(tmp_path / "again"), "--small", "--per-task", "2", "--threads", "1",
+    again = oom_probe.main(["--out", str(tmp_path / "again"), "--small", "--per-task", "2", "--threads", "2",
                             "--spaces", "search_spaces/matmul.yaml", "--exclude", str(tmp_path / "oom_probe.json")])
     def keys(rows):
         return {(r["target"], tuple(r["shape"]), json.dumps(r["config"], sort_keys=True)) for r in rows}
