@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -132,6 +133,12 @@ def compare_runs(runs: list[Path], repetitions: int, out: Path) -> list[dict]:
     return results
 
 
+def bench_settings(run_dir: Path, **overrides: Any) -> driver.SweepSettings:
+    """The GPU benchmarks' sweep settings: 10 timing pairs, 2 input sets, 120 s compile and timing limits."""
+    return driver.SweepSettings(run_dir=run_dir, **{"repetitions": 10, "input_sets": 2, "compile_timeout_s": 120,
+                                                    "timing_timeout_s": 120, **overrides})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
@@ -167,10 +174,9 @@ def main() -> None:
             results.append({"space": " ".join(group), "error": f"{type(err).__name__}: {err}"})
             continue
         name = "all" if args.together else Path(group[0]).stem
-        settings = driver.SweepSettings(run_dir=args.out / "runs" / name, depth=args.depth,
-                                        repetitions=10, input_sets=2, workers=args.workers, sampler=args.sampler,
-                                        static_pruning=not args.no_static_pruning, compile_timeout_s=120,
-                                        timing_timeout_s=120, time_budget_s=args.time_budget)
+        settings = bench_settings(args.out / "runs" / name, depth=args.depth, workers=args.workers,
+                                  sampler=args.sampler, static_pruning=not args.no_static_pruning,
+                                  time_budget_s=args.time_budget)
         t0 = time.monotonic()
         try:
             sweep = driver.Sweep(planned, settings)

@@ -2,6 +2,7 @@
 
     python bench/seed_table.py --runs DIR --out OUT      # DIR: bench/gpu_suite.py's --out folder (repeatable)
     python bench/seed_table.py --bundle B --out OUT      # winners from a bundle's configs.parquet
+    python bench/seed_table.py --tune 120 --out OUT      # tune with the farm first, then the table
     python bench/seed_table.py --small --out OUT         # CPU dry run: tiny shapes, interpret mode
 
 For every (space, shape, dtype) it builds the farm's winner for each tuned target (the kernel's
@@ -123,6 +124,21 @@ def _best(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         ok = [r for r in records if r["outcome"] == "ok" and r.get("median_s") is not None]
         return min(ok, key=lambda r: (r["median_s"], r.get("spread") or 0.0)) if ok else None
     return select.best_record(records)
+
+
+def tune(paths: Sequence[Path], targets: Sequence[str], out: Path, budget_s: float, trials: int,
+         interpret: bool) -> Path:
+    """Tune `paths` on `targets` with the farm (one sweep sharing every worker, `budget_s` seconds
+    once the workers are up); returns the folder to pass as a --runs folder."""
+    from bench.gpu_suite import bench_settings
+    from farm import driver
+
+    driver.connect(None)
+    planned = plan.expand([spaces.load_space(p) for p in paths], list(targets), trials)
+    sweep = driver.Sweep(planned, bench_settings(out / "runs" / "tune", interpret=interpret, time_budget_s=budget_s))
+    sweep.run()
+    print(json.dumps({"tuned": len(planned), "summary": sweep.summary}), flush=True)
+    return out
 
 
 def load_winners(runs: Sequence[Path], bundle: Path | None) -> tuple[dict[str, dict], dict[str, list]]:
@@ -694,6 +710,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--runs", type=Path, action="append", default=[],
                         help="bench/gpu_suite.py's --out folder (DIR/runs/<space>/trials.jsonl); repeatable")
     parser.add_argument("--bundle", type=Path, help="a bundle folder or its configs.parquet (winners)")
+    parser.add_argument("--tune", type=float, metavar="SECONDS",
+                        help="first tune the spaces with the farm for this long (one sweep on every GPU; "
+                             "--small: interpret mode), then measure its winners (with any --runs)")
+    parser.add_argument("--trials", type=int, default=60, help="trial budget per task with --tune (default 60)")
     parser.add_argument("--spaces", nargs="*", type=Path, help="space files (default: those of --runs, else all)")
     parser.add_argument("--target", action="append", help="targets (default: the spaces' gpu-* targets; "
                                                           "interpret with --small on a CPU)")
@@ -720,6 +740,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         keep = args.columns or [n for n in COLUMN_ORDER if not n.startswith("torch_compile")]
         args.columns = [n for n in keep if not n.startswith("torch_compile")]
     args.l2_bytes = l2_bytes() if gpu else DEFAULT_L2_BYTES
+    targets = args.target or (["interpret"] if args.small and not gpu else ["gpu-triton", "gpu-mosaic"])
+    if args.tune:
+        tuned = args.spaces or sorted((REPO / "search_spaces").glob("*.yaml"), key=lambda p: _order(p.stem))
+        args.runs.append(tune(tuned, ["interpret"] if args.small else targets, args.out / "tune", args.tune,
+                              args.trials, interpret=args.small))
+        args.spaces = args.spaces or tuned
     winners, progress = load_winners(args.runs, args.bundle)
     if args.spaces:
         paths = list(args.spaces)
@@ -727,7 +753,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         stems = sorted(progress, key=_order) if progress else [p.stem for p in sorted(
             (REPO / "search_spaces").glob("*.yaml"), key=lambda p: _order(p.stem))]
         paths = [REPO / "search_spaces" / f"{s}.yaml" for s in stems if (REPO / "search_spaces" / f"{s}.yaml").exists()]
-    targets = args.target or (["interpret"] if args.small and not gpu else ["gpu-triton", "gpu-mosaic"])
     if args.small and gpu:
         print("--small on a GPU: interpret shapes, gpu targets (default configs unless tuned at those shapes)")
     rows, errors = build_rows(paths, ["interpret"] if args.small else targets, winners)

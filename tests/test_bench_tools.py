@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import kernels
 from bench import oom_probe, seed_table
 from farm import outcomes
 
@@ -61,3 +62,20 @@ def test_search_stats_follow_the_sweep_that_found_the_winner():
     t1 = seed_table.search_stats(records)["t1"]
     # 5.0 is within 2% of the final 4.95: reached at 2 s; the sweep ran 5 s; it shared its GPU with t2.
     assert (t1["within_2pct_s"], t1["tune_s"], t1["pruned"], t1["tasks_in_sweep"]) == (2.0, 5.0, 1, 2)
+
+
+def test_seed_table_tunes_with_the_farm_then_measures_its_winner(tmp_path, ray_local):
+    # --tune on CPU (--small: interpret mode): a real farm sweep, whose winner is the farm column.
+    report = seed_table.main(["--small", "--tune", "30", "--trials", "3", "--out", str(tmp_path),
+                              "--spaces", "search_spaces/rms_norm.yaml", "--columns", "xla", "--no-compile",
+                              "--repetitions", "3"])
+    (row,) = report["results"]
+    farm = row["columns"]["farm:interpret"]
+    assert farm["config_source"] == "winner" and farm["status"] == "ok" and "tune" in farm["source"]
+    assert row["columns"]["xla"]["status"] == "ok"
+    (stats,) = report["searches"].values()
+    assert stats["ok"] >= 1 and stats["sweep"].endswith(":tune")
+    log = tmp_path / "tune" / "runs" / "tune" / "trials.jsonl"
+    trials = [json.loads(line) for line in log.read_text().splitlines()]
+    first = next(t for t in trials if t["trial"] == 0)   # the kernel's default config, measured first
+    assert json.loads(first["config"]) == kernels.load("rms_norm").default_config((32, 512), "interpret")
