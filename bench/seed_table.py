@@ -583,7 +583,8 @@ def markdown(report: dict[str, Any]) -> str:
                   "| ok | pruned | failed |", "|---|---|---|---|---|---|---|---|---|"]
         for key, st in searches.items():
             lines.append(f"| {key} | {st['sweep']} | {st['tasks_in_sweep']} | {st['tune_s']:.0f} "
-                         f"| {st['within_2pct_s']:.0f} | {st['trials']} | {st['ok']} | {st['pruned']} | {st['failed']} |")
+                         f"| {st['within_2pct_s']:.0f} | {st['trials']} | {st['ok']} | {st['pruned']} "
+                         f"| {st['failed']} |")
     checks = [(r, c) for r in results for c in r.get("timing_check", [])]
     if checks:
         lines += ["", "## Independent timing check (input set 0; goal within 5%)", "",
