@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 
 from kernels import rowwise, softmax
-from kernels.lowering import Platform
 
 NAME = "batch_softmax"
 SHAPE_NAMES = ("batch", "rows", "cols")
@@ -49,18 +48,4 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
     return 2 * math.prod(shape) * jnp.dtype(dtype).itemsize
 
 
-def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
-    """On-chip bytes of one program (see `kernels.rowwise.footprint`)."""
-    return rowwise.footprint(MATH, config, shape, dtype, target)
-
-
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """A safe config for any shape: one batch entry and small row blocks per program."""
-    return rowwise.default_config(MATH, shape, target)
-
-
-def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
-    """The Pallas batched softmax for `config` on `platform`: a function of x."""
-    if len(shape) != 3:
-        raise NotImplementedError(f"batch_softmax takes (batch, rows, cols), got {shape}")
-    return rowwise.build(MATH, config, shape, dtype, platform)
+footprint, default_config, build = rowwise.entry_points(MATH, "(batch, rows, cols)")

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 
 from kernels import rowwise
-from kernels.lowering import Platform
 
 NAME = "layer_norm"
 SHAPE_NAMES = ("rows", "cols")
@@ -98,18 +97,4 @@ MATH = rowwise.RowMath(NAME, rows=_layer_norm_rows, init=_init, update=_update, 
                        apply=_normalize, col_inputs=2)
 
 
-def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
-    """On-chip bytes of one program (see `kernels.rowwise.footprint`)."""
-    return rowwise.footprint(MATH, config, shape, dtype, target)
-
-
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """A safe config for any shape: small row blocks (streamed on TPU when rows are long)."""
-    return rowwise.default_config(MATH, shape, target)
-
-
-def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
-    """The Pallas layer norm for `config` on `platform`: a function of (x, weight, bias)."""
-    if len(shape) != 2:
-        raise NotImplementedError(f"layer_norm takes (rows, cols), got {shape}")
-    return rowwise.build(MATH, config, shape, dtype, platform)
+footprint, default_config, build = rowwise.entry_points(MATH, "(rows, cols)")

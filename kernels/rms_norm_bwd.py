@@ -99,9 +99,7 @@ MATH = rowwise.RowMath(NAME, rows=_backward_rows, init=_init, update=_update, fi
                        apply=_gradients, row_inputs=2, col_inputs=1, col_outputs=1)
 
 
-def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
-    """On-chip bytes of one program (see `kernels.rowwise.footprint`)."""
-    return rowwise.footprint(MATH, config, shape, dtype, target)
+footprint, _, _ = rowwise.entry_points(MATH, "(rows, cols)")
 
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:

@@ -564,3 +564,31 @@ def _build_triton(math_: RowMath, p: Plan, dtype: Any, platform: Platform,
     return pallas_call(body, platform=platform, config=config, out_shape=out_shape,
                        grid=(p.row_blocks, p.batch), name=math_.name)
 
+
+def entry_points(math_: RowMath, dims: str, hint: str = "") -> tuple[Callable[..., int],
+                                                                    Callable[..., dict[str, Any]],
+                                                                    Callable[..., Callable[..., Any]]]:
+    """A row-wise kernel module's `footprint`, `default_config` and `build`, all from `math_`.
+
+    `dims` names the shape's axes, e.g. "(rows, cols)"; a shape of another rank is refused,
+    with `hint` added to the message."""
+    rank = dims.count(",") + 1
+
+    def kernel_footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+        """On-chip bytes of one program (see `kernels.rowwise.footprint`)."""
+        return footprint(math_, config, shape, dtype, target)
+
+    def kernel_default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+        """A safe config for any shape, with every knob of the target (see `kernels.rowwise.default_config`)."""
+        return default_config(math_, shape, target)
+
+    def kernel_build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any,
+                     platform: Platform) -> Callable[..., Any]:
+        """The Pallas kernel for `config` on `platform`: a function of (row inputs, column inputs)."""
+        if len(shape) != rank:
+            raise NotImplementedError(f"{math_.name} takes {dims}{hint}, got {shape}")
+        return build(math_, config, shape, dtype, platform)
+
+    kernel_footprint.__name__, kernel_default_config.__name__, kernel_build.__name__ = \
+        "footprint", "default_config", "build"
+    return kernel_footprint, kernel_default_config, kernel_build

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 
 from kernels import rowwise
-from kernels.lowering import Platform
 
 NAME = "softmax"
 SHAPE_NAMES = ("rows", "cols")
@@ -86,18 +85,4 @@ MATH = rowwise.RowMath(NAME, rows=_softmax_rows, init=_init, update=_update, fin
                        apply=_normalize, pad=-jnp.inf)
 
 
-def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
-    """On-chip bytes of one program (see `kernels.rowwise.footprint`)."""
-    return rowwise.footprint(MATH, config, shape, dtype, target)
-
-
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """A safe config for any shape: small row blocks (streamed on TPU when rows are long)."""
-    return rowwise.default_config(MATH, shape, target)
-
-
-def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
-    """The Pallas softmax for `config` on `platform`: a function of x."""
-    if len(shape) != 2:
-        raise NotImplementedError(f"softmax takes (rows, cols); use batch_softmax for {shape}")
-    return rowwise.build(MATH, config, shape, dtype, platform)
+footprint, default_config, build = rowwise.entry_points(MATH, "(rows, cols)", hint="; use batch_softmax for 3-D shapes")

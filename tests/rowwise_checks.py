@@ -14,6 +14,19 @@ from kernels.lowering import Platform
 
 SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
 DTYPES = ("float32", "bfloat16")
+# The test shape and configs the 2-D row-wise kernels share (a kernel may replace a target's list).
+SHAPE = (16, 384)  # three 128-column blocks; padded to 512 on Triton
+RAGGED = (13, 200)  # Triton: neither rows nor columns fill a power-of-two block
+CONFIGS = {
+    "interpret": [{"block_rows": 8, "strategy": "fori_loop", "block_cols": 128},
+                  {"block_rows": 16, "strategy": "grid", "block_cols": 128}],
+    "tpu": [{"block_rows": 16, "strategy": "one_pass", "buffers": 1},
+            {"block_rows": 16, "strategy": "fori_loop", "block_cols": 128},
+            {"block_rows": 16, "strategy": "grid", "block_cols": 128},
+            {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 3}],
+    "gpu-triton": [{"block_rows": 4, "passes": 1, "num_warps": 4, "num_stages": 1},
+                   {"block_rows": 2, "passes": 2, "block_cols": 128, "rows_per_program": 8}],
+}
 # The platform each device target is lowered for when no such device is attached.
 LOWERING_PLATFORM = {"tpu": "tpu", "gpu-triton": "cuda"}
 

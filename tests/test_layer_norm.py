@@ -8,20 +8,8 @@ import pytest
 from farm import validate
 from kernels import layer_norm as K
 from kernels.lowering import Platform
-from tests.rowwise_checks import kernel_checks
+from tests.rowwise_checks import CONFIGS, RAGGED, SHAPE, kernel_checks
 
-SHAPE = (16, 384)  # three 128-column blocks; padded to 512 on Triton
-RAGGED = (13, 200)  # Triton: neither rows nor columns fill a power-of-two block
-CONFIGS = {
-    "interpret": [{"block_rows": 8, "strategy": "fori_loop", "block_cols": 128},
-                  {"block_rows": 16, "strategy": "grid", "block_cols": 128}],
-    "tpu": [{"block_rows": 16, "strategy": "one_pass", "buffers": 1},
-            {"block_rows": 16, "strategy": "fori_loop", "block_cols": 128},
-            {"block_rows": 16, "strategy": "grid", "block_cols": 128},
-            {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 3}],
-    "gpu-triton": [{"block_rows": 4, "passes": 1, "num_warps": 4, "num_stages": 1},
-                   {"block_rows": 2, "passes": 2, "block_cols": 128, "rows_per_program": 8}],
-}
 
 test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
     kernel_checks(K, SHAPE, RAGGED, CONFIGS)

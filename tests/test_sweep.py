@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from collections import Counter
 
 import optuna
@@ -102,12 +101,7 @@ trials: 6
 
 
 def test_wrong_config_is_recorded_and_never_wins(ray_local, tmp_path, signing_key):
-    space = tmp_path / "wrong.yaml"
-    space.write_text(WRONG_SPACE)
-    out = tmp_path / "run"
-    assert cli.main(["sweep", str(space), "--out", str(out), "--key", str(signing_key[0]), "--quiet",
-                     "--repetitions", "3"]) == 0
-    trials = pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
+    out, trials = run_sweep(tmp_path, signing_key, WRONG_SPACE, "--repetitions", "3")
     by_variant = Counter((json.loads(t["config"])["variant"], t["outcome"]) for t in trials)
     assert by_variant[("copy", outcomes.WRONG_RESULT)] == 4
     assert by_variant[("partial", outcomes.WRONG_RESULT)] == 4
@@ -118,8 +112,7 @@ def test_wrong_config_is_recorded_and_never_wins(ray_local, tmp_path, signing_ke
 
 
 def test_failures_do_not_stop_the_sweep(ray_local, tmp_path, signing_key):
-    space = tmp_path / "mm.yaml"
-    space.write_text(textwrap.dedent("""\
+    _, trials = run_sweep(tmp_path, signing_key, """\
         kernel: matmul
         dtypes: [float32]
         shapes: [[64, 64, 64]]
@@ -130,11 +123,7 @@ def test_failures_do_not_stop_the_sweep(ray_local, tmp_path, signing_key):
           block_k: {values: [64]}
         sampler: grid
         trials: 3
-    """))
-    out = tmp_path / "run"
-    assert cli.main(["sweep", str(space), "--out", str(out), "--key", str(signing_key[0]), "--quiet",
-                     "--repetitions", "2"]) == 0
-    trials = pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
+    """)
     assert Counter(t["outcome"] for t in trials) == {outcomes.OK: 2, outcomes.COMPILE_ERROR: 1}
     failed = next(t for t in trials if t["outcome"] == outcomes.COMPILE_ERROR)
     assert json.loads(failed["config"])["block_m"] == 48 and "must divide" in failed["error"]
@@ -143,8 +132,7 @@ def test_failures_do_not_stop_the_sweep(ray_local, tmp_path, signing_key):
 def test_a_space_that_rejects_almost_every_config_still_makes_progress(ray_local, tmp_path, signing_key):
     # One config of 64 satisfies the constraint; after a short run of invalid draws the driver
     # queues a valid one instead of burning the draw limit (50 per trial) on the sampler.
-    space = tmp_path / "narrow.yaml"
-    space.write_text(textwrap.dedent("""\
+    _, trials = run_sweep(tmp_path, signing_key, """\
         kernel: matmul
         dtypes: [float32]
         shapes: [[64, 64, 64]]
@@ -156,11 +144,7 @@ def test_a_space_that_rejects_almost_every_config_still_makes_progress(ray_local
         constraints:
           - block_m * block_n * block_k == 64 * 64 * 64
         trials: 2
-    """))
-    out = tmp_path / "run"
-    assert cli.main(["sweep", str(space), "--out", str(out), "--key", str(signing_key[0]), "--quiet",
-                     "--repetitions", "2"]) == 0
-    trials = pq.read_table(out / "bundle" / "trials.parquet").to_pylist()
+    """)
     counts = Counter(t["outcome"] for t in trials)
     assert counts[outcomes.OK] == 1 and counts[outcomes.OK] + counts[outcomes.CACHED] == 2
     assert counts[outcomes.INVALID] <= 12
