@@ -76,20 +76,6 @@ def ceilings():
     return {"copy_bytes_per_s": best, "copy_methods": rates, "bf16_flops_per_s": 2 * 8192**3 / tm.median_s}
 
 
-def time_to_within(records, fraction=0.02):
-    """Seconds from sweep start until the best-so-far came within `fraction` of the final best."""
-    ok = sorted((r for r in records if r["outcome"] == outcomes.OK), key=lambda r: r["elapsed_s"])
-    if not ok:
-        return None
-    final = min(r["median_s"] for r in ok)
-    best = math.inf
-    for r in ok:
-        best = min(best, r["median_s"])
-        if best <= final * (1 + fraction):
-            return r["elapsed_s"]
-    return None
-
-
 def compare(task, config, repetitions):
     """Winner vs XLA on the same inputs, interleaved."""
     module = kernels.load(task.kernel)
@@ -118,7 +104,7 @@ def compare_runs(runs: list[Path], repetitions: int, out: Path) -> list[dict]:
         counts = {o: sum(r["outcome"] == o for r in task_records) for o in outcomes.ALL}
         module = kernels.load(task.kernel)
         row = {"task": key, "kernel": task.kernel, "shape": list(task.shape), "dtype": task.dtype,
-               "target": task.target, "counts": counts, "time_to_2pct_s": time_to_within(task_records),
+               "target": task.target, "counts": counts, "time_to_2pct_s": select.time_to_within(task_records),
                "config": best and best["config"], "sweep_median_s": best and best["median_s"],
                "bytes": module.bytes_moved(task.shape, jnp.dtype(task.dtype)), "flops": module.flops(task.shape)}
         if best:
@@ -192,7 +178,7 @@ def main() -> None:
             counts = {o: sum(r["outcome"] == o for r in task_records) for o in outcomes.ALL}
             row = {"task": p.task.key, "kernel": p.task.kernel, "shape": list(p.task.shape), "dtype": p.task.dtype,
                    "target": p.task.target, "sweep_wall_s": wall, "counts": counts,
-                   "time_to_2pct_s": time_to_within(task_records), "summary": sweep.summary,
+                   "time_to_2pct_s": select.time_to_within(task_records), "summary": sweep.summary,
                    "config": best and best["config"], "sweep_median_s": best and best["median_s"]}
             if best and not args.skip_compare:
                 try:

@@ -172,7 +172,7 @@ def search_stats(records: Sequence[dict[str, Any]], within: float = 0.02) -> dic
     first came within `within` of that sweep's final best (seconds since the sweep started).
     `records`: every record of every sweep (a sweep: a --runs folder and run id), so that tasks
     sharing a sweep are counted."""
-    from farm import outcomes
+    from farm import outcomes, select
 
     def sweep(r: dict[str, Any]) -> str:
         return r.get("sweep") or str(r.get("run_id"))
@@ -184,11 +184,10 @@ def search_stats(records: Sequence[dict[str, Any]], within: float = 0.02) -> dic
         if best is None:
             continue
         run = [r for r in mine if sweep(r) == sweep(best) and r.get("elapsed_s") is not None]
-        ok = sorted((r for r in run if r["outcome"] == outcomes.OK and r.get("median_s")), key=lambda r: r["elapsed_s"])
-        final = min(r["median_s"] for r in ok)
-        reached = next(r["elapsed_s"] for r in ok if r["median_s"] <= (1 + within) * final)
+        ok = [r for r in run if r["outcome"] == outcomes.OK and r.get("median_s")]
         stats[key] = {"sweep": sweep(best), "tune_s": max(r["elapsed_s"] for r in run),
-                      "within_2pct_s": reached, "best_s": final,
+                      "within_2pct_s": select.time_to_within(ok, within),
+                      "best_s": min(r["median_s"] for r in ok),
                       "trials": sum(r["outcome"] in outcomes.MEASURED for r in run),
                       "ok": len(ok), "pruned": sum(r["outcome"] == outcomes.PRUNED for r in run),
                       "failed": sum(r["outcome"] in outcomes.FAILURES for r in run),

@@ -18,6 +18,16 @@ def best_record(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     return min(ok, key=lambda r: (r["median_s"], r.get("spread") or 0.0)) if ok else None
 
 
+def time_to_within(records: Sequence[dict[str, Any]], fraction: float = 0.02) -> float | None:
+    """Seconds from the sweep's start (`elapsed_s`) until its best-so-far `ok` time came within
+    `fraction` of the final best; None without an `ok` record."""
+    ok = sorted((r for r in records if r["outcome"] == outcomes.OK), key=lambda r: r["elapsed_s"])
+    if not ok:
+        return None
+    final = min(r["median_s"] for r in ok)
+    return next(r["elapsed_s"] for r in ok if r["median_s"] <= final * (1 + fraction))
+
+
 def winner_rows(planned: Sequence[PlannedTask], records: Sequence[dict[str, Any]], *, run_id: str,
                 created: str, environment: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One configs.parquet row per task: the winner, the default's time, outcome counts.
