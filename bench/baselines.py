@@ -23,7 +23,7 @@ its factory, never inside the timed call. Columns:
 
 `BASELINES[kernel][column]` is a factory `Case -> Prepared`; it raises `Unavailable` when the
 column cannot run here (no GPU, no torch, an op missing from this JAX), which is reported as
-such. `check` compares a prepared baseline with the kernel's reference (farm.validate's relative
+such. `check` compares a prepared baseline with the kernel's reference (farm.measure.validate's relative
 L2 error) before anything is timed.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from farm import validate
+from farm.measure import validate
 
 CPU_ONLY = "unavailable on cpu"
 

@@ -4,8 +4,8 @@
     python bench/check_gpu_kernels.py --interpret     # no GPU: tiny shapes in Pallas's interpreters
 
 Every row builds one config with poisoned outputs (unwritten elements are NaN), compares it with
-the kernel's float32 reference (farm.validate) at a check shape (the seed shape with fewer batch
-entries/heads, so the reference fits), then times the unpoisoned build (farm.timing) at the
+the kernel's float32 reference (farm.measure.validate) at a check shape (the seed shape with fewer batch
+entries/heads, so the reference fits), then times the unpoisoned build (farm.measure.timing) at the
 check shape, or at the seed shape with --seed-shapes. The configs are the ones expected to be
 fast on an H100/H200; an "xla" row times `jax.jit(reference)` on the same bf16 inputs.
 The gpu-mosaic kernels have only been interpreted and lowered on a CPU so far: this is their
@@ -26,7 +26,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import kernels  # noqa: E402
-from farm import timing, validate  # noqa: E402
+from farm.measure import (
+    timing,  # noqa: E402
+    validate,  # noqa: E402
+)
 from kernels.lowering import Platform  # noqa: E402
 
 WS = {"mgpu_pipeline": "warp_specialized"}

@@ -4,7 +4,7 @@ winner against XLA (`jax.jit` of the kernel's reference) side by side, with the 
     python bench/gpu_suite.py --out DIR [--spaces search_spaces/a.yaml ...] [--trials 24]
 
 Prints a table and writes DIR/suite.json and DIR/suite.md. Device time, not dispatch: every
-sample times queued back-to-back calls (farm.timing), inputs rotate over several sets when one
+sample times queued back-to-back calls (farm.measure.timing), inputs rotate over several sets when one
 set would fit in L2, and contenders' samples are interleaved.
 """
 from __future__ import annotations
@@ -26,7 +26,16 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import kernels  # noqa: E402
-from farm import driver, outcomes, plan, select, spaces, timing  # noqa: E402
+from farm.bundle import select  # noqa: E402
+from farm.measure import (
+    outcomes,  # noqa: E402
+    timing,  # noqa: E402
+)
+from farm.run import driver  # noqa: E402
+from farm.search import (
+    plan,  # noqa: E402
+    spaces,  # noqa: E402
+)
 from kernels.lowering import Platform  # noqa: E402
 
 L2_BYTES = 50 * 2**20

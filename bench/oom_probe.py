@@ -36,10 +36,17 @@ import jax  # noqa: E402
 
 import kernels  # noqa: E402
 from bench.oom_report import FIT  # noqa: E402
-from farm import capacity, outcomes, pruning, spaces  # noqa: E402
-from farm.outcomes import Measurement  # noqa: E402
-from farm.plan import TuningTask  # noqa: E402
-from farm.worker import compile_config  # noqa: E402
+from farm.measure import (
+    capacity,  # noqa: E402
+    outcomes,  # noqa: E402
+)
+from farm.measure.compiler import compile_config  # noqa: E402
+from farm.measure.outcomes import Measurement  # noqa: E402
+from farm.search import (
+    pruning,  # noqa: E402
+    spaces,  # noqa: E402
+)
+from farm.tasks import TuningTask  # noqa: E402
 
 GPU_TARGETS = ("gpu-triton", "gpu-mosaic")
 

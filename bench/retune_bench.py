@@ -36,8 +36,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from farm import cli, fingerprint, retune, signing, timing  # noqa: E402
-from farm.plan import TuningTask  # noqa: E402
+from farm import cli  # noqa: E402
+from farm.bundle import (
+    fingerprint,  # noqa: E402
+    signing,  # noqa: E402
+)
+from farm.measure import timing  # noqa: E402
+from farm.retune.retune import retune  # noqa: E402
+from farm.tasks import TuningTask  # noqa: E402
 
 GOAL_TRIAL_SHARE = 0.30
 REPO = Path(__file__).resolve().parent.parent
@@ -76,7 +82,7 @@ def rows(run: Path) -> dict[str, dict]:
 
 def side_by_side(task_key: str, configs: dict[str, str], repetitions: int) -> dict[str, timing.Timing]:
     """Each named config of a task compiled here and timed with interleaved samples."""
-    from farm.worker import compile_config
+    from farm.measure.compiler import compile_config
 
     kernel, shape, dtype, target = task_key.split("/")
     task = TuningTask(kernel, tuple(int(d) for d in shape.split("x")), dtype, target)

@@ -20,8 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from farm import artifacts, bundle, runtime, signing, software  # noqa: E402
-from farm.trust import load_trust  # noqa: E402
+from farm.bundle import artifacts, signing  # noqa: E402
+from farm.bundle.archive import write_archive  # noqa: E402
+from farm.bundle.trust import load_trust  # noqa: E402
+from farm.deploy import runtime  # noqa: E402
+from farm.measure import software  # noqa: E402
 
 GOAL_LOOKUP_US = 5.0
 GOAL_LOAD_MS = 200.0
@@ -99,7 +102,7 @@ def main() -> int:
         rows = make_rows(args.rows)
         folder = artifacts.write_bundle(tmp / "bundle", rows, make_trials(rows, args.trials_per_row), key,
                                         {"run_ids": ["bench"]})
-        archive = bundle.write_archive(folder, tmp / "bundle.tar.gz")
+        archive = write_archive(folder, tmp / "bundle.tar.gz")
         trust = load_trust([public])
         sizes = {name: (folder / name).stat().st_size for name in (artifacts.CONFIGS, artifacts.TRIALS)}
 

@@ -17,7 +17,7 @@ Columns whose temporaries exceed --max-temp-gb (the naive attention math at (8, 
 are skipped and say why; past --budget-s seconds the remaining rows leave out torch.compile, and
 past 1.4 times that everything but the farm and XLA, so that one run fits a 10-minute slot.
 
-Timing method (the same for every column): farm.timing.time_side_by_side. Each sample queues
+Timing method (the same for every column): farm.measure.timing.time_side_by_side. Each sample queues
 back-to-back calls (enough for >= 5 ms) and waits once at the end: JAX results through
 `jax.block_until_ready`, torch results through `torch.cuda.synchronize` (the torch result is
 wrapped in an object whose `block_until_ready` synchronizes, which `jax.block_until_ready`
@@ -33,11 +33,11 @@ or triton.testing.do_bench for everything: XLA launches on its own streams, so a
 on torch's stream does not bracket JAX work, and do_bench's per-call wait would time JAX's host
 dispatch; queued calls with one wait time both frameworks the same way.
 
-Independent check (--check): for the first shape of a few spaces, farm.timing.time_calls of each
+Independent check (--check): for the first shape of a few spaces, farm.measure.timing.time_calls of each
 column (input set 0) runs under a CUPTI trace (torch.profiler, kernels of every stream, JAX's
 and torch's alike), and its per-call figure is compared with the device's own clock on the same
 samples: the span from a sample's first kernel start to its last kernel end, per call. Same
-calls, same GPU clocks: the difference is what farm.timing gets wrong. Goal: within 5%. The
+calls, same GPU clocks: the difference is what farm.measure.timing gets wrong. Goal: within 5%. The
 kernels' summed durations are reported too: far below the span, the calls are dispatch-bound
 and both clocks measure the host, not the kernel.
 """
@@ -66,7 +66,14 @@ import jax.numpy as jnp  # noqa: E402
 
 import kernels  # noqa: E402
 from bench import baselines  # noqa: E402
-from farm import plan, spaces, timing, validate  # noqa: E402
+from farm.measure import (
+    timing,  # noqa: E402
+    validate,  # noqa: E402
+)
+from farm.search import (
+    plan,  # noqa: E402
+    spaces,  # noqa: E402
+)
 from kernels.lowering import Platform  # noqa: E402
 
 # bench/gpu_suite.py's order; other spaces follow alphabetically.
@@ -119,7 +126,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 def _best(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     try:
-        from farm import select   # imports the driver (Ray, Optuna): only when there are records
+        from farm.bundle import select  # imports the driver (Ray, Optuna): only when there are records
     except ImportError:           # the same rule as select.best_record, without Ray installed
         ok = [r for r in records if r["outcome"] == "ok" and r.get("median_s") is not None]
         return min(ok, key=lambda r: (r["median_s"], r.get("spread") or 0.0)) if ok else None
@@ -131,7 +138,7 @@ def tune(paths: Sequence[Path], targets: Sequence[str], out: Path, budget_s: flo
     """Tune `paths` on `targets` with the farm (one sweep sharing every worker, `budget_s` seconds
     once the workers are up); returns the folder to pass as a --runs folder."""
     from bench.gpu_suite import bench_settings
-    from farm import driver
+    from farm.run import driver
 
     driver.connect(None)
     planned = plan.expand([spaces.load_space(p) for p in paths], list(targets), trials)
@@ -172,7 +179,8 @@ def search_stats(records: Sequence[dict[str, Any]], within: float = 0.02) -> dic
     first came within `within` of that sweep's final best (seconds since the sweep started).
     `records`: every record of every sweep (a sweep: a --runs folder and run id), so that tasks
     sharing a sweep are counted."""
-    from farm import outcomes, select
+    from farm.bundle import select
+    from farm.measure import outcomes
 
     def sweep(r: dict[str, Any]) -> str:
         return r.get("sweep") or str(r.get("run_id"))
@@ -369,8 +377,8 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> tup
 # -- the independent timing check ------------------------------------------------------------
 
 def traced_timing(p: baselines.Prepared, repetitions: int, min_sample_s: float) -> dict[str, float]:
-    """farm.timing.time_calls of `p` (input set 0) run under a CUPTI trace (torch.profiler, every
-    stream): farm.timing's per-call figure, and per call the median device span (first kernel
+    """farm.measure.timing.time_calls of `p` (input set 0) run under a CUPTI trace (torch.profiler, every
+    stream): farm.measure.timing's per-call figure, and per call the median device span (first kernel
     start to last kernel end) and summed kernel durations of its longer samples."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -398,7 +406,7 @@ def traced_timing(p: baselines.Prepared, repetitions: int, min_sample_s: float) 
 
 
 def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespace, gpu: bool) -> list[dict]:
-    """farm.timing's clock against a device clock on the same samples, for each column."""
+    """farm.measure.timing's clock against a device clock on the same samples, for each column."""
     checks = []
     for name, p in prepared.items():
         entry: dict[str, Any] = {"column": name, "method": "CUPTI trace of the same samples (torch.profiler)"}
@@ -587,7 +595,7 @@ def markdown(report: dict[str, Any]) -> str:
     checks = [(r, c) for r in results for c in r.get("timing_check", [])]
     if checks:
         lines += ["", "## Independent timing check (input set 0; goal within 5%)", "",
-                  "| row | column | table (ms, rotated inputs) | farm.timing (ms) | device clock (ms) | method "
+                  "| row | column | table (ms, rotated inputs) | farm.measure.timing (ms) | device clock (ms) | method "
                   "| difference | kernels only (ms) |", "|---|---|---|---|---|---|---|---|"]
         for r, c in checks:
             diff = f"{c['diff_pct']:+.1f}%" if "diff_pct" in c else c.get("error", "")

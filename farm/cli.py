@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import BundleError, FarmError
-from farm.capacity import profiles as capacity_profiles
+from farm.measure.capacity import profiles as capacity_profiles
 from kernels.lowering import TARGETS
 
 DEFAULT_KEY = ".keys/dev_ed25519.pem"
@@ -150,8 +150,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _sweep_settings(args: argparse.Namespace, out: Path) -> Any:
-    """SweepSettings from the options `_add_run_options` defines."""
-    from farm import driver, placement
+    """SweepSettings from the options `_add_run_options` defines (and Optuna's log level)."""
+    import optuna
+
+    from farm.run import driver, placement
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)   # one line per trial is the sweep's job
 
     return driver.SweepSettings(
         run_dir=out, interpret=args.interpret, emulate=args.emulate, workers=args.workers, depth=args.depth,
@@ -168,8 +172,10 @@ def _check_out(out: Path) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Validate everything, run (or resume) the sweep, write the signed bundle, print winners."""
-    from farm import artifacts, driver, plan, select, signing, spaces
-    from farm.progress import SweepProgress
+    from farm.bundle import artifacts, select, signing
+    from farm.run import driver
+    from farm.run.progress import SweepProgress
+    from farm.search import plan, spaces
 
     if args.resume and args.spaces:
         raise FarmError("--resume: expected no SPACE arguments (the run folder keeps its own copies)")
@@ -196,7 +202,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             sweep = driver.Sweep(planned, settings, on_record=progress.update)
             records = sweep.run(resume=bool(args.resume))
     environment = {k: sweep.pool_info.get(pool, {}) for k, pool in sweep.task_pool.items()}
-    rows = select.winner_rows(planned, records, run_id=sweep.run_id, created=artifacts.now(),
+    rows = select.winner_rows([p.task for p in planned], records, run_id=sweep.run_id, created=artifacts.now(),
                               environment=environment)
     bundle = artifacts.write_bundle(out / BUNDLE_DIR, rows, records, key, {"run_ids": [sweep.run_id]})
     summary = sweep.summary
@@ -236,7 +242,7 @@ def _load_run(out: Path) -> dict[str, Any]:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Verify a bundle against trusted keys."""
-    from farm import artifacts, signing
+    from farm.bundle import artifacts, signing
 
     manifest = artifacts.verify_bundle(args.bundle, signing.load_trusted_keys(args.trust))
     print(f"OK: {args.bundle} verified (bundle {manifest['bundle_id']}, signer {manifest['signer_key_id']}, "
@@ -246,7 +252,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Print a bundle's winners table."""
-    from farm import artifacts, signing
+    from farm.bundle import artifacts, signing
 
     if args.trust:
         artifacts.verify_bundle(args.bundle, signing.load_trusted_keys(args.trust))
@@ -258,7 +264,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     """Create a key pair."""
-    from farm import signing
+    from farm.bundle import signing
 
     private, public, kid = signing.generate_keypair(args.path)
     print(f"private key: {private} (mode 0600)\npublic key: {public}\nkey id: {kid}")
@@ -266,7 +272,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def _trust(args: argparse.Namespace) -> Any:
-    from farm import trust
+    from farm.bundle import trust
 
     if not args.trust and not args.allow_unsigned:
         raise FarmError("--trust: expected a public key file or trust folder (or --allow-unsigned)")
@@ -280,7 +286,8 @@ def _warn_unverified(message: str | None) -> None:
 
 def cmd_bundle(args: argparse.Namespace) -> int:
     """Merge run bundles into one signed bundle."""
-    from farm import bundle, signing, trust
+    from farm.bundle import merge as bundle
+    from farm.bundle import signing, trust
 
     warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)
     trusted = _trust(args)
@@ -295,7 +302,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     """Download, verify and install a bundle."""
-    from farm import pull, trust
+    from farm.bundle import trust
+    from farm.deploy import pull
 
     warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)
     result = pull.pull(args.url, args.dest, _trust(args), allow_unsigned=args.allow_unsigned,
@@ -310,8 +318,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 def cmd_retune(args: argparse.Namespace) -> int:
     """Retune stale tasks warm-started from a previous bundle; write the bundle and report; 3 if the gate blocks."""
-    from farm import plan, retune, signing, spaces
-    from farm.progress import SweepProgress
+    from farm.bundle import signing
+    from farm.retune import retune
+    from farm.run.progress import SweepProgress
+    from farm.search import plan, spaces
 
     loaded = spaces.load_spaces(args.spaces)
     planned = plan.expand(loaded, args.target, None)
@@ -337,7 +347,7 @@ def print_winners(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from farm.progress import format_seconds
+    from farm.run.progress import format_seconds
 
     table = Table(title="winners")
     for column in ("task", "status", "config", "median", "spread", "vs default", "trials", "outcomes"):

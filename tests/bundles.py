@@ -7,7 +7,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from farm import artifacts, signing
+from farm.bundle import artifacts, signing
 
 SOFTWARE = {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "pallas_farm": "0.1.0"}
 

@@ -24,7 +24,7 @@ def ray_local(worker_modules):
     """A real embedded local Ray (2 CPUs on CI), shared by the tests that sweep."""
     import ray
 
-    from farm.driver import connect
+    from farm.run.driver import connect
 
     cwd, path = os.getcwd(), os.environ.get("PYTHONPATH")
     os.chdir(REPO)  # workers import tests.fixtures from the repo root
@@ -44,7 +44,7 @@ def ray_local(worker_modules):
 @pytest.fixture(scope="session")
 def signing_key(tmp_path_factory):
     """A fresh Ed25519 key pair: (private path, public path)."""
-    from farm import signing
+    from farm.bundle import signing
 
     private, public, _ = signing.generate_keypair(tmp_path_factory.mktemp("keys") / "test.pem")
     return private, public

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from farm import validate
-from farm.spaces import SearchSpace, load_space
+from farm.measure import validate
+from farm.search.spaces import SearchSpace, load_space
 from kernels.lowering import Platform
 
 SPACES = Path(__file__).resolve().parent.parent / "search_spaces"

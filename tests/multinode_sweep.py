@@ -11,7 +11,9 @@ from pathlib import Path
 import ray
 from ray.cluster_utils import Cluster
 
-from farm import driver, outcomes, plan, spaces
+from farm.measure import outcomes
+from farm.run import driver
+from farm.search import plan, spaces
 
 SPACE = """\
 kernel: softmax

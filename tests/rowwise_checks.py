@@ -8,8 +8,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from farm import validate
-from farm.spaces import load_space
+from farm.measure import validate
+from farm.search.spaces import load_space
 from kernels.lowering import Platform
 
 SPACES = Path(__file__).resolve().parent.parent / "search_spaces"

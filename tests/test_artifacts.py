@@ -7,7 +7,8 @@ import stat
 import pyarrow.parquet as pq
 import pytest
 
-from farm import artifacts, cli, signing
+from farm import cli
+from farm.bundle import artifacts, signing
 from farm.errors import BundleError, FarmError
 
 ROW = {"task_key": "softmax/64x256/float32/interpret", "kernel": "softmax", "shape": [64, 256],

@@ -5,7 +5,7 @@ import json
 
 import kernels
 from bench import oom_probe, seed_table
-from farm import outcomes
+from farm.measure import outcomes
 
 
 def _row(outcome, model_fits, kernel="matmul", target="gpu-triton", footprint=1000, requested=None):

@@ -7,10 +7,12 @@ import tarfile
 import pyarrow.parquet as pq
 import pytest
 
-from farm import artifacts, bundle, cli, signing
+from farm import cli
+from farm.bundle import artifacts, signing
+from farm.bundle import merge as bundle
+from farm.bundle.archive import extract_archive
+from farm.bundle.trust import UnverifiedBundleWarning, load_trust
 from farm.errors import BundleError
-from farm.pull import extract_archive
-from farm.trust import UnverifiedBundleWarning, load_trust
 from tests import bundles as B
 
 OLD, NEW = "2025-01-01T00:00:00+00:00", "2025-02-01T00:00:00+00:00"

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from farm import artifacts, outcomes, signing
+from farm.bundle import artifacts, signing
+from farm.measure import outcomes
 
 
 def test_cluster_yaml_passes_rays_own_validation(repo):

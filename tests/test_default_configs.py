@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import kernels
-from farm import spaces
+from farm.search import spaces
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = [(space, target.name, shape, target.dtypes[0])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from farm import outcomes
+from farm.measure import outcomes
 from tests.sweeps import run_sweep
 
 FAULTS = """\

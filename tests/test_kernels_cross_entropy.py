@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from farm import validate
-from farm.plan import expand
+from farm.measure import validate
+from farm.search.plan import expand
 from kernels import cross_entropy, row_reduce
 from kernels.lowering import Platform
 from tests import memory_bound_checks as checks

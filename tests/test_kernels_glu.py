@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 
-from farm import validate
+from farm.measure import validate
 from kernels import geglu, glu, swiglu
 from kernels.lowering import Platform, pallas_call
 from tests import memory_bound_checks as checks

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import pytest
 
 import kernels
-from farm import outcomes, validate
-from farm.plan import TuningTask
-from farm.spaces import load_space
-from farm.worker import measure
+from farm.measure import outcomes, validate
+from farm.measure.device import measure
+from farm.search.spaces import load_space
+from farm.tasks import TuningTask
 from kernels import matmul_core, mgpu_launch
 from kernels.lowering import Platform
 

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from farm import validate
+from farm.measure import validate
 from kernels import row_reduce, welford
 from kernels.lowering import Platform
 from tests import memory_bound_checks as checks

@@ -5,11 +5,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from farm import validate
+from farm.measure import validate
 from kernels import layer_norm as K
 from kernels.lowering import Platform
 from tests.rowwise_checks import CONFIGS, RAGGED, SHAPE, kernel_checks
-
 
 test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
     kernel_checks(K, SHAPE, RAGGED, CONFIGS)

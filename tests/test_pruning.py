@@ -9,7 +9,8 @@ import optuna
 import pyarrow.parquet as pq
 import pytest
 
-from farm import capacity, outcomes, pruning, studies
+from farm.measure import capacity, outcomes
+from farm.search import pruning, studies
 from kernels import softmax
 from tests.sweeps import run_sweep
 

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from farm import artifacts, bundle, cli, pull, runtime, signing
+from farm import cli
+from farm.bundle import artifacts, signing
+from farm.bundle.archive import write_archive
+from farm.bundle.trust import UnverifiedBundleWarning, load_trust
+from farm.deploy import pull, runtime
 from farm.errors import BundleError, FarmError
-from farm.trust import UnverifiedBundleWarning, load_trust
 from tests import bundles as B
 
 DAY1, DAY2, DAY3 = "2025-01-01T00:00:00+00:00", "2025-01-02T00:00:00+00:00", "2025-01-03T00:00:00+00:00"
@@ -81,7 +84,7 @@ def _archive(tmp_path: Path, name: str, rows, private, created: str = DAY1) -> P
     (folder / artifacts.SIGNATURE).write_bytes(signing.sign(data, private))
     out = tmp_path / "www" / f"{name}.tar.gz"
     out.parent.mkdir(exist_ok=True)
-    return bundle.write_archive(folder, out)
+    return write_archive(folder, out)
 
 
 def _installed_config(dest: Path, trust_path: Path) -> dict:
@@ -134,14 +137,14 @@ def test_tampered_download_is_refused(tmp_path, deployed, keys):
     source = tmp_path / "src" / "v1"
     configs = source / artifacts.CONFIGS
     configs.write_bytes(configs.read_bytes().replace(b"run-a", b"run-z"))
-    bundle.write_archive(source, tmp_path / "www" / "tampered.tar.gz")
+    write_archive(source, tmp_path / "www" / "tampered.tar.gz")
     with pytest.raises(BundleError, match=r"sha256 does not match.*kept the installed bundle"):
         pull.pull(f"{base}/tampered.tar.gz", dest, load_trust([trust]), timeout=10)
     _unchanged(dest, before, trust)
 
     manifest = source / artifacts.MANIFEST
     manifest.write_text(manifest.read_text().replace(DAY1, DAY3))
-    bundle.write_archive(source, tmp_path / "www" / "tampered.tar.gz")
+    write_archive(source, tmp_path / "www" / "tampered.tar.gz")
     with pytest.raises(BundleError, match="signature does not match"):
         pull.pull(f"{base}/tampered.tar.gz", dest, load_trust([trust]), timeout=10, allow_unsigned=True)
     _unchanged(dest, before, trust)
@@ -185,7 +188,7 @@ def test_wrong_key_unsigned_and_allow_unsigned(tmp_path, deployed, keys):
 
     source = tmp_path / "src" / "foreign"
     (source / artifacts.SIGNATURE).unlink()
-    bundle.write_archive(source, tmp_path / "www" / "unsigned.tar.gz")
+    write_archive(source, tmp_path / "www" / "unsigned.tar.gz")
     with pytest.raises(BundleError, match="unsigned"):
         pull.pull(f"{base}/unsigned.tar.gz", dest, load_trust([trust]), timeout=10)
     _unchanged(dest, before, trust)

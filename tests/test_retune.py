@@ -14,10 +14,15 @@ import optuna
 import pyarrow.parquet as pq
 import pytest
 
-from farm import artifacts, cli, fingerprint, outcomes, retune, signing, studies
+from farm import cli
+from farm.bundle import artifacts, fingerprint, signing
 from farm.errors import FarmError
-from farm.plan import PlannedTask, TuningTask
-from farm.spaces import Param
+from farm.measure import outcomes
+from farm.retune import retune
+from farm.search import studies
+from farm.search.plan import PlannedTask
+from farm.search.spaces import Param
+from farm.tasks import TuningTask
 
 REPO = Path(__file__).resolve().parent.parent
 SPACE = """\

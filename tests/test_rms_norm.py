@@ -4,7 +4,6 @@ from __future__ import annotations
 from kernels import rms_norm as K
 from tests.rowwise_checks import CONFIGS, RAGGED, SHAPE, kernel_checks
 
-
 test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
     kernel_checks(K, SHAPE, RAGGED, CONFIGS)
 

@@ -18,7 +18,7 @@ def test_both_gradients_are_checked() -> None:
     import jax
     import jax.numpy as jnp
 
-    from farm import validate
+    from farm.measure import validate
 
     inputs = K.make_inputs(SHAPE, jnp.float32, jax.random.key(0))
     dx, dweight = K.reference(*inputs)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import kernels
-from farm import validate
-from farm.spaces import load_space
+from farm.measure import validate
+from farm.search.spaces import load_space
 from kernels import rowwise
 from kernels.lowering import Platform
 from tests.rowwise_checks import SPACES, assert_matches, lower_for_device

@@ -1,4 +1,4 @@
-"""farm.runtime: verified loading, lookup rules, software policies, threads, tuned kernels."""
+"""farm.deploy.runtime: verified loading, lookup rules, software policies, threads, tuned kernels."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,10 @@ import warnings
 import pytest
 
 import kernels
-from farm import bundle, pull, runtime
+from farm.bundle import merge as bundle
+from farm.bundle.trust import load_trust
+from farm.deploy import pull, runtime
 from farm.errors import BundleError, FarmError
-from farm.trust import load_trust
 from tests import bundles as B
 
 ROWS = [

@@ -25,7 +25,7 @@ def test_online_sum_survives_a_max_in_the_last_block() -> None:
     # The running sum must be rescaled when a later column block raises the row max.
     import jax.numpy as jnp
 
-    from farm import validate
+    from farm.measure import validate
     from kernels.lowering import Platform
 
     x = jnp.zeros((8, 512), jnp.float32).at[:, -1].set(30.0).at[:, 0].set(-5.0)

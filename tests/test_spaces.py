@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from farm import cli, plan, spaces
-from farm.constraints import Constraint, ConstraintSyntaxError
+from farm import cli
 from farm.errors import SpaceError
+from farm.search import plan, spaces
+from farm.search.constraints import Constraint, ConstraintSyntaxError
 
 VALID = """\
 kernel: softmax

@@ -11,8 +11,11 @@ import optuna
 import pyarrow.parquet as pq
 import pytest
 
+from farm import cli
+from farm.bundle import artifacts, signing
+from farm.measure import outcomes
+from farm.search import studies
 from tests.sweeps import run_sweep
-from farm import artifacts, cli, outcomes, signing, studies
 
 
 def _ok_configs(rows):

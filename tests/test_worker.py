@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from farm import outcomes, validate
-from farm.plan import TuningTask
-from farm.worker import measure
+from farm.measure import outcomes, validate
+from farm.measure.device import measure
+from farm.tasks import TuningTask
 from kernels import softmax
 from kernels.lowering import Platform
 
@@ -112,7 +112,7 @@ def test_large_outputs_are_checked_on_the_device_with_the_same_answer(monkeypatc
 
 
 def test_reference_cache_keeps_several_tasks_and_evicts_by_count_and_bytes():
-    from farm.worker import ReferenceCache
+    from farm.measure.device import ReferenceCache
 
     tasks = [TuningTask("softmax", (8, 128 * (i + 1)), "float32", "interpret") for i in range(3)]
     cache = ReferenceCache(size=2)

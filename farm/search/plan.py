@@ -5,22 +5,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from farm.errors import FarmError
-from farm.spaces import SearchSpace
-
-
-@dataclasses.dataclass(frozen=True)
-class TuningTask:
-    """One study: tune `kernel` at `shape` and `dtype` for `target`."""
-
-    kernel: str
-    shape: tuple[int, ...]
-    dtype: str
-    target: str
-
-    @property
-    def key(self) -> str:
-        """A stable, readable id, also the Optuna study name: kernel/shape/dtype/target."""
-        return f"{self.kernel}/{'x'.join(map(str, self.shape))}/{self.dtype}/{self.target}"
+from farm.search.spaces import SearchSpace
+from farm.tasks import TuningTask
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ A task's fingerprint is a flat JSON object:
      "kernel_source": {"kernels.softmax": "<sha256>", "kernels.rowwise": "<sha256>", ...}}
 
 The versions come from the worker that measured the task (`Worker.info()["software"]`, i.e.
-`farm.software.versions()` on that host, without the Python version); `kernel_source` hashes the
+`farm.measure.software.versions()` on that host, without the Python version); `kernel_source` hashes the
 kernel module's file and, transitively, every `kernels.*` module it imports (and modules of its
 own top-level package, for kernels outside `kernels/`), as found in this checkout.
 

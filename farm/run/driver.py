@@ -30,9 +30,13 @@ from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import kernels
-from farm import artifacts, capacity, outcomes, placement, pruning, studies
-from farm.plan import PlannedTask
-from farm.worker import Worker
+from farm.bundle import artifacts
+from farm.measure import capacity, outcomes
+from farm.run import placement
+from farm.run.actor import Worker
+from farm.search import pruning, studies
+from farm.search.plan import PlannedTask
+from farm.tasks import config_json
 
 TRIALS_LOG = "trials.jsonl"
 RUN_INFO = "run.json"
@@ -41,8 +45,6 @@ SKIPPED_DRAWS_PER_TRIAL = 50
 # After this many constraint-breaking draws in a row, a random valid config is queued instead.
 INVALID_STREAK = 4
 VALID_DRAWS = 5000
-
-optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 @dataclasses.dataclass
@@ -108,11 +110,6 @@ class _Worker:
     slot: placement.Slot
     in_flight: dict[Any, _Trial] = dataclasses.field(default_factory=dict)   # ref -> trial, in dispatch order
     progress: float = dataclasses.field(default_factory=time.monotonic)
-
-
-def config_json(config: dict[str, Any]) -> str:
-    """Canonical JSON of a config: the cache key and the stored form."""
-    return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
 def connect(address: str | None) -> None:

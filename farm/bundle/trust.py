@@ -29,7 +29,7 @@ from typing import Any, Union
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from farm import artifacts, signing
+from farm.bundle import artifacts, signing
 from farm.errors import BundleError, FarmError
 
 REVOKED_LIST = "revoked"

@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from farm import outcomes
-from farm.plan import PlannedTask
+from farm.measure import outcomes
+from farm.search.plan import PlannedTask
 
 
 def format_seconds(seconds: float | None) -> str:

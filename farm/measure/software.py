@@ -1,6 +1,7 @@
 """The software and device a result was measured with."""
 from __future__ import annotations
 
+import ctypes
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -21,18 +22,35 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def cuda_versions() -> dict[str, str]:
-    """CUDA runtime, cuDNN and NVIDIA driver versions where obtainable (no JAX backend is started)."""
-    found: dict[str, str] = {}
-    try:
-        from jax._src.lib import cuda_versions as cuda  # set only when a jax-cuda plugin is installed
-    except ImportError:
-        cuda = None
-    for name, getter in (("cuda_runtime", "cuda_runtime_get_version"), ("cudnn", "cudnn_get_version")):
+def _c_version(libraries: tuple[str, ...], function: str, by_reference: bool) -> str | None:
+    """A CUDA library's version from its public C API, or None where the library is not found."""
+    for name in libraries:
         try:
-            found[name] = str(getattr(cuda, getter)())
-        except Exception:  # noqa: BLE001 - no plugin, no library, or no GPU: not obtainable
+            lib = ctypes.CDLL(name)
+            if by_reference:
+                value = ctypes.c_int()
+                if getattr(lib, function)(ctypes.byref(value)) != 0:
+                    continue
+                return str(value.value)
+            getattr(lib, function).restype = ctypes.c_size_t
+            return str(getattr(lib, function)())
+        except (OSError, AttributeError):
             continue
+    return None
+
+
+def cuda_versions() -> dict[str, str]:
+    """CUDA runtime, cuDNN and NVIDIA driver versions where obtainable (no JAX backend is started).
+
+    The runtime and cuDNN versions come from the libraries' own C APIs (cudaRuntimeGetVersion,
+    cudnnGetVersion); the pip-installed NVIDIA distributions are recorded by `versions()`.
+    """
+    found: dict[str, str] = {}
+    runtime = _c_version(("libcudart.so", "libcudart.so.13", "libcudart.so.12"), "cudaRuntimeGetVersion", True)
+    cudnn = _c_version(("libcudnn.so", "libcudnn.so.9"), "cudnnGetVersion", False)
+    for name, value in (("cuda_runtime", runtime), ("cudnn", cudnn)):
+        if value is not None:
+            found[name] = value
     try:
         # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  ..." -> "550.54.15"
         words = NVIDIA_DRIVER_FILE.read_text().splitlines()[0].split()

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from farm import signing
+from farm.bundle import signing
 from farm.errors import BundleError
 
 SCHEMA_VERSION = 1

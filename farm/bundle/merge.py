@@ -9,10 +9,7 @@ appears in two inputs, e.g. when a merged bundle is merged again, is kept once).
 from __future__ import annotations
 
 import dataclasses
-import os
-import tarfile
 import tempfile
-import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -20,10 +17,10 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from farm import artifacts, signing
+from farm.bundle import artifacts, signing
+from farm.bundle.archive import extract_archive, is_archive, write_archive
+from farm.bundle.trust import Trust, verify
 from farm.errors import BundleError, FarmError
-from farm.pull import extract_archive, is_archive
-from farm.trust import Trust, verify
 
 RUN_BUNDLE = "bundle"
 _TRIAL_IDENTITY = ("run_id", "task_key", "trial", "attempt", "worker", "started", "finished")
@@ -87,28 +84,6 @@ def merge_trials(inputs: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]
                 seen.add(identity)
                 merged.append(trial)
     return merged
-
-
-def write_archive(bundle: Path, out: Path) -> Path:
-    """Pack a bundle folder's files, at the archive root, into a .tar.gz written atomically."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with tarfile.open(tmp, "w:gz" if not out.name.endswith(".tar") else "w") as tar:
-            for file in sorted(bundle.iterdir()):
-                info = tar.gettarinfo(str(file), arcname=file.name)
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                info.mode = 0o644
-                with open(file, "rb") as f:
-                    tar.addfile(info, f)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return out
 
 
 def merge(inputs: Sequence[str | Path], out: str | Path, key: Ed25519PrivateKey, trust: Trust, *,

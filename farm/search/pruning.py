@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from farm.capacity import Capacity
+from farm.measure.capacity import Capacity
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,8 +9,8 @@ import optuna
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from farm.plan import PlannedTask
-from farm.spaces import Param
+from farm.search.plan import PlannedTask
+from farm.search.spaces import Param
 
 JOURNAL = "optuna.journal"
 

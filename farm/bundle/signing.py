@@ -67,8 +67,8 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
 
 
 def load_trusted_keys(paths: list[str | Path]) -> dict[str, Ed25519PublicKey]:
-    """Trusted public keys by key id, from files and folders (every `*.pub`), less revoked ones (farm.trust)."""
-    from farm import trust
+    """Trusted public keys by key id, from files and folders (every `*.pub`), less revoked ones (farm.bundle.trust)."""
+    from farm.bundle import trust
 
     loaded = trust.load_trust(paths)
     return {kid: key for kid, key in loaded.keys.items() if kid not in loaded.revoked}

@@ -1,6 +1,6 @@
 """Deployment-side lookups: which config to run a kernel with, from a verified bundle.
 
-    from farm import runtime
+    from farm.deploy import runtime
     registry = runtime.Registry.load("/srv/kernels", ["/etc/farm/trust"])   # verified, or an error
     choice = registry.lookup("matmul", (4096, 4096, 4096), "bfloat16", "tpu", device_kind="TPU v6 lite")
     choice.config, choice.rule                # e.g. {'block_m': 256, ...}, 'nearest'
@@ -8,7 +8,7 @@
     c = matmul(a, b)                          # built (and jitted) once per (shape, dtype)
 
 `Registry.load` takes a bundle folder, a bundle archive (.tar.gz) or a deployment folder made
-by `farm pull` (its `current` version), and verifies it (farm.trust) before reading a row.
+by `farm pull` (its `current` version), and verifies it (farm.bundle.trust) before reading a row.
 
 Lookup rules, in order (`Choice.rule` says which one chose the config):
   1. "exact": a row for this kernel, shape, dtype, target and device kind (with
@@ -52,10 +52,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import kernels
-from farm import artifacts
+from farm.bundle import artifacts
+from farm.bundle.archive import extract_archive, is_archive
+from farm.bundle.trust import TrustLike, as_trust, verify
+from farm.deploy.pull import CURRENT, installed
 from farm.errors import BundleError, FarmError
-from farm.pull import CURRENT, extract_archive, installed, is_archive
-from farm.trust import TrustLike, as_trust, verify
 
 POLICIES = ("warn", "refuse", "accept")
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
@@ -226,7 +227,7 @@ class Registry:
         if policy == "accept":
             return
         if software is None:
-            from farm.software import versions
+            from farm.measure.software import versions
 
             software = versions()
         problems = []
@@ -315,7 +316,7 @@ def _load_spaces(spaces: Sequence[Any], *, strict: bool) -> list[Any]:
     """Search spaces from SearchSpace objects or YAML paths; unloadable ones skipped unless `strict`."""
     if not spaces:
         return []
-    from farm.spaces import SearchSpace, load_space
+    from farm.search.spaces import SearchSpace, load_space
 
     loaded = []
     for space in spaces:

@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 import kernels
-from farm.constraints import Constraint, ConstraintSyntaxError
 from farm.errors import SpaceError
+from farm.search.constraints import Constraint, ConstraintSyntaxError
 from kernels.lowering import TARGETS
 
 DTYPES = ("float32", "bfloat16", "float16")

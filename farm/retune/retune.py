@@ -5,7 +5,7 @@
 1. Read the previous bundle, verified (a run, bundle or `farm pull` deployment folder, or an archive).
 2. Probe: one worker per pool reports its software and device kind (a sweep of no trials, in
    RUN_DIR/probe/). With each kernel's source this is every planned task's current fingerprint
-   (`farm.fingerprint`).
+   (`farm.bundle.fingerprint`).
 3. A planned task is *stale* when the previous bundle has no `ok` row for it on this device kind
    (it is `new`) or when that row's fingerprint differs from the current one (or is missing).
    Every other row of the previous bundle is carried over unchanged.
@@ -56,13 +56,18 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from farm import artifacts, driver, fingerprint, outcomes, select, signing, studies
-from farm.bundle import bundle_folder
+from farm.bundle import artifacts, fingerprint, select, signing
+from farm.bundle.archive import extract_archive, is_archive
+from farm.bundle.merge import bundle_folder
+from farm.bundle.trust import Trust, verify
+from farm.deploy.pull import CURRENT, installed
 from farm.errors import FarmError
-from farm.plan import PlannedTask
-from farm.progress import format_seconds
-from farm.pull import CURRENT, extract_archive, installed, is_archive
-from farm.trust import Trust, verify
+from farm.measure import outcomes
+from farm.run import driver
+from farm.run.progress import format_seconds
+from farm.search import studies
+from farm.search.plan import PlannedTask
+from farm.tasks import config_json
 
 NEW, REPAIRED, FAILED, IMPROVED, REGRESSED, KEPT, CARRIED = (
     "new", "repaired", "failed", "improved", "regressed", "kept", "carried")
@@ -170,7 +175,7 @@ def decide(plan: TaskPlan, records: Sequence[dict[str, Any]], noise: float) -> D
         return Decision(NEW, best, None)
     if not plan.winner_in_space:
         return Decision(NEW, best, None, "the previous winner is not in the current search space")
-    old_key = driver.config_json(json.loads(row["config"]))
+    old_key = config_json(json.loads(row["config"]))
     own = [r for r in records if r["config"] == old_key]
     baseline = select.best_record(own)
     if baseline is None:
@@ -357,7 +362,7 @@ def retune(planned: Sequence[PlannedTask], previous: Previous, sweep_settings: d
     """Probe, retune the stale tasks warm-started, decide, write the signed bundle and the report.
 
     `progress(planned)`, when given, returns a context manager with an `update(record)` method
-    (e.g. `farm.progress.SweepProgress`) that sees the stale tasks' trials.
+    (e.g. `farm.run.progress.SweepProgress`) that sees the stale tasks' trials.
     """
     run_dir = Path(sweep_settings.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -384,7 +389,7 @@ def retune(planned: Sequence[PlannedTask], previous: Previous, sweep_settings: d
         run_id = sweep.run_id
         sweep_env = {k: sweep.pool_info.get(pool, {}) for k, pool in sweep.task_pool.items()}
     created = artifacts.now()
-    fresh_rows = {r["task_key"]: r for r in select.winner_rows([p.planned for p in stale], records, run_id=run_id,
+    fresh_rows = {r["task_key"]: r for r in select.winner_rows([p.planned.task for p in stale], records, run_id=run_id,
                                                                created=created, environment=sweep_env)}
 
     replaced: set[tuple[str, str | None]] = set()

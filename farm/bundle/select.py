@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import kernels
-from farm import fingerprint, outcomes
-from farm.driver import config_json
-from farm.plan import PlannedTask
+from farm.bundle import fingerprint
+from farm.measure import outcomes
+from farm.tasks import TuningTask, config_json
 
 
 def best_record(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -28,20 +28,19 @@ def time_to_within(records: Sequence[dict[str, Any]], fraction: float = 0.02) ->
     return next(r["elapsed_s"] for r in ok if r["median_s"] <= final * (1 + fraction))
 
 
-def winner_rows(planned: Sequence[PlannedTask], records: Sequence[dict[str, Any]], *, run_id: str,
+def winner_rows(tasks: Sequence[TuningTask], records: Sequence[dict[str, Any]], *, run_id: str,
                 created: str, environment: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One configs.parquet row per task: the winner, the default's time, outcome counts.
 
     `environment` maps a task key to the `Worker.info()` of the workers that measured it; with the
-    kernel's source it makes the task's software fingerprint (`farm.fingerprint`).
+    kernel's source it makes the task's software fingerprint (`farm.bundle.fingerprint`).
     """
     by_task: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         by_task.setdefault(record["task_key"], []).append(record)
     sources: dict[str, dict[str, str]] = {}
     rows = []
-    for p in planned:
-        task = p.task
+    for task in tasks:
         task_records = by_task.get(task.key, [])
         best = best_record(task_records)
         default = config_json(kernels.load(task.kernel).default_config(task.shape, task.target))

@@ -1,0 +1,74 @@
+"""Compile one config ahead of time: build the timed kernel and its poisoned-output check.
+
+Plain Python with no Ray: the device process (`farm.run.actor`) calls it off the device lock,
+so the accelerator does not wait for the compiler.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import traceback
+import zlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import kernels
+from farm.measure import outcomes
+from farm.measure.outcomes import Measurement
+from farm.tasks import TuningTask
+from kernels.lowering import Platform
+
+
+def full_text(err: BaseException) -> str:
+    """The exception's type and message, as a worker reports it."""
+    return "".join(traceback.format_exception_only(type(err), err)).strip()
+
+
+def input_key(task: TuningTask, purpose: str, trial_seed: int) -> jax.Array:
+    """A PRNG key for one task's inputs, stable across runs for the same purpose and seed."""
+    return jax.random.key(zlib.crc32(f"{task.key}/{purpose}/{trial_seed}".encode()))
+
+
+@dataclasses.dataclass
+class Compiled:
+    """A config built and compiled, waiting for the device."""
+
+    module: Any
+    task: TuningTask
+    config: dict[str, Any]
+    interpret: bool
+    trial_seed: int
+    executable: Any
+    inputs: list[tuple[Any, ...]]
+    compile_s: float
+    check_executable: Any          # the poisoned-output build, compiled too (validation runs it)
+
+
+def compile_config(task: TuningTask, config: dict[str, Any], *, interpret: bool, trial_seed: int = 0,
+                   input_sets: int = 1) -> Compiled | Measurement:
+    """Build and compile the timed kernel ahead of time; a failure comes back as a Measurement."""
+    module = kernels.load(task.kernel)
+    dtype = jnp.dtype(task.dtype)
+    started = time.perf_counter()
+    try:
+        fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret))
+        inputs = [module.make_inputs(task.shape, dtype, input_key(task, f"time{i}", trial_seed))
+                  for i in range(max(1, input_sets))]
+        executable = jax.jit(fn).lower(*inputs[0]).compile()
+        # Compiled here, off the device lock: validation then only runs it.
+        check_fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret,
+                                                                    poison_outputs=True))
+        check_executable = jax.jit(check_fn).lower(*inputs[0]).compile()
+        if task.target == "tpu" and interpret:
+            # Interpret mode ignores Mosaic's layout rules; lowering the native kernel checks them.
+            native = module.build(config, task.shape, dtype, Platform("tpu"))
+            jax.jit(native).trace(*inputs[0]).lower(lowering_platforms=("tpu",))
+    except Exception as err:  # noqa: BLE001 - every failure is data
+        return Measurement(outcomes.COMPILE_ERROR, compile_s=time.perf_counter() - started).fail(
+            full_text(err), outcomes.COMPILE_ERROR)
+    return Compiled(module, task, config, interpret, trial_seed, executable, inputs,
+                    time.perf_counter() - started, check_executable)
+
+
