@@ -13,6 +13,7 @@ from farm import cli
 from farm.errors import SpaceError
 from farm.search import plan, spaces
 from farm.search.constraints import Constraint, ConstraintSyntaxError
+from tests.sweeps import run_sweep
 
 VALID = """\
 kernel: softmax
@@ -81,6 +82,12 @@ BAD_SPACES = [
     ("unknown sampler", VALID + "sampler: {name: cmaes}\n", "sampler.name", "one of"),
     ("not a mapping", "- just\n- a list\n", "document", "a mapping"),
     ("missing kernel", VALID.replace("kernel: softmax\n", ""), "kernel", "a kernel name"),
+    ("unknown base", "extends: nosuchspace\nshapes: [[64, 256]]\n", "extends", "a shipped space"),
+    ("missing base file", "extends: ./nope.yaml\n", "extends", "a readable YAML file"),
+    ("extends itself", "extends: space.yaml\n", "extends", "no cycle"),
+    ("extends another kernel", "kernel: matmul\nextends: softmax\n", "kernel", "the kernel of the space it extends"),
+    ("no params, no shipped space", "kernel: tests.fixtures.wrong_softmax\nshapes: [[64, 256]]\ndtypes: [float32]\n"
+     "targets: [interpret]\n", "params", "ships no search space"),
 ]
 
 
@@ -95,6 +102,56 @@ def test_bad_space_is_one_clear_error_and_writes_nothing(tmp_path, capsys, name,
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
+
+
+THREE_LINES = """\
+kernel: softmax
+shapes: [[16, 200]]
+dtypes: [float32]
+"""
+
+
+def test_three_line_space_takes_the_kernels_shipped_space(tmp_path):
+    space = spaces.load_space(write(tmp_path, THREE_LINES))
+    shipped = spaces.load_space(spaces.shipped_space("softmax"))
+    assert space.params == shipped.params
+    assert [(c.constraint.source, c.targets) for c in space.constraints] == \
+        [(c.constraint.source, c.targets) for c in shipped.constraints]
+    assert [t.name for t in space.targets] == [t.name for t in shipped.targets]
+    # the user's shapes and dtypes apply to every target, the shipped per-target ones included
+    assert {(t.shapes, t.dtypes) for t in space.targets} == {(((16, 200),), ("float32",))}
+    assert space.trials == shipped.trials and space.document["kernel"] == "softmax"
+
+
+def test_extends_merges_params_by_name_adds_constraints_and_drops_other_targets(tmp_path):
+    write(tmp_path, THREE_LINES, "mine.yaml")
+    path = write(tmp_path, """\
+        extends: mine.yaml
+        targets: [interpret]
+        params: {block_rows: {values: [1, 2]}}
+        constraints: ["block_rows < 2"]
+        trials: 5
+    """)
+    space = spaces.load_space(path)
+    shipped = spaces.load_space(spaces.shipped_space("softmax"))
+    assert [t.name for t in space.targets] == ["interpret"] and space.trials == 5
+    assert next(p for p in space.params if p.name == "block_rows").choices == (1, 2)
+    # knobs of the shipped space that exist only for other targets are gone
+    assert {p.name for p in space.params} == {p.name for p in shipped.params_for("interpret")}
+    assert space.constraints[-1].constraint.source == "block_rows < 2"
+    assert space.violated({"block_rows": 2, "strategy": "one_pass", "block_cols": 128}, (16, 200), "float32",
+                          "interpret") == "block_rows < 2"
+
+
+def test_extends_by_shipped_name(tmp_path):
+    space = spaces.load_space(write(tmp_path, "extends: softmax\ntargets: [interpret]\ntrials: 2\n"))
+    assert space.kernel == "softmax" and space.trials == 2 and space.targets[0].shapes == ((64, 256), (128, 512))
+
+
+def test_three_line_space_sweeps_in_interpret_mode(ray_local, tmp_path, signing_key):
+    out, trials = run_sweep(tmp_path, signing_key, THREE_LINES, "--target", "interpret", "--trials", "2")
+    measured = [t for t in trials if t["outcome"] == "ok"]
+    assert measured and {t["task_key"] for t in trials} == {"softmax/16x200/float32/interpret"}
 
 
 def test_missing_space_file(tmp_path, capsys):
