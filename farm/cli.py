@@ -21,34 +21,24 @@ DEFAULT_KEY = ".keys/dev_ed25519.pem"
 BUNDLE_DIR = "bundle"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _number(cast: type, minimum: float, *, strict: bool, expected: str) -> Any:
+    """An argparse type: `cast(text)` that is > minimum (strict) or >= minimum, else a clear error."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not (value > minimum if strict else value >= minimum):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
+_positive_int = _number(int, 0, strict=True, expected="a positive integer")
+_positive_float = _number(float, 0.0, strict=True, expected="a positive number")
+_non_negative_float = _number(float, 0.0, strict=False, expected="a number >= 0")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,13 +8,14 @@ dependency. The last tests load modules in a fresh interpreter and look at `sys.
 """
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from farm.bundle.fingerprint import imported_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = {"farm", "farm.errors", "farm.tasks", "kernels"}
@@ -50,19 +51,8 @@ def _module_name(path: Path) -> str:
 
 def _imports(path: Path) -> set[str]:
     """Every module a file imports, at any depth of its code (relative imports resolved)."""
-    tree = ast.parse(path.read_text(), str(path))
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
+    module = _module_name(path)
+    return imported_modules(path, module if path.name == "__init__.py" else module.rpartition(".")[0])
 
 
 def _package_of(module: str) -> str:

@@ -60,7 +60,7 @@ def override() -> dict[str, Any]:
     return value
 
 
-def _imports(path: Path, package: str | None) -> set[str]:
+def imported_modules(path: Path, package: str | None) -> set[str]:
     """Module names a source file imports (absolute, with relative imports resolved)."""
     tree = ast.parse(path.read_bytes(), filename=str(path))
     names: set[str] = set()
@@ -108,7 +108,7 @@ def kernel_sources(kernel: str) -> dict[str, str]:
         path = Path(spec.origin)
         hashes[name] = hashlib.sha256(path.read_bytes()).hexdigest()
         package = name if spec.submodule_search_locations is not None else name.rpartition(".")[0]
-        todo.extend(m for m in _imports(path, package) if m.split(".")[0] in local and m not in hashes)
+        todo.extend(m for m in imported_modules(path, package) if m.split(".")[0] in local and m not in hashes)
     return dict(sorted(hashes.items()))
 
 
