@@ -13,6 +13,7 @@ from farm import cli
 from farm.errors import SpaceError
 from farm.search import plan, spaces
 from farm.search.constraints import Constraint, ConstraintSyntaxError
+from farm.search.space_files import shipped_space
 from tests.sweeps import run_sweep
 
 VALID = """\
@@ -113,7 +114,7 @@ dtypes: [float32]
 
 def test_three_line_space_takes_the_kernels_shipped_space(tmp_path):
     space = spaces.load_space(write(tmp_path, THREE_LINES))
-    shipped = spaces.load_space(spaces.shipped_space("softmax"))
+    shipped = spaces.load_space(shipped_space("softmax"))
     assert space.params == shipped.params
     assert [(c.constraint.source, c.targets) for c in space.constraints] == \
         [(c.constraint.source, c.targets) for c in shipped.constraints]
@@ -133,7 +134,7 @@ def test_extends_merges_params_by_name_adds_constraints_and_drops_other_targets(
         trials: 5
     """)
     space = spaces.load_space(path)
-    shipped = spaces.load_space(spaces.shipped_space("softmax"))
+    shipped = spaces.load_space(shipped_space("softmax"))
     assert [t.name for t in space.targets] == ["interpret"] and space.trials == 5
     assert next(p for p in space.params if p.name == "block_rows").choices == (1, 2)
     # knobs of the shipped space that exist only for other targets are gone

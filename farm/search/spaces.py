@@ -1,17 +1,9 @@
 """Load and validate search spaces (`search_spaces/*.yaml`) before any work starts.
 
 A space says what a user chooses: kernel, shapes, dtypes, targets, preferred knob ranges, a
-budget and a sampler. It may build on another space:
-
-    kernel: softmax               # the three-line space: everything else comes from the
-    shapes: [[4096, 50257]]       # kernel's shipped space (search_spaces/softmax.yaml)
-    dtypes: [bfloat16]
-
-    extends: softmax              # explicitly: a shipped space by name, or a file path
-    targets: [gpu-triton]         # relative to this file; fields given here replace the
-    params: {num_warps: {values: [4, 8]}}   # base's (params and constraints merge, see merge)
-
-Every problem raises `SpaceError` naming the file, the field and what was expected.
+budget and a sampler; it may build on another one (`farm.search.space_files`: `extends`, and
+three-line spaces that take the kernel's shipped space). Every problem raises `SpaceError`
+naming the file, the field and what was expected.
 """
 from __future__ import annotations
 
@@ -20,15 +12,13 @@ import itertools
 import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 import kernels
 from farm.errors import SpaceError
 from farm.search.constraints import Constraint, ConstraintSyntaxError
+from farm.search.space_files import read_yaml, resolve
 from kernels.lowering import TARGETS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -36,8 +26,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SAMPLERS = ("tpe", "random", "grid")
 TOP_LEVEL = ("kernel", "description", "extends", "shapes", "dtypes", "targets", "params", "constraints",
              "sampler", "trials")
-# How many spaces one `extends` chain may hold.
-MAX_EXTENDS = 8
 PARAM_KINDS = ("values", "range", "pow2")
 DEFAULT_TRIALS = 20
 # Spaces this large are checked for a feasible config by sampling instead of enumeration.
@@ -131,141 +119,10 @@ class SearchSpace:
         return math.prod(len(p.choices) for p in self.params_for(target))
 
 
-def shipped_spaces_dir() -> Path:
-    """The folder of the search spaces shipped with the farm (one per registered kernel)."""
-    return Path(str(resources.files("search_spaces")))
-
-
-def shipped_space(kernel: str) -> Path | None:
-    """The shipped search space of a kernel, or None when it has none."""
-    path = shipped_spaces_dir() / f"{kernel}.yaml"
-    return path if path.is_file() else None
-
-
-def _read_yaml(path: str) -> Any:
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise SpaceError(path, "file", "a readable YAML file", err.strerror) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpaceError(path, where, f"well-formed YAML ({problem})") from None
-
-
 def load_space(path: str | Path) -> SearchSpace:
     """Load and fully validate one search space file (and the spaces it extends)."""
     path = str(path)
-    return parse_space(_read_yaml(path), path)
-
-
-def _base_path(data: dict[str, Any], path: str) -> str | None:
-    """The space `data` (read from `path`) builds on: its `extends`, else the kernel's shipped
-    space when it names no params; None when it stands alone."""
-    base = data.get("extends")
-    if base is None:
-        if "params" in data or not isinstance(data.get("kernel"), str):
-            return None
-        shipped = shipped_space(data["kernel"])
-        if shipped is None:
-            raise SpaceError(path, "params", f"a mapping of knobs (kernel {data['kernel']!r} ships no search space "
-                             f"to take them from)")
-        return str(shipped)
-    if not isinstance(base, str) or not base:
-        raise SpaceError(path, "extends", "a shipped space name (e.g. softmax) or a YAML file path", base)
-    if base.endswith((".yaml", ".yml")) or "/" in base:
-        return str(Path(path).parent / base)
-    shipped = shipped_space(base)
-    if shipped is None:
-        names = sorted(p.stem for p in shipped_spaces_dir().glob("*.yaml"))
-        raise SpaceError(path, "extends", f"a shipped space ({', '.join(names)}) or a YAML file path", base)
-    return str(shipped)
-
-
-def _target_names(targets: Any) -> set[str] | None:
-    """The target names of a `targets` field (list or mapping); None when it is neither."""
-    if isinstance(targets, dict):
-        return {str(t) for t in targets}
-    if isinstance(targets, list) and all(isinstance(t, str) for t in targets):
-        return set(targets)
-    return None
-
-
-def _only_targets(base: dict[str, Any], keep: set[str] | None) -> dict[str, Any]:
-    """`base` with its per-target params and constraints cut to the targets in `keep`."""
-    if keep is None:
-        return base
-
-    def cut(item: Any) -> Any:
-        if isinstance(item, dict) and isinstance(item.get("targets"), list):
-            targets = [t for t in item["targets"] if t in keep]
-            return {**item, "targets": targets} if targets else None
-        return item
-
-    params = base.get("params")
-    if isinstance(params, dict):
-        params = {name: spec for name, spec in ((n, cut(v)) for n, v in params.items()) if spec is not None}
-    constraints = base.get("constraints")
-    if isinstance(constraints, list):
-        constraints = [c for c in map(cut, constraints) if c is not None]
-    return {**base, "params": params, "constraints": constraints}
-
-
-def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
-    """`child` over `base`: the child's fields replace the base's, except that params merge by
-    name (the child's entry wins), constraints add up, and the child's top-level shapes or dtypes
-    also replace the base's per-target ones (a user's shapes apply to every target). When the
-    child names its targets, the base's knobs and constraints for other targets are dropped."""
-    if "targets" in child:
-        base = _only_targets(base, _target_names(child["targets"]))
-    merged = {**base, **{k: v for k, v in child.items() if k not in ("params", "constraints", "extends")}}
-    merged.pop("extends", None)
-    if isinstance(base.get("params"), dict) and isinstance(child.get("params"), dict):
-        merged["params"] = {**base["params"], **child["params"]}
-    elif "params" in child:
-        merged["params"] = child["params"]
-    base_constraints = base.get("constraints") or []
-    child_constraints = child.get("constraints") or []
-    if isinstance(base_constraints, list) and isinstance(child_constraints, list):
-        merged["constraints"] = [*base_constraints, *child_constraints]
-    else:
-        merged["constraints"] = child_constraints if "constraints" in child else base_constraints
-    targets = merged.get("targets")
-    if isinstance(child.get("targets"), list) and isinstance(base.get("targets"), dict):
-        # a list of names picks the base's targets, with their own shapes and dtypes
-        targets = merged["targets"] = {name: base["targets"].get(name) for name in child["targets"]}
-    if isinstance(targets, dict) and ("targets" not in child or isinstance(child["targets"], list)):
-        overridden = [f for f in ("shapes", "dtypes") if f in child]
-        merged["targets"] = {name: ({k: v for k, v in body.items() if k not in overridden}
-                                    if isinstance(body, dict) else body) for name, body in targets.items()}
-    return merged
-
-
-def _resolve(data: Any, path: str) -> Any:
-    """The document with its `extends` chain merged in (at most MAX_EXTENDS files, no cycles)."""
-    chain, merged, raw, current = [path], data, data, path   # raw: the content of file `current`
-    while isinstance(raw, dict):
-        base_path = _base_path({**raw, "kernel": merged.get("kernel")}, current)
-        if base_path is None:
-            return merged
-        if len(chain) >= MAX_EXTENDS:
-            raise SpaceError(path, "extends", f"a chain of at most {MAX_EXTENDS} spaces", " -> ".join(chain))
-        if any(Path(base_path).resolve() == Path(p).resolve() for p in chain):
-            raise SpaceError(path, "extends", "no cycle of spaces", " -> ".join([*chain, base_path]))
-        if not Path(base_path).is_file():
-            raise SpaceError(current, "extends", "a readable YAML file", base_path)
-        base = _read_yaml(base_path)
-        if not isinstance(base, dict):
-            raise SpaceError(base_path, "document", f"a mapping (extended by {current})", type(base).__name__)
-        if "kernel" in merged and "kernel" in base and merged["kernel"] != base["kernel"]:
-            raise SpaceError(current, "kernel", f"the kernel of the space it extends ({base['kernel']!r} in "
-                             f"{base_path})", merged["kernel"])
-        chain.append(base_path)
-        merged, raw, current = merge(base, merged), base, base_path
-    return merged
+    return parse_space(read_yaml(path), path)
 
 
 def load_spaces(paths: Sequence[str | Path]) -> list[SearchSpace]:
@@ -277,7 +134,7 @@ def load_spaces(paths: Sequence[str | Path]) -> list[SearchSpace]:
 
 def parse_space(data: Any, path: str) -> SearchSpace:
     """Validate the parsed YAML document of a search space (its `extends` chain merged in first)."""
-    data = _resolve(data, path)
+    data = resolve(data, path)
     if not isinstance(data, dict):
         raise SpaceError(path, "document", "a mapping with fields " + ", ".join(TOP_LEVEL),
                          type(data).__name__)
