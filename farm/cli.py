@@ -6,6 +6,7 @@ verification exits with code 1; `farm retune` exits with code 3 when its gate bl
 from __future__ import annotations
 
 import argparse
+import logging
 import json
 import sys
 import warnings
@@ -13,11 +14,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import farm
 from farm.errors import BundleError, FarmError
 from farm.measure.capacity import profiles as capacity_profiles
 from kernels.lowering import TARGETS
 
 DEFAULT_KEY = ".keys/dev_ed25519.pem"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 BUNDLE_DIR = "bundle"
 
 
@@ -44,6 +47,9 @@ _non_negative_float = _number(float, 0.0, strict=False, expected="a number >= 0"
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = argparse.ArgumentParser(prog="farm", description="Autotune JAX Pallas kernels on Ray.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s (pallas-farm) {farm.__version__}")
+    parser.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS,
+                        help="diagnostics on stderr from this level up (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sweep = sub.add_parser("sweep", help="tune the tasks of search spaces and write a signed bundle")
@@ -362,6 +368,7 @@ COMMANDS = {"sweep": cmd_sweep, "verify": cmd_verify, "show": cmd_show, "keygen"
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[args.command](args)
     except BundleError as err:

@@ -1,0 +1,30 @@
+"""The `farm` command's own options: --version and --log-level."""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+import farm
+from farm import cli
+
+
+def test_version_prints_the_package_version(repo):
+    out = subprocess.run([sys.executable, "-m", "farm", "--version"], cwd=repo, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"farm (pallas-farm) {farm.__version__}"
+
+
+def test_log_level_sets_the_root_logger(tmp_path, monkeypatch):
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    assert cli.main(["--log-level", "info", "keygen", str(tmp_path / "k.pem")]) == 0
+    assert logging.getLogger().level == logging.INFO
+
+
+def test_unknown_log_level_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--log-level", "chatty", "keygen"])
+    assert exit_.value.code == 2 and "--log-level" in capsys.readouterr().err
