@@ -4,10 +4,12 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+import tomllib
 from collections import Counter
 from pathlib import Path
 
@@ -29,15 +31,30 @@ def test_cluster_yaml_passes_rays_own_validation(repo):
     assert "TPU" not in head["resources"] and head["max_workers"] == 0
     tpu_hosts = {name: t for name, t in types.items() if "acceleratorType" in t.get("node_config", {})}
     assert {t["node_config"]["acceleratorType"] for t in tpu_hosts.values()} == {"v5litepod-4", "v6e-4"}
+    assert all("farm-env/bin/ray start" in c for c in [*prepared["head_start_ray_commands"][1:],
+                                                      *prepared["worker_start_ray_commands"][1:]])
     for host in tpu_hosts.values():
         chips = int(host["node_config"]["acceleratorType"].rsplit("-", 1)[1])
         assert host["resources"]["TPU"] == chips and host["node_config"]["runtimeVersion"]
-    assert any("pip install -e ~/pallas-farm" in c for c in prepared["setup_commands"])
+    setup = " ".join(prepared["setup_commands"])
+    assert "pallas-farm[tune]" in setup and "--python 3.11" in setup
+    assert all(t["min_workers"] == 0 for t in tpu_hosts.values()), "idle TPU hosts would be billed"
+    assert any(t["node_config"].get("schedulingConfig", {}).get("spot") for t in tpu_hosts.values())
 
     broken = copy.deepcopy(config)
     broken["available_node_types"]["tpu_v6e_host"]["min_workers"] = "one"
     with pytest.raises(Exception):
         validate_config(prepare_config(broken))
+
+
+def test_cluster_yaml_pins_every_dependency(repo):
+    """Every package of the farm's stack (the light install and the tune extra) is pinned with ==."""
+    project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["tune"]]
+    names = {re.split(r"[<>=\[ ]", spec, maxsplit=1)[0].lower() for spec in wanted}
+    setup = " ".join(yaml.safe_load((repo / "cluster.yaml").read_text())["setup_commands"])
+    pinned = {m.group(1).lower() for m in re.finditer(r'"([A-Za-z0-9_.-]+)(?:\[[a-z,]+\])?==[0-9][^"]*"', setup)}
+    assert names <= pinned, f"not pinned in cluster.yaml: {sorted(names - pinned)}"
 
 
 def _free_ports(n: int) -> list[int]:
