@@ -61,13 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(sweep)
 
     verify = sub.add_parser("verify", help="check a bundle's signature and file hashes")
-    verify.add_argument("bundle", type=Path)
+    verify.add_argument("bundle", type=Path, help="bundle folder, run folder, `farm pull` deployment folder or "
+                        "bundle archive")
     verify.add_argument("--trust", action="append", required=True, type=Path,
                         help="trusted public key file or folder of *.pub (repeatable)")
 
     show = sub.add_parser("show", help="print a bundle's winners table")
-    show.add_argument("bundle", type=Path)
-    show.add_argument("--trust", action="append", type=Path, help="verify against these keys first")
+    show.add_argument("bundle", type=Path, help="bundle folder, run folder, `farm pull` deployment folder or "
+                      "bundle archive")
+    show.add_argument("--trust", action="append", type=Path,
+                      help="verify against these keys first (without: shown with an UNVERIFIED warning)")
 
     keygen = sub.add_parser("keygen", help="create an Ed25519 signing key pair")
     keygen.add_argument("path", type=Path, nargs="?", default=Path(DEFAULT_KEY),
@@ -237,24 +240,29 @@ def _load_run(out: Path) -> dict[str, Any]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Verify a bundle against trusted keys."""
-    from farm.bundle import artifacts, signing
+    """Verify a bundle (folder, run folder, deployment folder or archive) against trusted keys."""
+    from farm.bundle import locate, trust
 
-    manifest = artifacts.verify_bundle(args.bundle, signing.load_trusted_keys(args.trust))
-    print(f"OK: {args.bundle} verified (bundle {manifest['bundle_id']}, signer {manifest['signer_key_id']}, "
-          f"{len(manifest['files'])} files)")
+    with locate.open_bundle(args.bundle, trust.load_trust(args.trust)) as opened:
+        inner = f" ({opened.kind}: {opened.folder})" if opened.kind in (locate.RUN, locate.DEPLOYMENT) else ""
+        print(f"OK: {args.bundle}{inner} verified (bundle {opened.bundle_id}, signer "
+              f"{opened.manifest['signer_key_id']}, {len(opened.manifest['files'])} files)")
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """Print a bundle's winners table."""
-    from farm.bundle import artifacts, signing
+    """Print a bundle's winners table; without --trust, warn that its signature was not checked."""
+    from farm.bundle import trust
+    from farm.bundle.locate import open_bundle
 
-    if args.trust:
-        artifacts.verify_bundle(args.bundle, signing.load_trusted_keys(args.trust))
-    elif not (args.bundle / artifacts.CONFIGS).is_file():
-        raise FarmError(f"{args.bundle}: expected a bundle folder with {artifacts.CONFIGS}")
-    print_winners(artifacts.read_configs(args.bundle).to_pylist())
+    trusted = trust.load_trust(args.trust) if args.trust else trust.Trust({})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)
+        with open_bundle(args.bundle, trusted, allow_unsigned=not args.trust) as opened:
+            if not args.trust:
+                print(f"WARNING: UNVERIFIED bundle {args.bundle}: no --trust given, so its signature was not "
+                      f"checked (its files match its manifest, which anyone could have written)", file=sys.stderr)
+            print_winners(opened.configs().to_pylist())
     return 0
 
 

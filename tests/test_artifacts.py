@@ -9,6 +9,7 @@ import pytest
 
 from farm import cli
 from farm.bundle import artifacts, signing
+from farm.bundle.trust import load_trust, verify
 from farm.errors import BundleError, FarmError
 
 ROW = {"task_key": "softmax/64x256/float32/interpret", "kernel": "softmax", "shape": [64, 256],
@@ -25,11 +26,11 @@ def bundle(tmp_path, signing_key):
 
 
 def trusted(signing_key):
-    return signing.load_trusted_keys([signing_key[1]])
+    return load_trust([signing_key[1]])
 
 
 def test_bundle_verifies_and_reads_back(bundle, signing_key):
-    manifest = artifacts.verify_bundle(bundle, trusted(signing_key))
+    manifest = verify(bundle, trusted(signing_key)).manifest
     assert manifest["schema_version"] == artifacts.SCHEMA_VERSION
     row = pq.read_table(bundle / "configs.parquet").to_pylist()[0]
     assert row["config"] == ROW["config"] and row["shape"] == [64, 256]
@@ -48,9 +49,9 @@ def test_every_single_byte_flip_fails(bundle, signing_key, name):
         data[i] ^= 0x01
         path.write_bytes(bytes(data))
         with pytest.raises(BundleError):
-            artifacts.verify_bundle(bundle, keys)
+            verify(bundle, keys)
     path.write_bytes(original)
-    artifacts.verify_bundle(bundle, keys)
+    verify(bundle, keys)
 
 
 def test_cli_verify_fails_on_flip(bundle, signing_key, capsys):
@@ -65,7 +66,7 @@ def test_cli_verify_fails_on_flip(bundle, signing_key, capsys):
 def test_untrusted_key_fails(bundle, tmp_path, capsys):
     _, other_public, _ = signing.generate_keypair(tmp_path / "other.pem")
     with pytest.raises(BundleError, match="not trusted"):
-        artifacts.verify_bundle(bundle, signing.load_trusted_keys([other_public]))
+        verify(bundle, load_trust([other_public]))
     assert cli.main(["verify", str(bundle), "--trust", str(other_public)]) == 1
 
 
@@ -73,17 +74,17 @@ def test_signature_by_another_key_with_the_same_id_field_fails(bundle, tmp_path,
     other = signing.load_private_key(signing.generate_keypair(tmp_path / "o.pem")[0])
     (bundle / "manifest.sig").write_bytes(signing.sign((bundle / "manifest.json").read_bytes(), other))
     with pytest.raises(BundleError, match="signature does not match"):
-        artifacts.verify_bundle(bundle, trusted(signing_key))
+        verify(bundle, trusted(signing_key))
 
 
 def test_stray_and_missing_files_fail(bundle, signing_key):
     (bundle / "extra.txt").write_text("x")
     with pytest.raises(BundleError, match="unlisted files"):
-        artifacts.verify_bundle(bundle, trusted(signing_key))
+        verify(bundle, trusted(signing_key))
     (bundle / "extra.txt").unlink()
     (bundle / "trials.parquet").unlink()
     with pytest.raises(BundleError, match="missing"):
-        artifacts.verify_bundle(bundle, trusted(signing_key))
+        verify(bundle, trusted(signing_key))
 
 
 def test_failed_write_keeps_the_old_bundle(bundle, signing_key):
@@ -98,7 +99,7 @@ def test_failed_write_keeps_the_old_bundle(bundle, signing_key):
 def test_rewrite_replaces_atomically(bundle, signing_key):
     key = signing.load_private_key(signing_key[0])
     artifacts.write_bundle(bundle, [{**ROW, "median_s": 5e-5}], [TRIAL], key)
-    artifacts.verify_bundle(bundle, trusted(signing_key))
+    verify(bundle, trusted(signing_key))
     assert pq.read_table(bundle / "configs.parquet").column("median_s").to_pylist() == [5e-5]
     assert sorted(p.name for p in bundle.parent.iterdir()) == ["bundle"]
 

@@ -8,10 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from farm import cli
-from farm.bundle import artifacts, signing
+from farm.bundle import artifacts
 from farm.bundle import merge as bundle
 from farm.bundle.archive import extract_archive
-from farm.bundle.trust import UnverifiedBundleWarning, load_trust
+from farm.bundle.trust import UnverifiedBundleWarning, load_trust, verify
 from farm.errors import BundleError
 from tests import bundles as B
 
@@ -39,7 +39,7 @@ def two_runs(tmp_path, key):
 
 def _open(archive, tmp_path, trusted):
     folder = extract_archive(archive, tmp_path / "opened")
-    artifacts.verify_bundle(folder, trusted)
+    verify(folder, trusted)
     return folder
 
 
@@ -49,7 +49,7 @@ def test_merge_keeps_the_newest_row_per_task_and_every_trial(tmp_path, key, two_
     result = bundle.merge(two_runs, out, private, load_trust([public]))
     assert (result.rows, result.trials, result.replaced) == (3, 6 + 4, 1)
 
-    folder = _open(out, tmp_path, signing.load_trusted_keys([public]))
+    folder = _open(out, tmp_path, load_trust([public]))
     rows = {r["task_key"]: r for r in pq.read_table(folder / artifacts.CONFIGS).to_pylist()}
     assert json.loads(rows["softmax/64x256/float32/interpret"]["config"]) == {"block_rows": 64}
     assert rows["softmax/64x256/float32/interpret"]["run_id"] == "run-b"
@@ -65,7 +65,7 @@ def test_configs_parquet_is_plain_parquet(tmp_path, key, two_runs):
     """Readable by pyarrow alone, with the documented columns and types."""
     private, public = key
     bundle.merge(two_runs, tmp_path / "merged.tar.gz", private, load_trust([public]))
-    folder = _open(tmp_path / "merged.tar.gz", tmp_path, signing.load_trusted_keys([public]))
+    folder = _open(tmp_path / "merged.tar.gz", tmp_path, load_trust([public]))
     table = pq.read_table(str(folder / "configs.parquet"))
     assert table.schema.names == artifacts.CONFIG_COLUMNS.names
     assert table.schema.field("shape").type == artifacts.CONFIG_COLUMNS.field("shape").type
@@ -95,7 +95,7 @@ def test_equal_created_later_input_wins_and_device_kinds_stay_apart(tmp_path, ke
     assert result.rows == 2
     assert rows[("softmax/64x256/float32/interpret", "cpu")] == {"block_rows": 2}
     assert rows[("softmax/64x256/float32/interpret", "NVIDIA H200")] == {"block_rows": 4}
-    artifacts.verify_bundle(out, signing.load_trusted_keys([public]))
+    verify(out, load_trust([public]))
 
 
 def test_same_bundle_twice_is_merged_once(tmp_path, key, two_runs):
@@ -130,7 +130,7 @@ def test_cli_bundle(tmp_path, key, two_runs, capsys):
     assert cli.main(["bundle", *map(str, two_runs), "--out", str(out), "--key", str(keyfile),
                      "--trust", str(public)]) == 0
     assert "3 tasks from 2 inputs" in capsys.readouterr().out
-    _open(out, tmp_path, signing.load_trusted_keys([public]))
+    _open(out, tmp_path, load_trust([public]))
 
     assert cli.main(["bundle", str(two_runs[0]), "--out", str(out), "--key", str(keyfile)]) == 2
     assert "--trust" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from farm.bundle import artifacts, signing
+from farm.bundle import artifacts, trust
 from farm.measure import outcomes
 
 
@@ -109,7 +109,7 @@ def test_ray_job_submit_runs_a_sweep(ray_head, tmp_path, signing_key, repo):
         env=env, capture_output=True, text=True, timeout=900)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "succeeded" in job.stdout
-    artifacts.verify_bundle(out / "bundle", signing.load_trusted_keys([signing_key[1]]))
+    trust.verify(out / "bundle", trust.load_trust([signing_key[1]]))
     rows = artifacts.read_configs(out / "bundle").to_pylist()
     assert sorted(r["task_key"] for r in rows) == ["softmax/128x512/float32/interpret",
                                                    "softmax/64x256/float32/interpret"]

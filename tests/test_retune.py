@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from farm import cli
-from farm.bundle import artifacts, fingerprint, signing
+from farm.bundle import artifacts, fingerprint, signing, trust
 from farm.errors import FarmError
 from farm.measure import outcomes
 from farm.retune import retune
@@ -82,7 +82,7 @@ def _retune(farm, signing_key, name, *spaces, extra=()):
                      "--key", str(signing_key[0]), "--out", str(out), "--quiet", "--repetitions", "3", *extra])
     report = json.loads((out / retune.REPORT_JSON).read_text())
     assert report["exit_code"] == code
-    artifacts.verify_bundle(out / "bundle", signing.load_trusted_keys([signing_key[1]]))
+    trust.verify(out / "bundle", trust.load_trust([signing_key[1]]))
     trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()] \
         if (out / "trials.jsonl").exists() else []
     rows = {r["task_key"]: r for r in pq.read_table(out / "bundle" / "configs.parquet").to_pylist()}

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from farm import cli
-from farm.bundle import artifacts, signing
+from farm.bundle import trust
 from farm.measure import outcomes
 from farm.search import studies
 from tests.sweeps import run_sweep
@@ -38,7 +38,7 @@ def demo_run(tmp_path_factory, signing_key, repo):
 
 def test_sweep_writes_a_bundle_that_verifies(demo_run, signing_key):
     out, proc = demo_run
-    manifest = artifacts.verify_bundle(out / "bundle", signing.load_trusted_keys([signing_key[1]]))
+    manifest = trust.verify(out / "bundle", trust.load_trust([signing_key[1]])).manifest
     assert set(manifest["files"]) == {"configs.parquet", "trials.parquet"}
     assert "winners" in proc.stdout and "softmax/64x256/float32/interpret" in proc.stdout
 

@@ -1,2 +1,3 @@
-"""Bundle: what a sweep ships. Winner selection, signed Parquet bundles, keys and trust,
-software fingerprints, merging bundles. No Ray, no Optuna."""
+"""Bundle: what a sweep ships. Winner selection, signed Parquet bundles, keys and trust, one way to
+open and verify a bundle wherever it lives (locate), software fingerprints, merging bundles.
+No Ray, no Optuna."""

@@ -1,8 +1,8 @@
 """Signed bundles: configs.parquet, trials.parquet, manifest.json and manifest.sig.
 
 A bundle is written into a temporary sibling folder and renamed into place, so a reader
-sees either the old bundle or the complete new one. `verify_bundle` checks the signature
-against trusted keys, then every file's sha256, and refuses files the manifest does not list.
+sees either the old bundle or the complete new one. Bundles are opened and verified by
+`farm.bundle.locate.open_bundle` (the verifier is `farm.bundle.trust.verify`).
 """
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from farm.bundle import signing
-from farm.errors import BundleError
 
 SCHEMA_VERSION = 1
 CONFIGS = "configs.parquet"
@@ -120,58 +119,6 @@ def write_bundle(dest: str | Path, configs: Sequence[Mapping[str, Any]], trials:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
-
-
-def verify_bundle(path: str | Path, trusted: Mapping[str, Ed25519PublicKey]) -> dict[str, Any]:
-    """The manifest of a bundle whose signature and every file hash check out; else BundleError."""
-    path = Path(path)
-    if not path.is_dir():
-        raise BundleError(f"{path}: expected a bundle folder")
-    try:
-        manifest_bytes = (path / MANIFEST).read_bytes()
-        signature = (path / SIGNATURE).read_bytes()
-    except FileNotFoundError as err:
-        raise BundleError(f"{path}: missing {Path(err.filename).name}; expected a signed bundle") from None
-    try:
-        manifest = json.loads(manifest_bytes)
-        signer = manifest["signer_key_id"]
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise BundleError(f"{path / MANIFEST}: not a valid manifest ({err})") from None
-    key = trusted.get(signer)
-    if key is None:
-        raise BundleError(f"{path}: signed by key {signer}, which is not trusted "
-                          f"(trusted: {sorted(trusted)})")
-    if not signing.verify(manifest_bytes, signature, key):
-        raise BundleError(f"{path / SIGNATURE}: signature does not match the manifest (tampered bundle?)")
-    check_files(path, manifest)
-    return manifest
-
-
-def check_files(path: str | Path, manifest: Mapping[str, Any]) -> None:
-    """Check a bundle folder's files against its manifest (schema, names, sizes, sha256); else BundleError."""
-    path = Path(path)
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise BundleError(f"{path / MANIFEST}: schema_version {manifest.get('schema_version')!r}; "
-                          f"expected {SCHEMA_VERSION}")
-    files = manifest.get("files")
-    if not isinstance(files, Mapping) or not all(isinstance(e, Mapping) for e in files.values()):
-        raise BundleError(f"{path / MANIFEST}: files: expected an object of {{name: {{sha256, bytes}}}}")
-    listed = set(files) | {MANIFEST, SIGNATURE}
-    present = {p.name for p in path.iterdir()}
-    if present - listed:
-        raise BundleError(f"{path}: unlisted files {sorted(present - listed)}; expected only {sorted(listed)}")
-    for name, entry in files.items():
-        if "/" in name or name.startswith("."):
-            raise BundleError(f"{path / MANIFEST}: file name {name!r} is not a plain file name")
-        file = path / name
-        if file.is_symlink() or not file.is_file():
-            raise BundleError(f"{file}: missing or not a regular file; the manifest lists it")
-        size = file.stat().st_size
-        if "bytes" in entry and size != entry["bytes"]:
-            raise BundleError(f"{file}: {size} bytes; the manifest says {entry['bytes']} (truncated or tampered)")
-        if sha256_file(file) != entry.get("sha256"):
-            raise BundleError(f"{file}: sha256 does not match the manifest (corrupt or tampered)")
 
 
 def read_configs(path: str | Path) -> pa.Table:

@@ -1,10 +1,11 @@
 """Merge the bundles of several runs into one signed bundle (a folder or a .tar.gz archive).
 
-Each input is a run folder (its `bundle/` is used), a bundle folder, or a bundle archive; each is
-verified against the trusted keys first. Rows are merged per task key and device kind (one
-target, e.g. gpu-triton, may be tuned on several device kinds): the newest row by `created`
-wins, and on equal `created` the later input wins. Trials of every run are kept (a trial that
-appears in two inputs, e.g. when a merged bundle is merged again, is kept once).
+Each input is a run folder (its `bundle/` is used), a bundle folder, a `farm pull` deployment
+folder or a bundle archive; each is opened and verified by `farm.bundle.locate.open_bundle`
+first. Rows are merged per task key and device kind (one target, e.g. gpu-triton, may be tuned
+on several device kinds): the newest row by `created` wins, and on equal `created` the later
+input wins. Trials of every run are kept (a trial that appears in two inputs, e.g. when a
+merged bundle is merged again, is kept once).
 """
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from farm.bundle import artifacts, signing
-from farm.bundle.archive import extract_archive, is_archive, write_archive
+from farm.bundle.archive import is_archive, write_archive
+from farm.bundle.locate import open_bundle
 from farm.bundle.trust import Trust, verify
 from farm.errors import BundleError, FarmError
 
-RUN_BUNDLE = "bundle"
 _TRIAL_IDENTITY = ("run_id", "task_key", "trial", "attempt", "worker", "started", "finished")
 
 
@@ -36,17 +37,6 @@ class MergeResult:
     replaced: int
     inputs: tuple[str, ...]
     warnings: tuple[str, ...]
-
-
-def bundle_folder(path: str | Path) -> Path:
-    """The bundle folder of a run folder (RUN_DIR/bundle) or of a bundle folder itself."""
-    path = Path(path)
-    if (path / RUN_BUNDLE / artifacts.MANIFEST).is_file():
-        return path / RUN_BUNDLE
-    if (path / artifacts.MANIFEST).is_file():
-        return path
-    raise FarmError(f"{path}: expected a run folder with {RUN_BUNDLE}/{artifacts.MANIFEST}, "
-                    f"a bundle folder with {artifacts.MANIFEST}, or a bundle archive (.tar.gz)")
 
 
 def _created(row: dict[str, Any], source: str) -> datetime:
@@ -98,25 +88,18 @@ def merge(inputs: Sequence[str | Path], out: str | Path, key: Ed25519PrivateKey,
     merged_from: list[str] = []
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix=".farm-bundle-", dir=out.parent if out.parent.exists() else None) as tmp:
-        for number, given in enumerate(map(Path, inputs)):
-            if given.is_file() and is_archive(given.name):
-                folder = extract_archive(given, Path(tmp) / f"input-{number}")
-            elif given.is_dir():
-                folder = bundle_folder(given)
-            else:
-                raise FarmError(f"{given}: not found; expected a run folder, bundle folder or bundle archive")
-            verified = verify(folder, trust, allow_unsigned=allow_unsigned)
-            if verified.warning:
-                notes.append(verified.warning)
-            bundle_id = str(verified.manifest.get("bundle_id"))
-            if bundle_id in merged_from:
-                notes.append(f"{given}: bundle {bundle_id} was already given; merged once")
-                continue
-            merged_from.append(bundle_id)
-            rows = artifacts.read_configs(folder).to_pylist()
-            configs.append((str(given), rows))
-            trials.append(artifacts.read_trials(folder).to_pylist())
-            for run_id in [*verified.manifest.get("run_ids", []), *(r["run_id"] for r in rows)]:
+        for given in inputs:
+            with open_bundle(given, trust, allow_unsigned=allow_unsigned) as opened:
+                if opened.warning:
+                    notes.append(opened.warning)
+                if opened.bundle_id in merged_from:
+                    notes.append(f"{given}: bundle {opened.bundle_id} was already given; merged once")
+                    continue
+                merged_from.append(opened.bundle_id)
+                rows = opened.configs().to_pylist()
+                configs.append((str(given), rows))
+                trials.append(opened.trials().to_pylist())
+            for run_id in [*opened.manifest.get("run_ids", []), *(r["run_id"] for r in rows)]:
                 if run_id and run_id not in run_ids:
                     run_ids.append(run_id)
         rows, replaced = merge_rows(configs)
@@ -124,7 +107,7 @@ def merge(inputs: Sequence[str | Path], out: str | Path, key: Ed25519PrivateKey,
         meta = {"run_ids": run_ids, "merged_from": merged_from}
         if is_archive(out.name):
             staged = artifacts.write_bundle(Path(tmp) / "merged", rows, all_trials, key, meta)
-            artifacts.verify_bundle(staged, {signing.key_id(key.public_key()): key.public_key()})
+            verify(staged, Trust({signing.key_id(key.public_key()): key.public_key()}))
             write_archive(staged, out)
         else:
             artifacts.write_bundle(out, rows, all_trials, key, meta)

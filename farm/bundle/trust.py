@@ -1,4 +1,4 @@
-"""Who may sign bundles: trusted public keys, revoked keys, and verification of a bundle folder.
+"""Who may sign bundles: trusted public keys, revoked keys, and the one verifier of a bundle folder.
 
 Trust is read from files and folders (`--trust PATH`, repeatable):
 
@@ -16,6 +16,9 @@ still present, and even with `allow_unsigned`. A bundle that is unsigned (no `ma
 whose signer is not trusted is refused unless the caller passes `allow_unsigned=True`
 (`--allow-unsigned`), which logs a loud warning. A signature that does not match a trusted
 key's is tampering and is always refused. File sizes and hashes are checked in every case.
+
+`verify` is the one verifier of a bundle folder; `farm.bundle.locate.open_bundle` finds the
+folder of a run, a deployment or an archive and verifies it with `verify`.
 """
 from __future__ import annotations
 
@@ -126,38 +129,74 @@ class Verified:
     warning: str | None = None
 
 
-def verify(path: str | Path, trust: Trust, *, allow_unsigned: bool = False) -> Verified:
-    """Verify a bundle folder: revocation, signature, then every file's size and sha256; else BundleError."""
+def verify(path: str | Path, trust: Trust, *, allow_unsigned: bool = False, label: str | None = None) -> Verified:
+    """The one bundle verifier: revocation, signature, then every file's size and sha256; else BundleError.
+
+    Args:
+        path: a bundle folder (`farm.bundle.locate.open_bundle` finds it for other locations).
+        trust: trusted and revoked keys (`load_trust`).
+        allow_unsigned: accept an unsigned or untrusted bundle (never a revoked or tampered one),
+            with an UnverifiedBundleWarning.
+        label: how messages name the folder (e.g. the archive or URL it came from); default its path.
+    """
     path = Path(path)
+    shown = label or str(path)
     if not path.is_dir():
-        raise BundleError(f"{path}: expected a bundle folder")
+        raise BundleError(f"{shown}: expected a bundle folder")
     manifest_path, signature_path = path / artifacts.MANIFEST, path / artifacts.SIGNATURE
     try:
         manifest_bytes = manifest_path.read_bytes()
     except FileNotFoundError:
-        raise BundleError(f"{path}: missing {artifacts.MANIFEST}; expected a bundle") from None
+        raise BundleError(f"{shown}: missing {artifacts.MANIFEST}; expected a bundle") from None
     try:
         manifest = json.loads(manifest_bytes)
         signer = manifest.get("signer_key_id")
     except (ValueError, AttributeError) as err:
-        raise BundleError(f"{manifest_path}: not a valid manifest ({err})") from None
+        raise BundleError(f"{shown}/{artifacts.MANIFEST}: not a valid manifest ({err})") from None
     if not isinstance(signer, str):
-        raise BundleError(f"{manifest_path}: signer_key_id: expected a key id string, got {signer!r}")
+        raise BundleError(f"{shown}/{artifacts.MANIFEST}: signer_key_id: expected a key id string, got {signer!r}")
     if signer in trust.revoked:
-        raise BundleError(f"{path}: signed by key {signer}, which is revoked ({trust.revoked[signer]})")
+        raise BundleError(f"{shown}: signed by key {signer}, which is revoked ({trust.revoked[signer]})")
     problem = None
     if not signature_path.is_file():
         problem = f"unsigned: no {artifacts.SIGNATURE}"
     elif signer not in trust.keys:
         problem = f"signed by key {signer}, which is not trusted (trusted: {sorted(trust.keys)})"
     elif not signing.verify(manifest_bytes, signature_path.read_bytes(), trust.keys[signer]):
-        raise BundleError(f"{signature_path}: signature does not match the manifest (tampered bundle?)")
+        raise BundleError(f"{shown}/{artifacts.SIGNATURE}: signature does not match the manifest (tampered bundle?)")
     warning = None
     if problem is not None:
         if not allow_unsigned:
-            raise BundleError(f"{path}: {problem}; expected a bundle signed by a trusted key "
+            raise BundleError(f"{shown}: {problem}; expected a bundle signed by a trusted key "
                               f"(--allow-unsigned accepts it anyway)")
-        warning = f"ACCEPTING AN UNVERIFIED BUNDLE {path}: {problem} (allow_unsigned)"
+        warning = f"ACCEPTING AN UNVERIFIED BUNDLE {shown}: {problem} (allow_unsigned)"
         warnings.warn(warning, UnverifiedBundleWarning, stacklevel=2)
-    artifacts.check_files(path, manifest)
+    _check_files(path, manifest, shown)
     return Verified(path, manifest, manifest_bytes, signed=problem is None, warning=warning)
+
+
+def _check_files(path: Path, manifest: Mapping[str, Any], shown: str) -> None:
+    """Check a bundle folder's files against its manifest (schema, names, sizes, sha256); else BundleError."""
+    where = f"{shown}/{artifacts.MANIFEST}"
+    if manifest.get("schema_version") != artifacts.SCHEMA_VERSION:
+        raise BundleError(f"{where}: schema_version {manifest.get('schema_version')!r}; "
+                          f"expected {artifacts.SCHEMA_VERSION}")
+    files = manifest.get("files")
+    if not isinstance(files, Mapping) or not all(isinstance(e, Mapping) for e in files.values()):
+        raise BundleError(f"{where}: files: expected an object of {{name: {{sha256, bytes}}}}")
+    listed = set(files) | {artifacts.MANIFEST, artifacts.SIGNATURE}
+    present = {p.name for p in path.iterdir()}
+    if present - listed:
+        raise BundleError(f"{shown}: unlisted files {sorted(present - listed)}; expected only {sorted(listed)}")
+    for name, entry in files.items():
+        if "/" in name or name.startswith("."):
+            raise BundleError(f"{where}: file name {name!r} is not a plain file name")
+        file = path / name
+        if file.is_symlink() or not file.is_file():
+            raise BundleError(f"{shown}/{name}: missing or not a regular file; the manifest lists it")
+        size = file.stat().st_size
+        if "bytes" in entry and size != entry["bytes"]:
+            raise BundleError(f"{shown}/{name}: {size} bytes; the manifest says {entry['bytes']} "
+                              f"(truncated or tampered)")
+        if artifacts.sha256_file(file) != entry.get("sha256"):
+            raise BundleError(f"{shown}/{name}: sha256 does not match the manifest (corrupt or tampered)")

@@ -9,6 +9,8 @@ a bundle folder. The deployment folder holds
     DIR/versions/<created>-<bundle id>/             verified bundles (the newest `keep` are kept)
     DIR/.lock                                       serialises concurrent pulls into DIR
 
+(`farm.bundle.locate` owns this layout's names and opens a deployment folder like any bundle.)
+
 Everything is downloaded and extracted into a staging folder inside DIR, and verified there
 (revocation, signature, every file's size and sha256) before anything is installed. Extraction
 refuses absolute paths, `..`, symbolic and hard links, devices and other special members, and
@@ -35,11 +37,10 @@ from typing import Any
 
 from farm.bundle import artifacts
 from farm.bundle.archive import CHUNK, extract_archive, is_archive
+from farm.bundle.locate import CURRENT, VERSIONS, installed
 from farm.bundle.trust import Trust, Verified, verify
 from farm.errors import BundleError, FarmError
 
-CURRENT = "current"
-VERSIONS = "versions"
 LOCK = ".lock"
 MAX_DOWNLOAD_BYTES = 2 << 30
 
@@ -148,16 +149,6 @@ def _locked(dest: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def installed(dest: str | Path) -> Path | None:
-    """The version folder a deployment's `current` link points to, or None before the first pull."""
-    link = Path(dest) / CURRENT
-    if not os.path.lexists(link):
-        return None
-    if not link.is_symlink():
-        raise FarmError(f"{link}: expected the symbolic link that `farm pull` makes, found something else")
-    return link.resolve()
-
-
 def _version_name(manifest: Mapping[str, Any]) -> str:
     created = "".join(c for c in str(manifest.get("created", "")) if c.isalnum())[:15] or "undated"
     bundle_id = "".join(c for c in str(manifest.get("bundle_id", "")) if c.isalnum())[:12] or uuid.uuid4().hex[:12]
@@ -221,10 +212,7 @@ def pull(url: str, dest: str | Path, trust: Trust, *, allow_unsigned: bool = Fal
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=dest))
         try:
             folder = download(url, staging, timeout=timeout, storage_options=storage_options)
-            try:
-                staged = verify(folder, trust, allow_unsigned=allow_unsigned)
-            except BundleError as err:  # name the download, not the staging folder about to go
-                raise BundleError(str(err).replace(str(folder), url)) from None
+            staged = verify(folder, trust, allow_unsigned=allow_unsigned, label=url)  # named as the user gave it
             if previous is not None and not allow_older:
                 try:
                     old = json.loads((previous / artifacts.MANIFEST).read_bytes())

@@ -7,8 +7,9 @@
     matmul = runtime.tuned("matmul", target="tpu", registry=registry)
     c = matmul(a, b)                          # built (and jitted) once per (shape, dtype)
 
-`Registry.load` takes a bundle folder, a bundle archive (.tar.gz) or a deployment folder made
-by `farm pull` (its `current` version), and verifies it (farm.bundle.trust) before reading a row.
+`Registry.load` takes a bundle folder, a run folder, a bundle archive (.tar.gz) or a deployment
+folder made by `farm pull` (its `current` version), and opens it with
+`farm.bundle.locate.open_bundle`, which verifies it before a row is read.
 
 Lookup rules, in order (`Choice.rule` says which one chose the config):
   1. "exact": a row for this kernel, shape, dtype, target and device kind (with
@@ -37,10 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import hashlib
 import json
 import math
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -48,14 +47,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 import kernels
-from farm.bundle import artifacts
-from farm.bundle.archive import extract_archive, is_archive
-from farm.bundle.trust import TrustLike, as_trust, verify
-from farm.deploy.pull import CURRENT, installed
+from farm.bundle.locate import OpenedBundle, open_bundle
+from farm.bundle.trust import TrustLike
 from farm.errors import BundleError, FarmError
 
 POLICIES = ("warn", "refuse", "accept")
@@ -174,34 +168,16 @@ class Registry:
     def load(cls, path: str | Path, trusted_keys: TrustLike, *, allow_unsigned: bool = False,
              software_policy: str = "warn", software: Mapping[str, Any] | None = None,
              spaces: Sequence[Any] | None = None) -> Registry:
-        """A registry from a verified bundle folder, archive or `farm pull` deployment folder."""
+        """A registry from a verified bundle, run, deployment folder or archive (farm.bundle.locate)."""
         if software_policy not in POLICIES:
             raise FarmError(f"software_policy: expected one of {POLICIES}, got {software_policy!r}")
-        trust = as_trust(trusted_keys)
-        path = Path(path)
-        if path.is_file() and is_archive(path.name):
-            with tempfile.TemporaryDirectory(prefix="farm-runtime-") as tmp:
-                return cls._load_folder(extract_archive(path, Path(tmp) / "bundle"), str(path), trust, allow_unsigned,
-                                        software_policy, software, spaces)
-        if path.is_dir() and (path / CURRENT).is_symlink():
-            path = installed(path)  # a deployment: its current version
-        elif not path.exists():
-            raise FarmError(f"{path}: not found; expected a bundle folder, archive or deployment folder")
-        return cls._load_folder(path, str(path), trust, allow_unsigned, software_policy, software, spaces)
+        with open_bundle(path, trusted_keys, allow_unsigned=allow_unsigned) as opened:
+            return cls._from_opened(opened, software_policy, software, spaces)
 
     @classmethod
-    def _load_folder(cls, folder: Path, source: str, trust: Any, allow_unsigned: bool, policy: str,
-                     software: Mapping[str, Any] | None, spaces: Sequence[Any] | None) -> Registry:
-        verified = verify(folder, trust, allow_unsigned=allow_unsigned)
-        data = (folder / artifacts.CONFIGS).read_bytes()
-        entry = verified.manifest["files"].get(artifacts.CONFIGS)
-        if entry is None or hashlib.sha256(data).hexdigest() != entry.get("sha256"):
-            raise BundleError(f"{folder / artifacts.CONFIGS}: changed since it was verified, or not in the manifest")
-        try:
-            table = pq.read_table(pa.BufferReader(data), columns=list(_COLUMNS))
-        except (pa.ArrowInvalid, KeyError) as err:
-            raise BundleError(f"{folder / artifacts.CONFIGS}: expected Parquet with columns {list(_COLUMNS)} "
-                              f"({err})") from None
+    def _from_opened(cls, opened: OpenedBundle, policy: str, software: Mapping[str, Any] | None,
+                     spaces: Sequence[Any] | None) -> Registry:
+        table = opened.configs(columns=_COLUMNS)
         columns = [table.column(name).to_pylist() for name in _COLUMNS]
         rows: list[_Row] = []
         fingerprints: dict[str | None, list[str]] = {}
@@ -215,7 +191,7 @@ class Registry:
                 rows.append(_Row(task_key, kernel, tuple(shape), dtype, target, device_kind, config, median_s,
                                  created or ""))
                 fingerprints.setdefault(fingerprint, []).append(task_key)
-            registry = cls(rows, source=source, manifest=verified.manifest, signed=verified.signed, spaces=spaces)
+            registry = cls(rows, source=opened.where, manifest=opened.manifest, signed=opened.signed, spaces=spaces)
         finally:
             if collecting:
                 gc.enable()

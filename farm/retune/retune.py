@@ -48,7 +48,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -57,11 +56,9 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from farm.bundle import artifacts, fingerprint, select, signing
-from farm.bundle.archive import extract_archive, is_archive
-from farm.bundle.merge import bundle_folder
-from farm.bundle.trust import Trust, verify
-from farm.deploy.pull import CURRENT, installed
-from farm.errors import FarmError
+from farm.bundle.locate import open_bundle
+from farm.bundle.trust import Trust
+from farm.errors import BundleError, FarmError
 from farm.measure import outcomes
 from farm.run import driver
 from farm.run.progress import format_seconds
@@ -207,19 +204,13 @@ def first_line(text: str | None, limit: int = 200) -> str:
 # -- reading the previous bundle ------------------------------------------------------------------
 def load_previous(path: str | Path, trust: Trust, *, allow_unsigned: bool = False) -> Previous:
     """The previous bundle (run, bundle or `farm pull` deployment folder, or archive), verified."""
-    given = Path(path)
-    with tempfile.TemporaryDirectory(prefix="farm-retune-") as tmp:
-        if given.is_file() and is_archive(given.name):
-            folder = extract_archive(given, Path(tmp) / "previous")
-        elif given.is_dir() and (given / CURRENT).is_symlink():
-            folder = installed(given)  # a deployment: its current version
-        elif given.is_dir():
-            folder = bundle_folder(given)
-        else:
-            raise FarmError(f"--previous {given}: not found; expected a run folder, bundle folder or bundle archive")
-        verified = verify(folder, trust, allow_unsigned=allow_unsigned)
-        return Previous(str(given), verified.manifest, artifacts.read_configs(folder).to_pylist(),
-                        artifacts.read_trials(folder).to_pylist())
+    try:
+        with open_bundle(path, trust, allow_unsigned=allow_unsigned) as opened:
+            return Previous(str(path), opened.manifest, opened.configs().to_pylist(), opened.trials().to_pylist())
+    except BundleError as err:  # exit 1: failed verification
+        raise BundleError(f"--previous {err}") from None
+    except FarmError as err:
+        raise FarmError(f"--previous {err}") from None
 
 
 # -- planning --------------------------------------------------------------------------------------
