@@ -53,7 +53,7 @@ from farm.bundle.trust import TrustLike
 from farm.errors import BundleError, FarmError
 
 POLICIES = ("warn", "refuse", "accept")
-SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 CACHE_LIMIT = 100_000  # cached lookups per registry
 FINGERPRINT_KEYS = ("jax", "jaxlib", "pallas_farm", "libtpu", "jax-cuda12-plugin", "jax-cuda13-plugin", "triton")
 EXACT, NEAREST, DEFAULT = "exact", "nearest", "default"
