@@ -54,11 +54,14 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         if value not in (True, False):
             raise ConfigError(f"{name} = {value!r}: expected true or false")
         return bool(value)
-    if base is int:
-        if isinstance(value, bool) or not float(value).is_integer():
-            raise ConfigError(f"{name} = {value!r}: expected an integer")
-        return int(value)
-    return base(value) if base in (str, float) else value
+    try:
+        if base is int:
+            if isinstance(value, bool) or not float(value).is_integer():
+                raise ValueError(value)
+            return int(value)
+        return base(value) if base in (str, float) else value
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} = {value!r}: expected {'an integer' if base is int else base.__name__}") from None
 
 
 @dataclasses.dataclass(frozen=True)
