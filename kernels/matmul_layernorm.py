@@ -1,13 +1,13 @@
 """Matmul with a layer-norm epilogue over each output row: C = LN(A @ B) * gamma + beta.
 
 LN normalises each row of the f32 product over its n columns (eps 1e-5). Strategy knob
-ln_strategy:
+ln_strategy (default two_phase, which any tiles allow):
   "fused"      one program owns block_m whole rows (block_n must equal n): the (block_m, n) f32
                accumulator stays on chip and the epilogue normalises it before the only store.
                On TPU a (256, 4096) f32 accumulator is 4 MiB of VMEM, so this fits; on Triton
                the accumulator lives in registers and only small n fit (see the search space).
   "two_phase"  phase 1 is the plain tiled matmul writing A @ B in float32 (any block_n); phase
-               2 a row kernel (ln_rows rows per program) normalising it: 8 extra bytes of
+               2 a row kernel (ln_rows rows per program; default 8, or m) normalising it: 8 extra bytes of
                traffic per output element, no constraint on the tiles.
 Other knobs as in `kernels.matmul_core`. No gpu-mosaic version: its WGMMA accumulators cannot
 hold whole 4096-wide rows, and phase 2 alone is not a Mosaic GPU showcase.
