@@ -62,9 +62,13 @@ from kernels.matmul_config import (  # noqa: F401 - the family's problem and con
     fit,
     parse_config,
 )
-from kernels.matmul_tpu import as_rows
 
 AnyConfig = Mapping[str, Any] | MatmulConfig
+
+
+def as_rows(vectors: tuple[jax.Array, ...]) -> list[jax.Array]:
+    """Length-n epilogue vectors as (1, n) rows, the layout the kernels' BlockSpecs take."""
+    return [v.reshape(1, -1) for v in vectors]
 
 
 def check(problem: Problem, config: AnyConfig, dtype: Any, target: str) -> MatmulConfig:

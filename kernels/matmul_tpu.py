@@ -13,12 +13,8 @@ from jax.experimental import pallas as pl
 
 from kernels.lowering import Platform, pallas_call
 from kernels.matmul_config import Epilogue, Problem, TpuMatmulConfig
+from kernels.matmul_core import as_rows
 from kernels.tpu_mesh import traced_for_tpu, vmem_limit
-
-
-def as_rows(vectors: tuple[jax.Array, ...]) -> list[jax.Array]:
-    """Length-n epilogue vectors as (1, n) rows, the layout the kernels' BlockSpecs take."""
-    return [v.reshape(1, -1) for v in vectors]
 
 
 def _store_epilogue(acc_ref: Any, vec_refs: tuple[Any, ...], o_ref: Any, epilogue: Epilogue,

@@ -4,6 +4,7 @@ Nothing here compiles a kernel: shapes come from `jax.eval_shape`, configs are o
 """
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from types import ModuleType
 
@@ -41,6 +42,11 @@ def test_every_registered_kernel_satisfies_the_protocol(name):
     assert isinstance(module, protocol.Kernel), protocol.check_module(module)
     assert protocol.check_module(module) == []
     assert module.NAME == name
+    for member in protocol.REQUIRED:  # functions take the Protocol's parameters (bar *inputs)
+        declared = getattr(protocol.Kernel, member, None)
+        if callable(declared) and "inputs" not in inspect.signature(declared).parameters:
+            expected = len(inspect.signature(declared).parameters) - 1  # self
+            assert len(inspect.signature(getattr(module, member)).parameters) == expected, member
 
 
 @pytest.mark.parametrize("name", _kernels())
@@ -150,6 +156,15 @@ def test_one_default_per_knob():
         matmul_config.MosaicGpuMatmulConfig(64, 64, 64).mgpu_pipeline
     assert kernels.load("flash_attention").default_config(ATT, "gpu-mosaic")["mgpu_pipeline"] == \
         attention_config.MosaicGpuAttentionConfig(64, 64).mgpu_pipeline
+
+
+def test_required_names_are_the_protocols_members():
+    members = set(protocol.Kernel.__annotations__) | {
+        name for name, value in vars(protocol.Kernel).items() if callable(value) and not name.startswith("_")}
+    assert members == set(protocol.REQUIRED)
+    hooks = set(protocol.OptionalHooks.__annotations__) | {
+        name for name, value in vars(protocol.OptionalHooks).items() if callable(value) and not name.startswith("_")}
+    assert hooks == set(protocol.OPTIONAL)
 
 
 def test_optional_hooks_are_read_with_their_defaults():
