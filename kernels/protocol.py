@@ -13,7 +13,7 @@ raises (a `kernels.knobs.ConfigError`) for exactly the configs it refuses.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # `import kernels` stays free of JAX
@@ -75,16 +75,17 @@ class OptionalHooks(Protocol):
 
 REQUIRED = ("NAME", "SHAPE_NAMES", "TARGETS", "build", "reference", "make_inputs", "shape_of", "flops",
             "bytes_moved", "footprint", "default_config", "check_config")
-OPTIONAL: dict[str, Any] = {"TOLERANCE": {}, "MEMORY_PARAMS": None, "hbm_bytes": None}
+OPTIONAL: Mapping[str, Any] = MappingProxyType({"TOLERANCE": MappingProxyType({}), "MEMORY_PARAMS": None,
+                                                "hbm_bytes": None})
 
 # Required names that `kernels.load` does not enforce yet: the row kernels gain them in branch
 # arch-rows (tests/test_protocol.py enforces them for every other kernel). After that merge: ().
 PENDING = ("shape_of", "check_config")
 
 
-def check_module(module: ModuleType, names: tuple[str, ...] = REQUIRED) -> list[str]:
+def check_module(module: ModuleType) -> list[str]:
     """The names of the protocol that `module` lacks (empty when it is a complete kernel)."""
-    return [name for name in names if not hasattr(module, name)]
+    return [name for name in REQUIRED if not hasattr(module, name)]
 
 
 def hook(module: Any, name: str) -> Any:
