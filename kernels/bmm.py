@@ -36,6 +36,12 @@ def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax
             jax.random.normal(kb, (batch, k, n), jnp.float32).astype(dtype))
 
 
+def shape_of(a: jax.Array, b: jax.Array) -> tuple[int, ...]:
+    """(batch, m, n, k) of A (batch, m, k) and B (batch, k, n)."""
+    batch, m, k = a.shape
+    return batch, m, b.shape[2], k
+
+
 def flops(shape: tuple[int, ...]) -> int:
     """2 batch m n k multiply-adds."""
     batch, m, n, k = shape
@@ -56,6 +62,11 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """Tiles that divide the matrices and fit every target's on-chip memory."""
     return matmul_core.default_config(_problem(shape), target)
+
+
+def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
+    """None when `build` accepts the config, else why not."""
+    return matmul_core.check_config(_problem(shape), config, dtype, target)
 
 
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):

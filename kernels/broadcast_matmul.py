@@ -6,12 +6,14 @@ the whole batch; false keeps the batch as the outermost grid axis. Other knobs: 
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from kernels import matmul_core
+from kernels.knobs import Knobs, refusal
 from kernels.lowering import Platform
 
 NAME = "broadcast_matmul"
@@ -19,9 +21,20 @@ SHAPE_NAMES = ("batch", "m", "n", "k")
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 
 
-def _problem(config: dict[str, Any], shape: tuple[int, ...]) -> matmul_core.Problem:
+@dataclasses.dataclass(frozen=True)
+class BroadcastKnobs(Knobs):
+    """This kernel's own knob: fold the batch into the rows (or keep it as a grid axis)."""
+
+    fold_batch: bool = False
+
+
+def _typed(config: dict[str, Any], target: str) -> tuple[matmul_core.MatmulConfig, BroadcastKnobs]:
+    return matmul_core.parse_config(config, target, BroadcastKnobs)
+
+
+def _problem(own: BroadcastKnobs, shape: tuple[int, ...]) -> matmul_core.Problem:
     batch, m, n, k = shape
-    if config.get("fold_batch", False):
+    if own.fold_batch:
         return matmul_core.Problem(batch * m, n, k)
     return matmul_core.Problem(m, n, k, batch=batch, shared_b=True)
 
@@ -39,6 +52,12 @@ def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax
             jax.random.normal(kb, (k, n), jnp.float32).astype(dtype))
 
 
+def shape_of(a: jax.Array, b: jax.Array) -> tuple[int, ...]:
+    """(batch, m, n, k) of A (batch, m, k) and B (k, n)."""
+    batch, m, k = a.shape
+    return batch, m, b.shape[1], k
+
+
 def flops(shape: tuple[int, ...]) -> int:
     """2 batch m n k multiply-adds."""
     batch, m, n, k = shape
@@ -53,20 +72,32 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
 
 def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
     """On-chip bytes of one program (VMEM on TPU, shared memory on GPU); see matmul_core."""
-    return matmul_core.footprint(_problem(config, shape), config, dtype, target)
+    core, own = _typed(config, target)
+    return matmul_core.footprint(_problem(own, shape), core, dtype, target)
 
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """Batch kept as a grid axis, with tiles that divide the matrices."""
-    config = {"fold_batch": False}
-    return config | matmul_core.default_config(_problem(config, shape), target)
+    own = BroadcastKnobs()
+    return own.to_dict() | matmul_core.default_config(_problem(own, shape), target)
+
+
+def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str):
+    core, own = _typed(config, target)
+    problem = _problem(own, shape)
+    return problem, matmul_core.check(problem, core, dtype, target)
+
+
+def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
+    """None when `build` accepts the config, else why not."""
+    return refusal(lambda: _checked(config, shape, dtype, target))
 
 
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
     """The Pallas broadcast matmul for `config` on `platform`: a function of (a, b)."""
     batch, m, n, _ = shape
-    problem = _problem(config, shape)
-    fn = matmul_core.build(problem, config, dtype, platform)
+    problem, core = _checked(config, shape, dtype, platform.target)
+    fn = matmul_core.build(problem, core, dtype, platform)
     if problem.batch:
         return fn
 

@@ -60,7 +60,11 @@ def _interpret_arg(platform: Platform) -> Any:
 
 
 def compiler_params(platform: Platform, config: dict[str, Any], **tpu_kwargs: Any) -> Any:
-    """Explicit compiler params for the platform's target, from the knobs in `config`."""
+    """Explicit compiler params for the platform's target, from the knobs in `config`.
+
+    Kernels with typed configs (the matmul family, attention) always pass num_warps and
+    num_stages; the fallbacks here serve the row kernels' dict configs.
+    """
     if platform.target == "tpu":
         from jax.experimental.pallas import tpu as pltpu
 
@@ -74,14 +78,13 @@ def compiler_params(platform: Platform, config: dict[str, Any], **tpu_kwargs: An
     return None
 
 
-def triton_dot_buffers(config: dict[str, Any], rows: int) -> int:
+def triton_dot_buffers(num_stages: int, num_warps: int, rows: int) -> int:
     """Shared-memory copies of a Triton dot loop's operand tiles, as Triton 3.6 allocates them on
     Hopper (measured on the H200, bench/oom_probe.py): num_stages when the dot can use wgmma
     (num_warps a multiple of 4 and the dot's rows a multiple of 64), else num_stages - 1 (the
     mma.sync path loads num_stages - 1 steps ahead)."""
-    stages = int(config.get("num_stages", 3))
-    wgmma = int(config.get("num_warps", 4)) % 4 == 0 and rows % 64 == 0
-    return stages if wgmma else max(1, stages - 1)
+    wgmma = num_warps % 4 == 0 and rows % 64 == 0
+    return num_stages if wgmma else max(1, num_stages - 1)
 
 
 def pallas_call(

@@ -37,6 +37,11 @@ def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax
             jax.random.normal(kb, (k, n), jnp.float32).astype(dtype))
 
 
+def shape_of(a: jax.Array, b: jax.Array) -> tuple[int, ...]:
+    """(m, n, k) of A (m, k) and B (k, n)."""
+    return a.shape[0], b.shape[1], a.shape[1]
+
+
 def flops(shape: tuple[int, ...]) -> int:
     """2 m n k multiply-adds."""
     m, n, k = shape
@@ -57,6 +62,11 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """Tiles that divide common shapes and fit every target's on-chip memory."""
     return matmul_core.default_config(_problem(shape), target)
+
+
+def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
+    """None when `build` accepts the config, else why not."""
+    return matmul_core.check_config(_problem(shape), config, dtype, target)
 
 
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):

@@ -1,26 +1,28 @@
 """Matmul with a layer-norm epilogue over each output row: C = LN(A @ B) * gamma + beta.
 
 LN normalises each row of the f32 product over its n columns (eps 1e-5). Strategy knob
-ln_strategy:
+ln_strategy (default two_phase, which any tiles allow):
   "fused"      one program owns block_m whole rows (block_n must equal n): the (block_m, n) f32
                accumulator stays on chip and the epilogue normalises it before the only store.
                On TPU a (256, 4096) f32 accumulator is 4 MiB of VMEM, so this fits; on Triton
                the accumulator lives in registers and only small n fit (see the search space).
   "two_phase"  phase 1 is the plain tiled matmul writing A @ B in float32 (any block_n); phase
-               2 a row kernel (ln_rows rows per program) normalising it: 8 extra bytes of
+               2 a row kernel (ln_rows rows per program; default 8, or m) normalising it: 8 extra bytes of
                traffic per output element, no constraint on the tiles.
 Other knobs as in `kernels.matmul_core`. No gpu-mosaic version: its WGMMA accumulators cannot
 hold whole 4096-wide rows, and phase 2 alone is not a Mosaic GPU showcase.
 """
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels import matmul_core
+from kernels.knobs import ConfigError, Knobs, Unsupported, refusal
 from kernels.lowering import Platform, pallas_call
 
 NAME = "matmul_layernorm"
@@ -39,9 +41,30 @@ def _layer_norm(x: jax.Array, gamma: jax.Array, beta: jax.Array) -> jax.Array:
 FUSED = matmul_core.Epilogue(fn=_layer_norm, vectors=2, full_rows=True)
 
 
-def _problem(config: dict[str, Any], shape: tuple[int, ...]) -> matmul_core.Problem:
+@dataclasses.dataclass(frozen=True)
+class LayerNormKnobs(Knobs):
+    """This kernel's own knobs: the strategy, and two_phase's rows per program (None: 8 when
+    they divide m, else m)."""
+
+    ln_strategy: Literal["fused", "two_phase"] = "two_phase"
+    ln_rows: int | None = None
+
+    def rows(self, m: int) -> int:
+        """ln_rows with its default resolved."""
+        if self.ln_rows is not None:
+            return self.ln_rows
+        return 8 if m % 8 == 0 else m
+
+
+def _typed(config: dict[str, Any], target: str) -> tuple[matmul_core.MatmulConfig, LayerNormKnobs]:
+    if target not in TARGETS:
+        raise Unsupported(f"{NAME} has no {target} version")
+    return matmul_core.parse_config(config, target, LayerNormKnobs)
+
+
+def _problem(own: LayerNormKnobs, shape: tuple[int, ...]) -> matmul_core.Problem:
     m, n, k = shape
-    if config.get("ln_strategy", "fused") == "fused":
+    if own.ln_strategy == "fused":
         return matmul_core.Problem(m, n, k, epilogue=FUSED)
     return matmul_core.Problem(m, n, k, out_dtype=jnp.float32)
 
@@ -62,6 +85,11 @@ def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax
             (0.1 * jax.random.normal(kbeta, (n,), jnp.float32)).astype(dtype))
 
 
+def shape_of(a: jax.Array, b: jax.Array, gamma: jax.Array, beta: jax.Array) -> tuple[int, ...]:
+    """(m, n, k) of A (m, k) and B (k, n)."""
+    return a.shape[0], b.shape[1], a.shape[1]
+
+
 def flops(shape: tuple[int, ...]) -> int:
     """2 m n k multiply-adds plus the layer norm (about 8 per output)."""
     m, n, k = shape
@@ -74,19 +102,16 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
     return (m * k + k * n + 2 * n + m * n) * jnp.dtype(dtype).itemsize
 
 
-def _ln_rows(config: dict[str, Any], m: int) -> int:
-    return int(config.get("ln_rows", min(m, 8)))
-
-
 def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
     """On-chip bytes of the largest program: the matmul's, or with two_phase also the row kernel's."""
     m, n, _ = shape
-    matmul_bytes = matmul_core.footprint(_problem(config, shape), config, dtype, target)
-    if config.get("ln_strategy", "fused") == "fused":
+    core, own = _typed(config, target)
+    matmul_bytes = matmul_core.footprint(_problem(own, shape), core, dtype, target)
+    if own.ln_strategy == "fused":
         return matmul_bytes
-    rows = _ln_rows(config, m)
+    rows = own.rows(m)
     if target == "gpu-triton":  # the row kernel keeps its rows in registers: only reduction scratch
-        return max(matmul_bytes, 2 * rows * int(config.get("num_warps", 4)) * 4)
+        return max(matmul_bytes, 2 * rows * core.num_warps * 4)
     buffers = 2 if target == "tpu" else 1  # f32 rows in, rows out, f32 temporaries
     ln_bytes = buffers * rows * n * (4 + jnp.dtype(dtype).itemsize) + 2 * rows * n * 4
     return max(matmul_bytes, ln_bytes)
@@ -94,15 +119,29 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """The two-phase scheme with the plain matmul's default tiles (any n works)."""
-    config = {"ln_strategy": "two_phase", "ln_rows": 8 if shape[0] % 8 == 0 else shape[0]}
-    return config | matmul_core.default_config(_problem(config, shape), target)
+    own = LayerNormKnobs()
+    own = dataclasses.replace(own, ln_rows=own.rows(shape[0]))
+    return own.to_dict() | matmul_core.default_config(_problem(own, shape), target)
 
 
-def _row_norm(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
+def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str):
+    core, own = _typed(config, target)
+    problem = _problem(own, shape)
+    core = matmul_core.check(problem, core, dtype, target)
+    m = shape[0]
+    if own.ln_strategy == "two_phase" and m % own.rows(m):
+        raise ConfigError(f"ln_rows = {own.rows(m)} must divide m = {m}")
+    return problem, core, own
+
+
+def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
+    """None when `build` accepts the config, else why not."""
+    return refusal(lambda: _checked(config, shape, dtype, target))
+
+
+def _row_norm(core: matmul_core.MatmulConfig, rows: int, shape: tuple[int, ...], dtype: Any,
+              platform: Platform):
     m, n, _ = shape
-    rows = _ln_rows(config, m)
-    if m % rows:
-        raise ValueError(f"ln_rows = {rows} must divide m = {m}")
 
     def body(x_ref, gamma_ref, beta_ref, o_ref):
         x = x_ref[...].astype(jnp.float32)
@@ -111,7 +150,7 @@ def _row_norm(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platfo
         o_ref[...] = _layer_norm(x, gamma, beta).astype(o_ref.dtype)
 
     row_spec, vec_spec = pl.BlockSpec((rows, n), lambda i: (i, 0)), pl.BlockSpec((1, n), lambda i: (0, 0))
-    call = pallas_call(body, platform=platform, config=config,
+    call = pallas_call(body, platform=platform, config=core.to_dict(),
                        out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(m // rows,),
                        in_specs=[row_spec, vec_spec, vec_spec], out_specs=row_spec,
                        tpu_params={"dimension_semantics": ("parallel",)}, name="row_layer_norm")
@@ -120,16 +159,11 @@ def _row_norm(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platfo
 
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
     """The Pallas matmul + layer norm for `config`: a function of (a, b, gamma, beta)."""
-    strategy = config.get("ln_strategy", "fused")
-    if strategy not in ("fused", "two_phase"):
-        raise ValueError(f"unknown ln_strategy {strategy!r}; expected 'fused' or 'two_phase'")
-    if platform.target not in TARGETS:
-        raise NotImplementedError(f"{NAME} has no {platform.target} version")
-    problem = _problem(config, shape)
-    if strategy == "fused":
-        return matmul_core.build(problem, config, dtype, platform)
-    phase1 = matmul_core.build(problem, config, dtype, platform)
-    phase2 = _row_norm(config, shape, dtype, platform)
+    problem, core, own = _checked(config, shape, dtype, platform.target)
+    phase1 = matmul_core.build(problem, core, dtype, platform)
+    if own.ln_strategy == "fused":
+        return phase1
+    phase2 = _row_norm(core, own.rows(shape[0]), shape, dtype, platform)
     if platform.target == "tpu":
         from kernels.tpu_mesh import traced_for_tpu
 

@@ -10,6 +10,7 @@ On Triton each epi_n-wide sub-tile keeps its own accumulator through the K loop.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -51,6 +52,11 @@ def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax
             (k ** 0.5 * jax.random.normal(kc, (n,), jnp.float32)).astype(dtype))
 
 
+def shape_of(a: jax.Array, b: jax.Array, bias: jax.Array) -> tuple[int, ...]:
+    """(m, n, k) of A (m, k) and B (k, n)."""
+    return a.shape[0], b.shape[1], a.shape[1]
+
+
 def flops(shape: tuple[int, ...]) -> int:
     """2 m n k multiply-adds plus the epilogue (about 5 per output)."""
     m, n, k = shape
@@ -70,15 +76,20 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """The plain matmul default with the epilogue split in halves along the columns."""
-    config = matmul_core.default_config(_problem(shape), target)
-    bn = config["block_n"]
+    config = matmul_core.default(_problem(shape), target)
+    bn = config.block_n
     align = 128 if target == "tpu" else 16
-    config["epi_n"] = bn // 2 if bn // 2 >= align and bn % 2 == 0 else bn
+    knobs = {"epi_n": bn // 2 if bn // 2 >= align and bn % 2 == 0 else bn}
     if target == "tpu":
-        config["epi_m"] = config["block_m"]
+        knobs["epi_m"] = config.block_m
     elif target == "gpu-mosaic":
-        config["epi_m"] = min(64, config["block_m"])
-    return config
+        knobs["epi_m"] = min(64, config.block_m)
+    return dataclasses.replace(config, **knobs).to_dict()
+
+
+def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
+    """None when `build` accepts the config, else why not."""
+    return matmul_core.check_config(_problem(shape), config, dtype, target)
 
 
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):

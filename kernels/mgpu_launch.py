@@ -37,23 +37,34 @@ def num_sms() -> int:
     return DEFAULT_NUM_SMS
 
 
+def _gpu_interpreter() -> tuple[Any, Callable[[], None]] | None:
+    """(InterpretGPUParams, reset_gpu_interpret_mode_state) of Pallas's GPU interpreter, or None.
+
+    The one use of `jax._src` in kernels/: JAX 0.10 and 0.11 have no public API for the Mosaic
+    GPU interpreter (unlike TPU's `pltpu.InterpretParams`), and JAX's own tests import it so.
+    Replace with `jax.experimental.pallas.mosaic_gpu` names once JAX exports them.
+    """
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import reset_gpu_interpret_mode_state
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    except ImportError:  # pragma: no cover - depends on the JAX version
+        return None
+    return InterpretGPUParams, reset_gpu_interpret_mode_state
+
+
 def interpret_params() -> Any:
     """Parameters of Pallas's GPU interpreter (a private JAX module: may move between versions)."""
-    try:
-        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-    except ImportError as err:  # pragma: no cover - depends on the JAX version
-        raise NotImplementedError(
-            f"this JAX has no Mosaic GPU interpreter ({err}); gpu-mosaic kernels need a GPU") from None
-    return InterpretGPUParams()
+    found = _gpu_interpreter()
+    if found is None:  # pragma: no cover - depends on the JAX version
+        raise NotImplementedError("this JAX has no Mosaic GPU interpreter; gpu-mosaic kernels need a GPU")
+    return found[0]()
 
 
 def reset_interpreter() -> None:
     """Clear the GPU interpreter's global state, which a kernel that raised leaves behind."""
-    try:
-        from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import reset_gpu_interpret_mode_state
-    except ImportError:  # pragma: no cover - depends on the JAX version
-        return
-    reset_gpu_interpret_mode_state()
+    found = _gpu_interpreter()
+    if found is not None:
+        found[1]()
 
 
 def mosaic_kernel(

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType
 
+MIB = 1 << 20
 # The TPU assumed when none is attached: v6e ("TPU v6 lite"), one TensorCore per device.
 TPU_DEVICE = AbstractDevice(device_kind="TPU v6 lite", num_cores=1, platform="tpu")
 
@@ -55,3 +56,8 @@ def vmem_capacity_bytes() -> int:
         with jax.sharding.use_abstract_mesh(abstract_tpu_mesh()):
             return int(pltpu.get_tpu_info().vmem_capacity_bytes)
     return int(pltpu.get_tpu_info().vmem_capacity_bytes)
+
+
+def vmem_limit(footprint_bytes: int) -> int:
+    """The scoped-VMEM limit to ask Mosaic for: the footprint with headroom, within the chip."""
+    return min(vmem_capacity_bytes(), max(32 * MIB, int(footprint_bytes * 1.5) + 4 * MIB))

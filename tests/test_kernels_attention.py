@@ -2,7 +2,7 @@
 
 Numerics run in interpret mode on the CPU with tiny sequences (TPU interpret mode is slow):
 both TPU strategies, Triton, and the Mosaic GPU kernels in Pallas's GPU interpreter (whose
-matmuls there are plain dots, see kernels/flash_attention.py). Lowering for TPU and CUDA
+matmuls there are plain dots, see kernels/attention_mgpu.py). Lowering for TPU and CUDA
 checks block rules, layouts and shared memory; speed is only measured on real hardware.
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_tpu_strategies_lower_for_tpu_on_cpu(name, strategy):
 
 @pytest.mark.parametrize("strategy", ["emit_pipeline", "unroll"])
 def test_unroll_outgrows_a_64_mib_vmem_at_32k_while_emit_pipeline_does_not(strategy):
-    # The (8, 32, S, 256) seed's head dim; bf16; the VMEM model is in kernels/flash_attention.py.
+    # The (8, 32, S, 256) seed's head dim; bf16; the VMEM model is in kernels/attention_core.py.
     vmem = 64 * MIB
     for name in NAMES:
         module = kernels.load(name)

@@ -1,0 +1,163 @@
+"""Flash attention's typed configs: one frozen dataclass per target (knobs in `kernels.attention_core`).
+
+Each class holds its knobs' defaults, their legality (`validate` for the knobs alone,
+`check(shape, dtype)` for the rest), its on-chip footprint and its default for a shape.
+Shapes are (batch, heads, seq, head_dim). Causality changes neither legality nor footprint.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import jax.numpy as jnp
+
+from kernels.knobs import ConfigError, Knobs, Unsupported, parse
+from kernels.lowering import triton_dot_buffers
+
+LANES = 128  # TPU vector lanes: the m/l scratch is (block_q, LANES)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig(Knobs):
+    """Knobs of every target (and all of the plain interpret kernel's): the Q and K/V blocks."""
+
+    block_q: int
+    block_kv: int
+
+    def validate(self) -> None:
+        """Blocks are positive."""
+        if min(self.block_q, self.block_kv) < 1:
+            raise ConfigError(f"blocks must be positive, got {self.to_dict()}")
+
+    def check(self, shape: tuple[int, ...], dtype: Any) -> None:
+        """Refuse blocks that do not divide the sequence."""
+        seq = shape[2]
+        if seq % self.block_q or seq % self.block_kv:
+            raise ConfigError(f"block_q = {self.block_q} and block_kv = {self.block_kv} must divide seq = {seq}")
+
+    def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
+        """The Q, K and V tiles of a program, its f32 scores and accumulator."""
+        dim, item = shape[3], jnp.dtype(dtype).itemsize
+        bq, bkv = self.block_q, self.block_kv
+        return (bq + 2 * bkv) * dim * item + bq * (bkv + dim) * 4
+
+    @classmethod
+    def default(cls, shape: tuple[int, ...]) -> AttentionConfig:
+        """Blocks of 64 (or the whole sequence when shorter)."""
+        seq = shape[2]
+        return cls(min(seq, 64), min(seq, 64))
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuAttentionConfig(AttentionConfig):
+    """Mosaic TPU: K/V streamed by an inner emit_pipeline (buffers deep) or unrolled from VMEM."""
+
+    attn_strategy: Literal["emit_pipeline", "unroll"] = "emit_pipeline"
+    buffers: int = 2
+
+    def validate(self) -> None:
+        """emit_pipeline streams K/V 2 or 3 buffers deep."""
+        super().validate()
+        if self.attn_strategy == "emit_pipeline" and self.buffers not in (2, 3):
+            raise Unsupported(f"emit_pipeline takes buffers 2 or 3, got {self.buffers}")
+
+    def check(self, shape: tuple[int, ...], dtype: Any) -> None:
+        """The common checks, and lane-aligned K/V blocks and head_dim."""
+        super().check(shape, dtype)
+        if self.block_kv % LANES or shape[3] % LANES:
+            raise Unsupported(f"tpu: block_kv and head_dim must be multiples of {LANES}")
+
+    def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
+        """VMEM, by the model in `kernels.attention_core`."""
+        _, _, seq, dim = shape
+        bq, bkv, item = self.block_q, self.block_kv, jnp.dtype(dtype).itemsize
+        fixed = 2 * 2 * bq * dim * item + 2 * bq * LANES * 4 + bq * dim * 4 + 2 * bq * bkv * 4
+        if self.attn_strategy == "unroll":
+            return fixed + 2 * 2 * seq * dim * item
+        return fixed + self.buffers * 2 * bkv * dim * item
+
+    @classmethod
+    def default(cls, shape: tuple[int, ...]) -> TpuAttentionConfig:
+        """The streaming strategy with blocks of 128 (or the whole sequence)."""
+        seq = shape[2]
+        block = 128 if seq % 128 == 0 else seq
+        return cls(block, block)
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonAttentionConfig(AttentionConfig):
+    """Triton: the plain kernel's blocks and Triton's compiler params."""
+
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
+        """Shared memory: the Q tile, and K and V tiles per pipeline buffer."""
+        dim, item = shape[3], jnp.dtype(dtype).itemsize
+        bq, bkv = self.block_q, self.block_kv
+        return bq * dim * item + triton_dot_buffers(self.num_stages, self.num_warps, bq) * 2 * bkv * dim * item
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicGpuAttentionConfig(AttentionConfig):
+    """Mosaic GPU (Hopper): the FA3-style warp-specialized kernel or a pipelined one, and its depth."""
+
+    mgpu_pipeline: Literal["warp_specialized", "pipelined"] = "warp_specialized"
+    max_concurrent_steps: int = 2
+
+    def validate(self) -> None:
+        """A K/V pipeline at least two steps deep."""
+        super().validate()
+        if self.max_concurrent_steps < 2:
+            raise Unsupported("gpu-mosaic: max_concurrent_steps must be at least 2")
+
+    @property
+    def warp_specialized(self) -> bool:
+        """Whether two compute warpgroups share a block (2 * block_q rows)."""
+        return self.mgpu_pipeline == "warp_specialized"
+
+    def steps(self, seq: int) -> int:
+        """K/V pipeline slots: max_concurrent_steps, at most the number of K/V blocks."""
+        return min(self.max_concurrent_steps, seq // self.block_kv)
+
+    def check(self, shape: tuple[int, ...], dtype: Any) -> None:
+        """The common checks, and what WGMMA and these kernels support."""
+        super().check(shape, dtype)
+        _, _, seq, dim = shape
+        rows_per_block = (2 if self.warp_specialized else 1) * self.block_q
+        if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            raise Unsupported(f"gpu-mosaic attention takes bfloat16 or float16, not {jnp.dtype(dtype)}")
+        if self.block_q % 64 or self.block_kv % 64 or dim % 64:
+            raise Unsupported("gpu-mosaic: block_q, block_kv and head_dim must be multiples of 64")
+        if seq % rows_per_block:
+            raise Unsupported(f"gpu-mosaic: seq = {seq} must be a multiple of {rows_per_block}")
+
+    def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
+        """Shared memory: Q/O tiles per compute warpgroup, the K and V slots, and 2.5 KiB for the
+        reduction scratch Mosaic GPU reserves (2 KiB) and barriers: at most 1 KiB above its own count."""
+        _, _, seq, dim = shape
+        item, wgs = jnp.dtype(dtype).itemsize, 2 if self.warp_specialized else 1
+        return wgs * self.block_q * dim * item + 2 * self.steps(seq) * self.block_kv * dim * item + 2560
+
+    @classmethod
+    def default(cls, shape: tuple[int, ...]) -> MosaicGpuAttentionConfig:
+        """The warp-specialized kernel with 64-row blocks."""
+        return cls(64, 64)
+
+
+CONFIGS: dict[str, type[AttentionConfig]] = {
+    "tpu": TpuAttentionConfig, "gpu-triton": TritonAttentionConfig, "gpu-mosaic": MosaicGpuAttentionConfig,
+    "interpret": AttentionConfig,
+}
+
+
+def as_config(config: Mapping[str, Any] | AttentionConfig, target: str) -> AttentionConfig:
+    """`config` as the target's typed config (a dict is parsed, refusing unknown knobs)."""
+    if target not in CONFIGS:
+        raise ConfigError(f"unknown target {target!r}; expected one of {sorted(CONFIGS)}")
+    if isinstance(config, AttentionConfig):
+        if not isinstance(config, CONFIGS[target]):
+            raise ConfigError(f"a {type(config).__name__} is no {target} config")
+        return config
+    return parse(config, CONFIGS[target])[0]

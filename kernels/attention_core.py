@@ -1,0 +1,198 @@
+"""The attention core: flash attention forward, O = softmax(Q K^T / sqrt(D)) V, causal or not.
+
+Q, K, V and O are (batch, heads, seq, head_dim); the softmax runs online over blocks of
+block_kv keys in float32 (running max m, running sum l, f32 accumulator). Every function here
+takes `causal` (key j attends to query i only when j <= i); `kernels.flash_attention` and
+`kernels.flash_attention_causal` are the two registered kernels, thin modules over this one:
+causality changes the reference, so it is a kernel of its own rather than a knob. Causal
+kernels skip the key blocks after a query block's last row.
+
+Files by job: `kernels.attention_config` (one typed config per target: knob defaults,
+legality, footprint, default config), `kernels.attention_tpu` and `kernels.attention_mgpu`
+(the TPU and Mosaic GPU kernels); this module holds the reference, the dispatch and the
+Triton/interpret kernel.
+
+Strategies and knobs (all targets: block_q, block_kv):
+  tpu         attn_strategy "emit_pipeline": grid (batch, heads, q blocks); the Q tile sits in
+                  VMEM while an inner `pltpu.emit_pipeline` streams (block_kv, head_dim) K and V
+                  tiles from HBM; buffers (2 or 3) is the depth of that stream.
+              attn_strategy "unroll": K and V of the (batch, head) are blocks of the grid, loaded
+                  whole into VMEM; a `fori_loop` slices them with `pl.ds`. No inner DMA waits,
+                  but VMEM grows with seq (see `footprint`).
+  gpu-triton  num_warps, num_stages (default 2): one program per Q block looping over K/V blocks.
+  interpret   the gpu-triton kernel without compiler params.
+  gpu-mosaic  mgpu_pipeline "warp_specialized" (the default): FlashAttention-3 structure after JAX's
+                  ops/gpu/attention_mgpu.py (two compute warpgroups of block_q rows each, one
+                  TMA warpgroup, K/V slots guarded by barriers); here with any of bf16/f16 (JAX's
+                  version allocates its SMEM as f16 and so fails on bf16), a 1/sqrt(D) scale and
+                  the (batch, heads, seq, head_dim) layout.
+              mgpu_pipeline "pipelined": one warpgroup per block_q rows, `plgpu.emit_pipeline`
+                  over K/V blocks carrying (acc, m, l); causal masks every block (no skipping).
+              max_concurrent_steps: K/V pipeline depth (>= 2).
+
+TPU VMEM model (`TpuAttentionConfig.footprint`, bytes; it = dtype bytes, 128 = lanes of the m/l scratch):
+  Q and O tiles, double-buffered:   2 * 2 * block_q * head_dim * it
+  m, l scratch and f32 accumulator: 2 * block_q * 128 * 4 + block_q * head_dim * 4
+  scores and probabilities (f32):   2 * block_q * block_kv * 4
+  emit_pipeline K, V tiles:         buffers * 2 * block_kv * head_dim * it
+  unroll K, V (whole sequence, double-buffered across heads): 2 * 2 * seq * head_dim * it
+At head_dim 256 in bf16, unroll's K/V alone are 16 MiB at seq 8k and 64 MiB at seq 32k: over a
+64 MiB VMEM (v7x), while emit_pipeline's footprint does not depend on seq. (At head_dim 128,
+seq 32k needs 32 MiB and still fits.)
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from kernels.attention_config import CONFIGS, AttentionConfig, as_config
+from kernels.knobs import refusal
+from kernels.lowering import Platform, pallas_call
+
+SHAPE_NAMES = ("batch", "heads", "seq", "head_dim")
+TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+AnyConfig = Mapping[str, Any] | AttentionConfig
+
+
+# Heads whose f32 score matrices together stay under this many bytes are computed at once; the
+# reference maps over the rest, so that (8, 32, 8192, 256) needs 2 GiB, not 64 GiB, of scores.
+_REFERENCE_SCORE_BYTES = 1 << 31
+
+
+def _attention_head(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
+    d = q.shape[-1]
+    s = jnp.einsum("qd,kd->qk", q.astype(jnp.float32), k.astype(jnp.float32)) / math.sqrt(d)
+    if causal:
+        seq = q.shape[-2]
+        s = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("qk,kd->qd", p, v.astype(jnp.float32)).astype(q.dtype)
+
+
+def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
+    """softmax(Q K^T / sqrt(D)) V in plain jax.numpy, computed in float32, a group of heads at a time."""
+    batch, heads, seq, dim = q.shape
+    flat = [x.reshape(batch * heads, seq, x.shape[-1]) for x in (q, k, v)]
+    group = max(1, min(batch * heads, _REFERENCE_SCORE_BYTES // (seq * seq * 4)))
+    one = lambda qkv: _attention_head(*qkv, causal)  # noqa: E731
+    out = jax.vmap(one)(tuple(flat)) if group >= batch * heads else jax.lax.map(one, tuple(flat), batch_size=group)
+    return out.reshape(batch, heads, seq, v.shape[-1])
+
+
+def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax.Array, ...]:
+    """Random Q, K, V of shape (batch, heads, seq, head_dim), normal with unit scale."""
+    return tuple(jax.random.normal(k, shape, jnp.float32).astype(dtype) for k in jax.random.split(key, 3))
+
+
+def shape_of(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[int, ...]:
+    """(batch, heads, seq, head_dim) of Q."""
+    return tuple(q.shape)
+
+
+def attention_flops(shape: tuple[int, ...], causal: bool) -> int:
+    """4 b h s^2 d for Q K^T and P V; half of that when causal."""
+    batch, heads, seq, dim = shape
+    full = 4 * batch * heads * seq * seq * dim
+    return full // 2 if causal else full
+
+
+def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
+    """Fewest bytes through device memory: Q, K, V read once, O written once."""
+    return 4 * math.prod(shape) * jnp.dtype(dtype).itemsize
+
+
+def check(config: AnyConfig, shape: tuple[int, ...], dtype: Any, target: str) -> AttentionConfig:
+    """The typed config, checked against the shape; raises ConfigError when `build` would refuse it."""
+    typed = as_config(config, target)
+    typed.check(shape, dtype)
+    return typed
+
+
+def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
+    """None when `build` accepts the config, else why not."""
+    return refusal(lambda: check(config, shape, dtype, target))
+
+
+def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+    """On-chip bytes of one program: the TPU VMEM model above, or GPU shared memory."""
+    return as_config(config, target).footprint(shape, dtype)
+
+
+def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+    """Modest blocks and the streaming strategy, valid at any supported shape."""
+    return CONFIGS[target].default(shape).to_dict()
+
+
+def build(config: AnyConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
+          causal: bool) -> Callable[..., jax.Array]:
+    """The Pallas attention for `config` on `platform`, causal or not: a function of (q, k, v)."""
+    typed = check(config, shape, dtype, platform.target)
+    if platform.target == "tpu":
+        from kernels import attention_tpu
+
+        return attention_tpu.build(typed, shape, dtype, platform, causal)
+    if platform.target == "gpu-mosaic":
+        from kernels import attention_mgpu
+
+        return attention_mgpu.build(typed, shape, dtype, platform, causal)
+    return _generic_attention(typed, shape, dtype, platform, causal)
+
+
+def kv_blocks(q_block: Any, bq: int, bkv: int, seq: int, causal: bool) -> Any:
+    """How many K/V blocks the Q block number `q_block` needs (all, or up to its last row)."""
+    if not causal:
+        return seq // bkv
+    return lax.div((q_block + 1) * bq + bkv - 1, bkv)
+
+
+# ------------------------------------------------------------------ Triton and plain interpret
+
+
+def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
+                       causal: bool) -> Callable[..., jax.Array]:
+    """The Triton (and plain interpret) kernel for a checked config: a function of (q, k, v)."""
+    batch, heads, seq, dim = shape
+    bq, bkv = config.block_q, config.block_kv
+    scale = 1.0 / math.sqrt(dim)
+    sq = pl.squeezed
+
+    def body(q_ref, k_ref, v_ref, o_ref):
+        qi = pl.program_id(2)
+        q = q_ref[...]
+        rows = qi * bq + lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)
+
+        def step(j, carry):
+            m, l, acc = carry
+            kv = pl.ds(j * bkv, bkv)
+            k, v = k_ref[kv, :], v_ref[kv, :]
+            s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * scale
+            if causal:
+                cols = j * bkv + lax.broadcasted_iota(jnp.int32, (bq, bkv), 1)
+                s = jnp.where(cols <= rows, s, MASK_VALUE)
+            m_next = jnp.maximum(m, jnp.max(s, axis=1))
+            alpha = jnp.exp(m - m_next)
+            p = jnp.exp(s - m_next[:, None])
+            acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+            return m_next, l * alpha + jnp.sum(p, axis=1), acc
+
+        init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
+                jnp.zeros((bq, dim), jnp.float32))
+        _, l, acc = lax.fori_loop(0, kv_blocks(qi, bq, bkv, seq, causal), step, init)
+        o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+
+    q_spec = pl.BlockSpec((sq, sq, bq, dim), lambda b, h, i: (b, h, i, 0))
+    kv_spec = pl.BlockSpec((sq, sq, seq, dim), lambda b, h, i: (b, h, 0, 0))
+    return pallas_call(
+        body, platform=platform, config=config.to_dict(),
+        out_shape=jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)), grid=(batch, heads, seq // bq),
+        in_specs=[q_spec, kv_spec, kv_spec], out_specs=q_spec, name="flash_attention",
+    )

@@ -1,0 +1,284 @@
+"""Flash attention on Mosaic GPU (Hopper): the FA3-style warp-specialized kernel, or one
+pipelined warpgroup per Q block (the mgpu_pipeline knob; see `kernels.attention_core`)."""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from kernels.attention_config import MosaicGpuAttentionConfig
+from kernels.attention_core import kv_blocks
+from kernels.lowering import Platform
+
+
+def build(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
+          causal: bool) -> Callable[..., jax.Array]:
+    """The Mosaic GPU kernel for a checked config: a function of (q, k, v)."""
+    if config.warp_specialized:
+        return _warp_specialized(config, shape, dtype, platform, causal)
+    return _pipelined(config, shape, dtype, platform, causal)
+
+
+def _qk(q_smem: Any, k_tile: Any, interpret: bool, while_running: Any = None) -> jax.Array:
+    """Q K^T in float32 with WGMMA (K^T read through `transpose_ref`); see `_pv` on interpret."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    if interpret:
+        s = jnp.dot(q_smem[...], k_tile[...].T, preferred_element_type=jnp.float32)
+        if while_running is not None:
+            while_running()
+        return s
+
+    def mma(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_tile, (1, 0)))
+        if while_running is not None:
+            while_running()
+        return acc_ref[...]
+
+    return pl.run_scoped(mma, plgpu.ACC((q_smem.shape[0], k_tile.shape[0]), jnp.float32))
+
+
+def _pv(acc: jax.Array, p: jax.Array, v_tile: Any, interpret: bool, while_running: Any = None) -> jax.Array:
+    """acc + P V with WGMMA, P from registers, accumulating in place (`pl.run_state`).
+
+    Pallas's GPU interpreter (JAX 0.10) supports neither transposed SMEM operands, nor
+    register operands of WGMMA, nor `run_state`; in interpret mode the two matmuls of the kernel
+    are `jnp.dot`s of the SMEM tiles instead, and everything else (TMA, barriers, warpgroups,
+    pipelining, the online softmax and the causal masking and skipping) runs as on the GPU.
+    """
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    if interpret:
+        acc = acc + jnp.dot(p, v_tile[...], preferred_element_type=jnp.float32)
+        if while_running is not None:
+            while_running()
+        return acc
+
+    def mma(acc_ref):
+        plgpu.wgmma(acc_ref, p, v_tile)
+        if while_running is not None:
+            while_running()
+
+    return pl.run_state(mma)(plgpu.ACC.init(acc))
+
+
+def _softmax_step(qk: jax.Array, acc: jax.Array, m_i: jax.Array, l_i: jax.Array, scale_log2: float,
+                  dtype: Any, causal_origin: tuple[Any, Any] | None) -> tuple[jax.Array, ...]:
+    """One online-softmax step in base 2: P (in `dtype`), acc rescaled, the new max and sum.
+
+    causal_origin: (first query row, first key) of the block, to mask keys after each row.
+    Row maxima stay finite: key block 0 is unmasked for every row and is processed first.
+    """
+    if causal_origin is not None:
+        q_start, kv_start = causal_origin
+        rows = q_start + lax.broadcasted_iota(jnp.int32, qk.shape, 0)
+        cols = kv_start + lax.broadcasted_iota(jnp.int32, qk.shape, 1)
+        qk = jnp.where(cols <= rows, qk, -jnp.inf)
+    m_next = jnp.maximum(m_i, qk.max(axis=1) * scale_log2)
+    alpha = jnp.exp2(m_i - m_next)
+    p = jnp.exp2(qk * scale_log2 - lax.broadcast_in_dim(m_next, qk.shape, [0]))
+    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+    return p.astype(dtype), acc, m_next, l_i * alpha + p.sum(axis=1)
+
+
+def _smem_transforms() -> tuple[Any, ...]:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    return plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)
+
+
+def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any,
+                      platform: Platform, causal: bool) -> Callable[..., jax.Array]:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from kernels.mgpu_launch import mosaic_kernel
+
+    batch, heads, seq, dim = shape
+    bq, bkv = config.block_q, config.block_kv
+    steps = config.steps(seq)
+    dtype = jnp.dtype(dtype)
+    scale_log2 = math.log2(math.e) / math.sqrt(dim)  # softmax in base 2, scale folded in
+    compute_wgs = 2
+
+    def kernel(q_ref, k_ref, v_ref, out_ref, smem, loaded, consumed, schedule_barrier):
+        b, h = lax.axis_index("batch"), lax.axis_index("heads")
+        wg = lax.axis_index("wg")
+        qo_smem2, k_smem, v_smem = smem
+        k_loaded, v_loaded, q_loaded = loaded
+        k_consumed, v_consumed = consumed
+        q_tile = lax.axis_index("q_seq")
+        # K/V blocks this CTA's 2 * block_q rows need; each compute warpgroup may need fewer.
+        cta_kv_steps = kv_blocks(q_tile, 2 * bq, bkv, seq, causal)
+
+        def schedule():
+            # Lets the two compute warpgroups take turns on the tensor cores.
+            plgpu.barrier_arrive(schedule_barrier)
+            plgpu.barrier_wait(schedule_barrier)
+
+        @pl.when(wg < compute_wgs)
+        def _compute():
+            plgpu.set_max_registers(232, action="increase")
+            qo_smem = qo_smem2.at[wg]
+            q_base = q_tile * (2 * bq) + wg * bq
+            kv_steps = lax.div(q_base + bq + bkv - 1, bkv) if causal else cta_kv_steps
+            plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], qo_smem, q_loaded.at[wg])
+            plgpu.barrier_wait(q_loaded.at[wg])
+            carry = (jnp.zeros((bq, dim), jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32),
+                     jnp.zeros((bq,), jnp.float32))
+            plgpu.barrier_wait(k_loaded.at[0])
+            pl.when(wg == 1)(schedule)
+
+            def kv_step(j, carry, masked=False):
+                acc, m_i, l_i = carry
+                slot = lax.rem(j, jnp.array(steps, j.dtype))
+
+                qk = _qk(qo_smem, k_smem.at[slot], platform.interpret, while_running=schedule)
+                plgpu.barrier_arrive(k_consumed.at[slot])
+                p, acc, m_next, l_i = _softmax_step(qk, acc, m_i, l_i, scale_log2, dtype,
+                                                    (q_base, j * bkv) if masked else None)
+                plgpu.barrier_arrive(schedule_barrier)
+                plgpu.barrier_wait(v_loaded.at[slot])
+                plgpu.barrier_wait(schedule_barrier)
+
+                def wait_next():
+                    nxt = j + 1
+
+                    @pl.when(nxt < kv_steps)
+                    def _wait_next():
+                        plgpu.barrier_wait(k_loaded.at[lax.rem(nxt, jnp.array(steps, j.dtype))])
+
+                acc = _pv(acc, p, v_smem.at[slot], platform.interpret, while_running=wait_next)
+                plgpu.barrier_arrive(v_consumed.at[slot])
+                return acc, m_next, l_i
+
+            if not causal:
+                acc, _, l_i = lax.fori_loop(0, kv_steps, kv_step, carry)
+            else:
+                # Blocks wholly at or below the diagonal need no mask; the rest are masked; then
+                # the blocks the other warpgroup still needs are released unread.
+                unmasked = lax.div(q_base, bkv)
+                carry = lax.fori_loop(0, unmasked, kv_step, carry)
+                acc, _, l_i = lax.fori_loop(unmasked, kv_steps, functools.partial(kv_step, masked=True),
+                                            carry)
+
+                def release(j, _):
+                    slot = lax.rem(j, jnp.array(steps, j.dtype))
+                    plgpu.barrier_wait(k_loaded.at[slot])
+                    plgpu.barrier_wait(v_loaded.at[slot])
+                    plgpu.barrier_arrive(k_consumed.at[slot])
+                    plgpu.barrier_arrive(v_consumed.at[slot])
+                    schedule()
+                    schedule()
+
+                lax.fori_loop(kv_steps, cta_kv_steps, release, None)
+            pl.when(wg == 0)(schedule)
+            acc = acc / lax.broadcast_in_dim(l_i, (bq, dim), [0])
+            qo_smem[...] = acc.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(qo_smem, out_ref.at[b, h, pl.ds(q_base, bq)])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == compute_wgs)
+        def _memory():
+            plgpu.set_max_registers(40, action="decrease")
+            for i in range(steps):
+                @pl.when(i < cta_kv_steps)
+                def _prefetch():
+                    kv = (b, h, pl.ds(i * bkv, bkv))
+                    plgpu.copy_gmem_to_smem(k_ref.at[kv], k_smem.at[i], k_loaded.at[i])
+                    plgpu.copy_gmem_to_smem(v_ref.at[kv], v_smem.at[i], v_loaded.at[i])
+
+            @pl.loop(0, cta_kv_steps - steps)
+            def _stream(j):
+                slot = lax.rem(j, jnp.array(steps, j.dtype))
+                kv = (b, h, pl.ds((j + steps) * bkv, bkv))
+                plgpu.barrier_wait(k_consumed.at[slot])
+                plgpu.copy_gmem_to_smem(k_ref.at[kv], k_smem.at[slot], k_loaded.at[slot])
+                plgpu.barrier_wait(v_consumed.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[kv], v_smem.at[slot], v_loaded.at[slot])
+
+            # Observe the last releases too, so that no barrier phase goes unobserved.
+            @pl.loop(jnp.maximum(cta_kv_steps - steps, 0), cta_kv_steps)
+            def _drain(j):
+                slot = lax.rem(j, jnp.array(steps, j.dtype))
+                plgpu.barrier_wait(k_consumed.at[slot])
+                plgpu.barrier_wait(v_consumed.at[slot])
+
+    def entry(q_ref, k_ref, v_ref, out_ref):
+        tf = _smem_transforms()
+        smem = (plgpu.SMEM((compute_wgs, bq, dim), dtype, transforms=tf),
+                plgpu.SMEM((steps, bkv, dim), dtype, transforms=tf),
+                plgpu.SMEM((steps, bkv, dim), dtype, transforms=tf))
+        loaded = (plgpu.Barrier(num_barriers=steps), plgpu.Barrier(num_barriers=steps),
+                  plgpu.Barrier(num_barriers=compute_wgs))
+        consumed = (plgpu.Barrier(num_arrivals=compute_wgs, num_barriers=steps),) * 2
+        pl.run_scoped(lambda *scoped: kernel(q_ref, k_ref, v_ref, out_ref, *scoped), smem, loaded,
+                      consumed, plgpu.Barrier(num_arrivals=compute_wgs), collective_axes="wg")
+
+    call = mosaic_kernel(
+        entry, platform=platform, out_shape=(jax.ShapeDtypeStruct(shape, dtype),),
+        grid=(heads, seq // (2 * bq), batch), grid_names=("heads", "q_seq", "batch"),
+        num_threads=compute_wgs + 1, thread_name="wg",
+        compiler_params=plgpu.CompilerParams(
+            approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        name="flash_attention_mgpu_ws")
+    return lambda q, k, v: call(q, k, v)[0]
+
+
+def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
+               causal: bool) -> Callable[..., jax.Array]:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from kernels.mgpu_launch import mosaic_kernel
+
+    batch, heads, seq, dim = shape
+    bq, bkv = config.block_q, config.block_kv
+    steps = config.steps(seq)
+    dtype = jnp.dtype(dtype)
+    scale_log2 = math.log2(math.e) / math.sqrt(dim)
+
+    def kernel(q_ref, k_ref, v_ref, out_ref):
+        b, h, qi = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q_seq")
+        q_base = qi * bq
+
+        def scoped(qo_smem, q_loaded):
+            plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], qo_smem, q_loaded)
+            plgpu.barrier_wait(q_loaded)
+
+            def step(idx, k_smem, v_smem, carry):
+                acc, m_i, l_i = carry
+                (j,) = idx
+
+                qk = _qk(qo_smem, k_smem, platform.interpret)
+                p, acc, m_next, l_i = _softmax_step(qk, acc, m_i, l_i, scale_log2, dtype,
+                                                    (q_base, j * bkv) if causal else None)
+                acc = _pv(acc, p, v_smem, platform.interpret)
+                return acc, m_next, l_i
+
+            init = (jnp.zeros((bq, dim), jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32),
+                    jnp.zeros((bq,), jnp.float32))
+            kv_spec = plgpu.BlockSpec((bkv, dim), lambda j: (j, 0), transforms=_smem_transforms())
+            acc, _, l_i = plgpu.emit_pipeline(
+                step, grid=(seq // bkv,), in_specs=[kv_spec, kv_spec], max_concurrent_steps=steps,
+                init_carry=init)(k_ref.at[b, h], v_ref.at[b, h])
+            acc = acc / lax.broadcast_in_dim(l_i, (bq, dim), [0])
+            qo_smem[...] = acc.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(qo_smem, out_ref.at[b, h, pl.ds(q_base, bq)])
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(scoped, plgpu.SMEM((bq, dim), dtype, transforms=_smem_transforms()), plgpu.Barrier())
+
+    call = mosaic_kernel(
+        kernel, platform=platform, out_shape=(jax.ShapeDtypeStruct(shape, dtype),),
+        grid=(heads, seq // bq, batch), grid_names=("heads", "q_seq", "batch"),
+        compiler_params=plgpu.CompilerParams(
+            approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        name="flash_attention_mgpu_pipelined")
+    return lambda q, k, v: call(q, k, v)[0]

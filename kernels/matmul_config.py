@@ -1,0 +1,308 @@
+"""The matmul core's problem and its typed configs: one frozen dataclass per target.
+
+Each config class holds its knobs' defaults, their legality (`validate` for the knobs alone,
+`check(problem, dtype)` for the rest), its on-chip footprint and its default for a problem.
+The knobs themselves are documented in `kernels.matmul_core`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from kernels.knobs import ConfigError, Knobs, Unsupported, parse
+from kernels.lowering import triton_dot_buffers
+
+
+def _identity(acc: jax.Array) -> jax.Array:
+    return acc
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """What happens to an f32 accumulator tile before it is cast and stored.
+
+    fn(acc, *vectors): acc is an (r, c) f32 tile; each vector is an input of length n, sliced to
+    the tile's columns and broadcast to (r, c) f32. full_rows: fn needs whole rows (c == n).
+    """
+
+    fn: Callable[..., jax.Array] = _identity
+    vectors: int = 0
+    full_rows: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """C = epilogue(A @ B): A (m, k) or (batch, m, k); B (k, n), or (batch, k, n) unless shared_b."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 0
+    shared_b: bool = False
+    epilogue: Epilogue = Epilogue()
+    out_dtype: Any = None  # None: the input dtype
+
+    @property
+    def batched_b(self) -> bool:
+        """Whether B has a batch dimension."""
+        return self.batch > 0 and not self.shared_b
+
+    def out_shape(self, dtype: Any) -> jax.ShapeDtypeStruct:
+        """The output's shape and dtype."""
+        lead = (self.batch,) if self.batch else ()
+        return jax.ShapeDtypeStruct(lead + (self.m, self.n), jnp.dtype(self.out_dtype or dtype))
+
+
+def fit(dim: int, preferred: int, align: int) -> int:
+    """The largest of preferred, preferred/2, ... (at least align) dividing dim, else dim itself."""
+    block = preferred
+    while block >= align:
+        if dim % block == 0:
+            return block
+        block //= 2
+    return dim
+
+
+def _sizes(problem: Problem, dtype: Any) -> tuple[int, int]:
+    return jnp.dtype(dtype).itemsize, jnp.dtype(problem.out_dtype or dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulConfig(Knobs):
+    """Knobs of every target: the tile and epi_n (epilogue sub-tile columns; None: the whole tile)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    epi_n: int | None = None
+
+    def validate(self) -> None:
+        """Tiles are positive."""
+        if min(self.block_m, self.block_n, self.block_k, 1 if self.epi_n is None else self.epi_n) < 1:
+            raise ConfigError(f"blocks must be positive, got {self.to_dict()}")
+
+    def program_tile(self) -> tuple[int, int]:
+        """(rows, columns) of C one program computes."""
+        return self.block_m, self.block_n
+
+    def check(self, problem: Problem, dtype: Any) -> None:
+        """Refuse tiles that do not tile the problem (or an epilogue needing whole rows)."""
+        (bm, bn), bk = self.program_tile(), self.block_k
+        if problem.m % bm or problem.n % bn or problem.k % bk:
+            raise ConfigError(f"blocks ({bm}, {bn}, {bk}) must divide (m, n, k) = "
+                              f"({problem.m}, {problem.n}, {problem.k})")
+        if problem.epilogue.full_rows and bn != problem.n:
+            raise ConfigError(f"this epilogue needs whole rows: block_n must be n = {problem.n}, got {bn}")
+        epi_n = bn if self.epi_n is None else self.epi_n
+        if bn % epi_n:
+            raise ConfigError(f"epi_n = {epi_n} must divide block_n = {bn}")
+        if problem.epilogue.full_rows and epi_n != bn:
+            raise ConfigError("this epilogue needs whole rows: epi_n must equal block_n")
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuMatmulConfig(MatmulConfig):
+    """Mosaic TPU: the K strategy, its tile buffers, and epi_m (None: block_m)."""
+
+    k_strategy: Literal["grid", "emit_pipeline", "resident"] = "grid"
+    buffers: int = 2
+    epi_m: int | None = None
+
+    # Mosaic's own pipeline takes 1 or 2 buffers; emit_pipeline 2 or 3.
+    BUFFERS = {"grid": (1, 2), "resident": (1, 2), "emit_pipeline": (2, 3)}
+
+    def validate(self) -> None:
+        """buffers within what the K strategy's pipeline takes."""
+        super().validate()
+        low, high = self.BUFFERS[self.k_strategy]
+        if not low <= self.buffers <= high:
+            raise Unsupported(f"k_strategy {self.k_strategy!r} takes buffers in {(low, high)}, got {self.buffers}")
+
+    def epilogue_tile(self) -> tuple[int, int]:
+        """(epi_m, epi_n) with their defaults resolved."""
+        return (self.block_m if self.epi_m is None else self.epi_m,
+                self.block_n if self.epi_n is None else self.epi_n)
+
+    def check(self, problem: Problem, dtype: Any) -> None:
+        """The common checks, and epi_m dividing block_m."""
+        super().check(problem, dtype)
+        epi_m = self.epilogue_tile()[0]
+        if self.block_m % epi_m:
+            raise ConfigError(f"epi_m = {epi_m} must divide block_m = {self.block_m}")
+
+    def footprint(self, problem: Problem, dtype: Any) -> int:
+        """VMEM: input tiles x buffers, the output tile double-buffered, the f32 accumulator, the
+        epilogue's f32 temporaries (two sub-tiles) and the vectors ((8, block_n) f32 tiles)."""
+        bm, bn, bk = self.block_m, self.block_n, self.block_k
+        item, out_item = _sizes(problem, dtype)
+        depth = problem.k if self.k_strategy == "resident" else bk
+        epi_m, epi_n = self.epilogue_tile()
+        return (self.buffers * (bm * depth + depth * bn) * item + 2 * bm * bn * out_item + bm * bn * 4
+                + 2 * epi_m * epi_n * 4 + 2 * problem.epilogue.vectors * 8 * bn * 4)
+
+    @classmethod
+    def default(cls, problem: Problem) -> TpuMatmulConfig:
+        """The K loop as a grid axis, with tiles that divide the problem."""
+        full = problem.epilogue.full_rows
+        return cls(fit(problem.m, 256, 8), problem.n if full else fit(problem.n, 256, 128),
+                   fit(problem.k, 512, 128))
+
+
+@dataclasses.dataclass(frozen=True)
+class InterpretMatmulConfig(MatmulConfig):
+    """Plain Pallas (the Triton kernel without compiler params): group_m row tiles per column sweep."""
+
+    group_m: int = 1
+
+    def validate(self) -> None:
+        """group_m is positive."""
+        super().validate()
+        if self.group_m < 1:
+            raise ConfigError(f"group_m must be positive, got {self.group_m}")
+
+    def check(self, problem: Problem, dtype: Any) -> None:
+        """The common checks, and group_m dividing the row tiles."""
+        super().check(problem, dtype)
+        tiles_m = problem.m // self.block_m
+        if tiles_m % self.group_m:
+            raise ConfigError(f"group_m = {self.group_m} must divide the {tiles_m} row tiles")
+
+    def footprint(self, problem: Problem, dtype: Any) -> int:
+        """The A and B panels of a program and its f32 accumulator."""
+        item = jnp.dtype(dtype).itemsize
+        bm, bn = self.block_m, self.block_n
+        return (bm * problem.k + problem.k * bn) * item + bm * bn * 4
+
+    @classmethod
+    def default(cls, problem: Problem) -> InterpretMatmulConfig:
+        """Small tiles that divide the problem."""
+        full = problem.epilogue.full_rows
+        return cls(fit(problem.m, 64, 16), problem.n if full else fit(problem.n, 64, 16),
+                   fit(problem.k, 32, 16))
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonMatmulConfig(InterpretMatmulConfig):
+    """Triton: the plain kernel's knobs and Triton's compiler params."""
+
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def footprint(self, problem: Problem, dtype: Any) -> int:
+        """Shared memory: Triton stages each K step's operand tiles (see `triton_dot_buffers`)."""
+        item = jnp.dtype(dtype).itemsize
+        bm, bn, bk = self.block_m, self.block_n, self.block_k
+        return triton_dot_buffers(self.num_stages, self.num_warps, bm) * (bm * bk + bk * bn) * item
+
+
+class MosaicTiles(NamedTuple):
+    """A Mosaic GPU config's tiles with defaults resolved."""
+
+    bm: int  # one compute warpgroup's tile
+    bn: int
+    bk: int
+    cta_m: int  # one block's tile (two warpgroup tiles when warp-specialized)
+    cta_n: int
+    epi_m: int
+    epi_n: int
+    wgs: int  # compute warpgroups per block
+    slots: int  # SMEM staging slots of the epilogue's stores
+    steps: int  # pipeline depth
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicGpuMatmulConfig(MatmulConfig):
+    """Mosaic GPU (Hopper): pipeline kind and depth, warpgroup split, tile order, epilogue tile.
+
+    epi_m and epi_n: None means 64 (at most the warpgroup's tile).
+    """
+
+    mgpu_pipeline: Literal["warp_specialized", "pipelined"] = "pipelined"
+    max_concurrent_steps: int = 4
+    wg_split: Literal["m", "n"] = "n"
+    grid_minor: Literal["m", "n"] = "n"
+    grid_tile_width: int = 1
+    epi_m: int | None = None
+
+    def validate(self) -> None:
+        """A pipeline at least two steps deep, a positive tile width."""
+        super().validate()
+        if self.max_concurrent_steps < 2:
+            raise Unsupported("gpu-mosaic: max_concurrent_steps must be at least 2")
+        if self.grid_tile_width < 1:
+            raise ConfigError(f"grid_tile_width must be positive, got {self.grid_tile_width}")
+
+    @property
+    def warp_specialized(self) -> bool:
+        """Whether the kernel is the persistent warp-specialized one."""
+        return self.mgpu_pipeline == "warp_specialized"
+
+    def program_tile(self) -> tuple[int, int]:
+        """One block's tile: two warpgroup tiles side by side along wg_split when warp-specialized."""
+        split = self.wg_split if self.warp_specialized else None
+        return self.block_m * (2 if split == "m" else 1), self.block_n * (2 if split == "n" else 1)
+
+    def tiles(self) -> MosaicTiles:
+        """The tiles with defaults resolved."""
+        bm, bn = self.block_m, self.block_n
+        epi_m = min(64 if self.epi_m is None else self.epi_m, bm)
+        epi_n = min(64 if self.epi_n is None else self.epi_n, bn)
+        return MosaicTiles(bm, bn, self.block_k, *self.program_tile(), epi_m, epi_n,
+                           wgs=2 if self.warp_specialized else 1,
+                           slots=min(2, (bm * bn) // (epi_m * epi_n)), steps=self.max_concurrent_steps)
+
+    def check(self, problem: Problem, dtype: Any) -> None:
+        """The common checks, and what WGMMA and this kernel support."""
+        super().check(problem, dtype)
+        if problem.epilogue.full_rows:
+            raise Unsupported("gpu-mosaic: epilogues over whole rows are not implemented")
+        if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            raise Unsupported(f"gpu-mosaic matmul takes bfloat16 or float16, not {jnp.dtype(dtype)}")
+        t = self.tiles()
+        if t.bm % 64 or t.bn % 64 or t.bk % 64 or t.bn > 256:
+            raise Unsupported("gpu-mosaic: block_m, block_n, block_k must be multiples of 64, block_n <= 256")
+        if t.bm % t.epi_m or t.bn % t.epi_n or t.epi_m % 64:
+            raise Unsupported("gpu-mosaic: epi_m (a multiple of 64) and epi_n must divide the tile")
+
+    def footprint(self, problem: Problem, dtype: Any) -> int:
+        """Shared memory: the pipeline's operand slots, each compute warpgroup's output staging slots
+        and vector tiles (one is allocated even without vectors), plus 1 KiB for barriers and
+        alignment: at most 1 KiB above what Mosaic GPU itself counts
+        (tests/test_kernels_matmul_family.py)."""
+        t = self.tiles()
+        item, out_item = _sizes(problem, dtype)
+        operands = t.steps * (t.cta_m * t.bk + t.bk * t.cta_n) * item
+        staging = t.wgs * t.slots * t.epi_m * t.epi_n * out_item
+        vectors = t.wgs * max(problem.epilogue.vectors, 1) * t.bn * item
+        return operands + staging + vectors + 1024
+
+    @classmethod
+    def default(cls, problem: Problem) -> MosaicGpuMatmulConfig:
+        """The singly pipelined kernel (any tiling of the problem) with 64-aligned tiles."""
+        return cls(fit(problem.m, 128, 64), fit(problem.n, 128, 64), 64)
+
+
+CONFIGS: dict[str, type[MatmulConfig]] = {
+    "tpu": TpuMatmulConfig, "gpu-triton": TritonMatmulConfig, "gpu-mosaic": MosaicGpuMatmulConfig,
+    "interpret": InterpretMatmulConfig,
+}
+
+
+def parse_config(config: Mapping[str, Any], target: str, *extra: type[Knobs]) -> tuple[Any, ...]:
+    """(the target's MatmulConfig, *one config per `extra` class) from one flat dict."""
+    if target not in CONFIGS:
+        raise ConfigError(f"unknown target {target!r}; expected one of {sorted(CONFIGS)}")
+    return parse(config, CONFIGS[target], *extra)
+
+
+def as_config(config: Mapping[str, Any] | MatmulConfig, target: str) -> MatmulConfig:
+    """`config` as the target's typed config (a dict is parsed; a typed config is checked for type)."""
+    if isinstance(config, MatmulConfig):
+        if not isinstance(config, CONFIGS[target]):
+            raise ConfigError(f"a {type(config).__name__} is no {target} config")
+        return config
+    return parse_config(config, target)[0]

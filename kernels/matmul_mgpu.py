@@ -1,0 +1,185 @@
+"""The matmul core on Mosaic GPU (Hopper): a persistent warp-specialized kernel, or one singly
+pipelined warpgroup per block (the mgpu_pipeline knob; see `kernels.matmul_core`)."""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from kernels.lowering import Platform
+from kernels.matmul_config import MosaicGpuMatmulConfig, Problem
+
+
+def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
+          platform: Platform) -> Callable[..., jax.Array]:
+    """The Mosaic GPU kernel for a checked config: a function of (a, b, *vectors)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from kernels.mgpu_launch import mosaic_kernel, num_sms
+
+    t = config.tiles()
+    bm, bn, bk, epi_m, epi_n, steps = t.bm, t.bn, t.bk, t.epi_m, t.epi_n, t.steps
+    item = jnp.dtype(dtype).itemsize
+    out_dtype = jnp.dtype(problem.out_dtype or dtype)
+    m_iters, n_iters, k_iters = problem.m // t.cta_m, problem.n // t.cta_n, problem.k // bk
+    batches, n_vec, epilogue = max(problem.batch, 1), problem.epilogue.vectors, problem.epilogue
+
+    def transforms(minor_elems: int, itemsize: int) -> tuple[Any, ...]:
+        swizzle = plgpu.find_swizzle(minor_elems * itemsize * 8)
+        return plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle)
+
+    in_transforms = transforms(bk, item)
+    out_transforms = transforms(epi_n, out_dtype.itemsize)
+
+    def views(a_gmem, b_gmem, out_gmem, bi, m_idx, n_idx):
+        if problem.batch:
+            a_gmem, out_gmem = a_gmem.at[bi], out_gmem.at[bi]
+        if problem.batched_b:
+            b_gmem = b_gmem.at[bi]
+        rows, cols = pl.ds(m_idx * t.cta_m, t.cta_m), pl.ds(n_idx * t.cta_n, t.cta_n)
+        return a_gmem.at[rows, :], b_gmem.at[:, cols], out_gmem.at[rows, cols], cols
+
+    def epilogue_store(acc, vec_smem, out_smem, out_tile):
+        # acc: this warpgroup's (bm, bn) f32 tile; stored one (epi_m, epi_n) sub-tile at a time
+        # through two SMEM slots, so the TMA store of one overlaps the math of the next.
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        per_row = bn // epi_n
+        for r in range(bm // epi_m):
+            for c in range(per_row):
+                sub = acc[r * epi_m:(r + 1) * epi_m, c * epi_n:(c + 1) * epi_n]
+                vecs = [lax.broadcast_in_dim(vec_smem[v, pl.ds(c * epi_n, epi_n)].astype(jnp.float32),
+                                             (epi_m, epi_n), [1]) for v in range(n_vec)]
+                slot = (r * per_row + c) % t.slots
+                plgpu.wait_smem_to_gmem(t.slots - 1, wait_read_only=True)
+                out_smem[slot] = epilogue.fn(sub, *vecs).astype(out_dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(out_smem.at[slot], out_tile.at[pl.ds(r * epi_m, epi_m),
+                                                                      pl.ds(c * epi_n, epi_n)])
+
+    def load_vectors(vec_gmem, vec_smem, vec_barrier, cols):
+        for v, ref in enumerate(vec_gmem):
+            plgpu.copy_gmem_to_smem(ref.at[cols], vec_smem.at[v], vec_barrier)
+
+    out_shape = (problem.out_shape(dtype),)
+    vec_scratch = plgpu.SMEM((max(n_vec, 1), bn), dtype)
+
+    if not config.warp_specialized:
+        def body(a_gmem, b_gmem, *refs):
+            vec_gmem, out_gmem = refs[:n_vec], refs[n_vec]
+            bi, m_idx, n_idx = (lax.axis_index(a) for a in ("b", "m", "n"))
+            a_view, b_view, out_tile, cols = views(a_gmem, b_gmem, out_gmem, bi, m_idx, n_idx)
+
+            def scoped(out_smem, vec_smem, vec_barrier):
+                if n_vec:
+                    load_vectors(vec_gmem, vec_smem, vec_barrier, cols)
+
+                def with_acc(acc_ref):
+                    def mma(_, a_smem, b_smem):
+                        plgpu.wgmma(acc_ref, a_smem, b_smem)
+                        plgpu.wgmma_wait(1)  # keep one WGMMA in flight; its tiles are released late
+
+                    spec = functools.partial(plgpu.BlockSpec, transforms=in_transforms, delay_release=1)
+                    plgpu.emit_pipeline(
+                        mma, grid=(k_iters,), max_concurrent_steps=steps,
+                        in_specs=[spec((bm, bk), lambda kk: (0, kk)), spec((bk, bn), lambda kk: (kk, 0))],
+                    )(a_view, b_view)
+                    plgpu.wgmma_wait(0)
+                    if n_vec:
+                        plgpu.barrier_wait(vec_barrier)
+                    epilogue_store(acc_ref[...], vec_smem, out_smem, out_tile)
+
+                pl.run_scoped(with_acc, plgpu.ACC((bm, bn), jnp.float32))
+                plgpu.wait_smem_to_gmem(0)
+
+            pl.run_scoped(scoped, plgpu.SMEM((t.slots, epi_m, epi_n), out_dtype, transforms=out_transforms),
+                          vec_scratch, plgpu.Barrier(num_arrivals=max(n_vec, 1)))
+
+        call = mosaic_kernel(
+            body, platform=platform, out_shape=out_shape, grid=(batches, m_iters, n_iters),
+            grid_names=("b", "m", "n"),
+            compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+            name="matmul_mgpu_pipelined")
+        return lambda a, b, *vectors: call(a, b, *vectors)[0]
+
+    split = config.wg_split
+    grid_minor = {"m": 0, "n": 1}[config.grid_minor]
+    tile_width = config.grid_tile_width
+    tiles = batches * m_iters * n_iters
+
+    def ws_body(a_gmem, b_gmem, *refs):
+        vec_gmem, out_gmem = refs[:n_vec], refs[n_vec]
+
+        def pipeline(mma_body, compute_context):
+            spec = functools.partial(plgpu.BlockSpec, transforms=in_transforms, memory_space=plgpu.SMEM)
+            return plgpu.emit_pipeline_warp_specialized(
+                mma_body, grid=(k_iters,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
+                max_concurrent_steps=steps, compute_context=compute_context,
+                in_specs=[spec((t.cta_m, bk), lambda kk: (0, kk)), spec((bk, t.cta_n), lambda kk: (kk, 0))],
+            )
+
+        ignore = lambda *_, **__: None  # noqa: E731 - allocations do not depend on the bodies
+        a0, b0, _, _ = views(a_gmem, b_gmem, out_gmem, 0, 0, 0)
+
+        @functools.partial(
+            pl.run_scoped,
+            allocations=pipeline(ignore, ignore).get_allocations(a0, b0),
+            out_smem=plgpu.SMEM((2, t.slots, epi_m, epi_n), out_dtype, transforms=out_transforms),
+            vec_smem=plgpu.SMEM((2, max(n_vec, 1), bn), dtype),
+            vec_barriers=plgpu.Barrier(num_arrivals=max(n_vec, 1), num_barriers=2),
+            collective_axes="wg",
+        )
+        def _scope(allocations, out_smem, vec_smem, vec_barriers):
+            wg = lax.axis_index("wg")
+
+            @plgpu.nd_loop((tiles,), collective_axes="sm")
+            def _tile_loop(info):
+                (lin,) = info.index
+                bi = lax.div(lin, m_iters * n_iters)
+                m_idx, n_idx = plgpu.planar_snake(lax.rem(lin, m_iters * n_iters), (m_iters, n_iters),
+                                                  grid_minor, tile_width)
+                a_view, b_view, out_tile, cols = views(a_gmem, b_gmem, out_gmem, bi, m_idx, n_idx)
+                if split == "m":
+                    wg_rows, wg_cols = pl.ds(wg * bm, bm), slice(None)
+                    wg_out = out_tile.at[wg_rows, :]
+                    wg_vec_cols = cols
+                else:
+                    wg_rows, wg_cols = slice(None), pl.ds(wg * bn, bn)
+                    wg_out = out_tile.at[:, wg_cols]
+                    wg_vec_cols = pl.ds(n_idx * t.cta_n + wg * bn, bn)
+
+                def compute_context(eval_pipeline):
+                    if n_vec:
+                        load_vectors(vec_gmem, vec_smem.at[wg], vec_barriers.at[wg], wg_vec_cols)
+
+                    def with_acc(acc_ref):
+                        eval_pipeline(acc_ref)
+                        acc = acc_ref[...]
+                        if n_vec:
+                            plgpu.barrier_wait(vec_barriers.at[wg])
+                        epilogue_store(acc, vec_smem.at[wg], out_smem.at[wg], wg_out)
+
+                    pl.run_scoped(with_acc, plgpu.ACC((bm, bn), jnp.float32))
+
+                def mma(_, a_smem, b_smem, acc_ref):
+                    plgpu.wgmma(acc_ref, a_smem.at[wg_rows], b_smem.at[:, wg_cols])
+                    plgpu.wgmma_wait(0)
+                    return acc_ref
+
+                pipeline(mma, compute_context)(a_view, b_view, allocations=allocations)
+
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    def launch(*args):
+        call = mosaic_kernel(
+            ws_body, platform=platform, out_shape=out_shape, grid=(min(num_sms(), tiles),),
+            grid_names=("sm",), num_threads=3, thread_name="wg",
+            compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+            name="matmul_mgpu_warp_specialized")
+        return call(*args)[0]
+
+    return launch
