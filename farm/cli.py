@@ -6,8 +6,8 @@ verification exits with code 1; `farm retune` exits with code 3 when its gate bl
 from __future__ import annotations
 
 import argparse
-import logging
 import json
+import logging
 import sys
 import warnings
 from datetime import datetime, timezone

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import kernels
-from farm import spaces
+from farm.search import spaces
 from kernels import attention_config, matmul_config, protocol
 from kernels.knobs import ConfigError, Unsupported
 from kernels.lowering import Platform

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels import protocol
+
 # Bounds on ||out - ref|| / ||ref||. float32 allows for TF32 matrix units on GPU (~3e-4);
 # half types allow for rounding the output and accumulating in a different order.
 TOLERANCE = {"float32": 2e-3, "bfloat16": 2e-2, "float16": 1e-2}
@@ -15,7 +17,7 @@ TOLERANCE = {"float32": 2e-3, "bfloat16": 2e-2, "float16": 1e-2}
 
 def tolerance(dtype: str, kernel: Any = None) -> float:
     """The relative error bound for `dtype`, or the kernel's own TOLERANCE entry."""
-    own = getattr(kernel, "TOLERANCE", None) or {}
+    own = protocol.hook(kernel, "TOLERANCE") or {}
     return float(own.get(dtype, TOLERANCE[dtype]))
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from farm.measure.capacity import Capacity
+from kernels import protocol
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +33,7 @@ def static_verdict(module: Any, config: Mapping[str, Any], shape: tuple[int, ...
         return footprint, Verdict(
             f"footprint {footprint} B exceeds {capacity.memory} capacity {capacity.onchip_bytes} B "
             f"({capacity.source})", footprint, capacity.onchip_bytes)
-    hbm_needed = getattr(module, "hbm_bytes", None)
+    hbm_needed = protocol.hook(module, "hbm_bytes")
     needed = int(hbm_needed(shape, jnp.dtype(dtype))) if hbm_needed else int(module.bytes_moved(shape, jnp.dtype(dtype)))
     if capacity.hbm_bytes is not None and needed > capacity.hbm_bytes:
         return footprint, Verdict(f"inputs and outputs need {needed} B of HBM, more than {capacity.hbm_bytes} B "
@@ -42,7 +43,7 @@ def static_verdict(module: Any, config: Mapping[str, Any], shape: tuple[int, ...
 
 def memory_params(module: Any, config: Mapping[str, Any]) -> tuple[str, ...]:
     """The knobs that grow memory: the kernel's MEMORY_PARAMS, else every integer knob."""
-    declared = getattr(module, "MEMORY_PARAMS", None)
+    declared = protocol.hook(module, "MEMORY_PARAMS")
     if declared is not None:
         return tuple(p for p in declared if p in config)
     return tuple(k for k, v in config.items() if isinstance(v, int) and not isinstance(v, bool))
