@@ -42,7 +42,7 @@ def test_poisoning_catches_rows_a_config_never_writes(monkeypatch, name: str, ta
     fn = module.build(config, shape, jnp.float32, Platform(target, interpret=True,
                                                            poison_outputs=True))
     out = jax.tree.leaves(jax.jit(fn)(*inputs))
-    written = (covered(rows.plan(module.KERNEL, config, shape, target)) - 1) * (
+    written = (covered(module.KERNEL.plan(config, shape, target)) - 1) * (
         config.get("rows_per_program") or config["block_rows"])
     assert np.isnan(np.asarray(out[0][written:])).all()
     assert not np.isnan(np.asarray(out[0][:written])).any()

@@ -45,12 +45,7 @@ from kernels.rows.contract import RowMath, RowReduction, Stats, reduction_math
 from kernels.rows.kernel import RowKernel, build
 
 
-def plan(kernel: RowKernel, config: dict, shape: tuple[int, ...], target: str) -> Plan:
-    """`kernel.plan`: the checked plan of `config` (kept as a function for tests and tools)."""
-    return kernel.plan(config, shape, target)
-
-
 __all__ = ["CONFIG_TYPES", "LANES", "MEMORY_PARAMS", "STRATEGIES", "STREAMED", "SUBLANES", "Plan",
            "RowConfig", "RowConfigInterpret", "RowConfigTPU", "RowConfigTriton", "RowKernel",
-           "RowMath", "RowReduction", "Stats", "build", "from_dict", "is_pow2", "plan",
+           "RowMath", "RowReduction", "Stats", "build", "from_dict", "is_pow2",
            "reduction_math", "split_shape", "vmem_limit"]

@@ -76,7 +76,8 @@ class RowKernel:
         if target == "tpu":
             names += ["buffers", "stats_layout"] if self.math.has_vectors else ["buffers"]
         if target == "gpu-triton":
-            names += [] if self.math.results else ["rows_per_program"]
+            if not self.math.results:
+                names.append("rows_per_program")
             names += ["num_warps", "num_stages"]
         return tuple(names)
 
