@@ -30,13 +30,18 @@ STREAM_ABOVE = 8 * 2**20
 REGISTER_ROW = 8192
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class RowKernel:
     """A row-wise kernel: its math, the names of its shape's axes and the strategies it takes.
 
     strategies: per target, the strategies this kernel allows (the first is the default when a
     config names none); a target with one strategy has no strategy knob.
     hint: added to the refusal of a shape of another rank.
+
+        KERNEL = RowKernel(softmax.MATH, ("rows", "cols"))
+        KERNEL.check_config({"block_rows": 3}, (64, 256), "float32", "tpu")   # -> the reason
+        y = KERNEL.build(KERNEL.default_config((64, 256), "tpu"), (64, 256), jnp.float32,
+                         Platform("tpu", interpret=True))(x)
     """
 
     math: RowMath
@@ -98,7 +103,7 @@ class RowKernel:
 
     def default(self, shape: tuple[int, ...], target: str) -> RowConfig:
         """The typed default: small row blocks; streamed (TPU) or looped (Triton) when rows are long."""
-        batch, rows, cols = split_shape(shape)
+        _, rows, cols = split_shape(shape)
         if target == "gpu-triton":
             width = pl.next_power_of_2(cols)
             cls = CONFIG_TYPES[target]
@@ -111,7 +116,8 @@ class RowKernel:
         tile = 2 * SUBLANES if target == "tpu" else SUBLANES
         config = CONFIG_TYPES[target](block_rows=tile if rows % tile == 0 else rows)
         if target == "tpu" and cols % LANES == 0:
-            if self.footprint(config.to_dict(), shape, jnp.float32, target) > STREAM_ABOVE:
+            whole = footprint_.footprint(self.math, config.check(tuple(shape), self.math), jnp.float32)
+            if whole > STREAM_ABOVE:
                 block_cols = max(c for c in (128, 256, 512, 1024) if cols % c == 0)
                 config = dataclasses.replace(config, strategy="emit_pipeline", block_cols=block_cols)
         return config
