@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from kernels.protocol import PENDING, REQUIRED, check_module
+from kernels.protocol import REQUIRED, check_module
 
 # Registered kernel name -> module. A name with a dot is imported as a module path instead,
 # which lets a project (or a test) tune kernels that live outside this package.
@@ -42,7 +42,7 @@ def load(name: str) -> ModuleType:
         module = importlib.import_module(path)
     except ImportError as err:
         raise UnknownKernel(f"kernel module {path!r} cannot be imported: {err}") from None
-    missing = [name for name in check_module(module) if name not in PENDING]
+    missing = check_module(module)
     if missing:
         raise UnknownKernel(f"kernel module {path!r} lacks {', '.join(missing)}")
     return module

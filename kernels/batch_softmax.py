@@ -2,12 +2,9 @@
 
 The math is `kernels.softmax`'s; blocks are (block_batch, block_rows, cols) on TPU, so a
 program may cover several batch entries when rows are few.
-Config knobs (the strategies are those of `kernels.rowwise`):
-  block_batch  TPU and interpret: batch entries per program (dividing batch).
-  block_rows   rows per program (TPU: a multiple of 8, or all rows).
-  strategy, block_cols, buffers  TPU (and interpret): one_pass, fori_loop, emit_pipeline, grid.
-  passes, block_cols, rows_per_program, num_warps, num_stages  Triton only; the grid is
-      (row programs, batch), one batch entry per program.
+Config knobs: those of the row engine (`kernels.rows`), with block_batch (TPU and interpret:
+batch entries per program, dividing batch); Triton's grid is (row programs, batch), one batch
+entry per program.
 """
 from __future__ import annotations
 
@@ -17,12 +14,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernels import rowwise, softmax
+from kernels import rows, softmax
 
 NAME = "batch_softmax"
 SHAPE_NAMES = ("batch", "rows", "cols")
 TARGETS = ("interpret", "tpu", "gpu-triton")
-MEMORY_PARAMS = rowwise.MEMORY_PARAMS
+MEMORY_PARAMS = rows.MEMORY_PARAMS
 MATH = softmax.MATH
 
 
@@ -48,4 +45,6 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
     return 2 * math.prod(shape) * jnp.dtype(dtype).itemsize
 
 
-footprint, default_config, build = rowwise.entry_points(MATH, "(batch, rows, cols)")
+KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)
+check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
+build, shape_of = KERNEL.build, KERNEL.shape_of

@@ -9,7 +9,7 @@ Rows are reduced with an online logsumexp over column blocks: each block contrib
 max m_b, sum_b exp(x - m_b) and the label's logit if it holds the label column; blocks merge as
   m = max(m_a, m_b),  s = s_a exp(m_a - m) + s_b exp(m_b - m),  picked = picked_a + picked_b.
 The walk over columns (one block, a loop, a grid axis or emit_pipeline) is the `strategy`
-knob of `kernels.row_reduce`, which documents every knob and shape rule.
+knob of the row engine (`kernels.rows`, which documents every knob and shape rule).
 """
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kernels import row_reduce
+from kernels import rows
 from kernels.lowering import Platform
 
 NAME = "cross_entropy"
 SHAPE_NAMES = ("rows", "vocab")
 TARGETS = ("interpret", "tpu", "gpu-triton")
-MEMORY_PARAMS = row_reduce.MEMORY_PARAMS
+MEMORY_PARAMS = rows.MEMORY_PARAMS
 
 
 class LogSumExp(NamedTuple):
@@ -58,8 +58,11 @@ def _finish(s: LogSumExp) -> tuple[jax.Array]:
     return (s.max + jnp.log(s.sum) - s.picked,)
 
 
-CROSS_ENTROPY = row_reduce.RowReduction(state=LogSumExp, init=_empty, block=_block, merge=_merge,
-                                        finish=_finish, n_outputs=1, pad=-math.inf)
+CROSS_ENTROPY = rows.RowReduction(state=LogSumExp, init=_empty, block=_block, merge=_merge,
+                                  finish=_finish, n_outputs=1, pad=-math.inf)
+KERNEL = rows.RowKernel(rows.reduction_math(NAME, CROSS_ENTROPY, vector_inputs=1), SHAPE_NAMES)
+check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
+shape_of = KERNEL.shape_of
 
 
 def reference(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -88,24 +91,12 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
     return rows * vocab * jnp.dtype(dtype).itemsize + rows * 4 + rows * 4
 
 
-def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
-    """On-chip bytes of one program (logits, labels, loss, three state vectors; see row_reduce)."""
-    return row_reduce.footprint(CROSS_ENTROPY, config, shape, dtype, target, n_row_inputs=1)
-
-
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """A safe config: 16 or 8 rows per program on TPU, one on GPU; rows over 16384 in column blocks."""
-    return row_reduce.default_config(shape, target)
-
-
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any,
           platform: Platform) -> Callable[..., Any]:
     """The Pallas cross-entropy for `config` on `platform`: (logits, labels) -> loss, f32 (rows,)."""
-    reduce_rows = row_reduce.build(CROSS_ENTROPY, config, shape, dtype, platform, n_row_inputs=1,
-                                   name=NAME)
+    reduce_rows = KERNEL.build(config, shape, dtype, platform)
 
     def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-        (loss,) = reduce_rows(logits, labels.astype(jnp.int32))
-        return loss
+        return reduce_rows(logits, labels.astype(jnp.int32))
 
     return cross_entropy

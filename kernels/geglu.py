@@ -2,7 +2,7 @@
 
 GELU is the tanh approximation (`jax.nn.gelu(approximate=True)`, PyTorch's
 `gelu(approximate="tanh")`): gelu(a) = a / 2 * (1 + tanh(sqrt(2 / pi) * (a + 0.044715 a^3))).
-Computed in float32, rounded to the input dtype. The tiling knobs are those of `kernels.glu`.
+Computed in float32, rounded to the input dtype. The tiling knobs (typed configs) are those of `kernels.glu`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import jax.numpy as jnp
 
 from kernels import glu
 from kernels.glu import (  # noqa: F401 - protocol names shared by every gated unit
-    MEMORY_PARAMS, SHAPE_NAMES, TARGETS, bytes_moved, default_config, footprint, make_inputs)
+    MEMORY_PARAMS, SHAPE_NAMES, TARGETS, bytes_moved, check_config, default_config, footprint,
+    make_inputs, shape_of)
 from kernels.lowering import Platform
 
 NAME = "geglu"

@@ -3,7 +3,14 @@
 Shared by `swiglu` and `geglu`, which supply `act` (float32 -> float32). Inputs are read once,
 the output written once, the math done in float32 and rounded to the input dtype.
 
-Config knobs:
+Not on the row engine (`kernels.rows`): a gated unit reduces nothing, so none of the engine's
+strategies (whole rows, a loop over column chunks with per-row statistics, streamed chunks
+with a statistics phase) has a job here; what is tuned is a plain 2-D tiling of the
+(seq, hidden) plane (TPU) or a 1-D / row tiling of the flattened arrays (Triton). It shares
+the engine's typed-config helpers (`from_dict`), its VMEM rule (`vmem_limit`) and its Triton
+defaults (num_warps 4, num_stages 3, always passed explicitly).
+
+Config knobs (typed below, each default once):
   TPU and interpret: block_rows x block_cols tiles of the (seq, hidden) plane of one batch
     entry (TPU: dividing it, block_rows a multiple of 8 or all of seq, block_cols a multiple
     of 128 or all of hidden; interpret: edge tiles may be partial); buffers (TPU: 1 or 2
@@ -16,9 +23,10 @@ Config knobs:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -26,7 +34,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels.lowering import Platform, pallas_call
-from kernels.row_reduce import vmem_limit
+from kernels.rows.config import from_dict, is_pow2, vmem_limit
 
 SHAPE_NAMES = ("batch", "seq", "hidden")
 TARGETS = ("interpret", "tpu", "gpu-triton")
@@ -34,6 +42,116 @@ TILINGS = ("flat", "rows")
 # The knobs that grow on-chip memory (see farm.pruning).
 MEMORY_PARAMS = ("block_rows", "block_cols", "buffers", "block_size", "num_stages")
 Activation = Callable[[jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class GluConfigInterpret:
+    """Tiles of block_rows x block_cols of the (seq, hidden) plane; edge tiles may be partial."""
+
+    block_rows: int
+    block_cols: int
+
+    def __post_init__(self) -> None:
+        if self.block_rows < 1 or self.block_cols < 1:
+            raise ValueError(f"block_rows and block_cols must be positive, got {self.block_rows} "
+                             f"and {self.block_cols}")
+
+    def check(self, shape: tuple[int, ...]) -> None:
+        """Raise if the config cannot run on `shape` (interpret: any positive tile)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GluConfigTPU(GluConfigInterpret):
+    """Tiles dividing (seq, hidden) in (8, 128) units; buffers: 1 or 2 per operand."""
+
+    buffers: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.buffers not in (1, 2):
+            raise ValueError(f"buffers must be 1 or 2 on TPU, got {self.buffers}")
+
+    def check(self, shape: tuple[int, ...]) -> None:
+        _, seq, hidden = shape
+        br, bc = self.block_rows, self.block_cols
+        # Partial edge tiles are refused: TPU interpret mode (JAX 0.10) mis-shapes them when
+        # outputs are aliased, as validation's poisoned outputs are.
+        if seq % br or hidden % bc:
+            raise ValueError(f"block {br} x {bc} must divide (seq, hidden) = ({seq}, {hidden}) on TPU")
+        if br % 8 and br != seq:
+            raise ValueError(f"block_rows={br} must be a multiple of 8 or all of seq ({seq})")
+        if bc % 128 and bc != hidden:
+            raise ValueError(f"block_cols={bc} must be a multiple of 128 or all of hidden ({hidden})")
+
+
+@dataclasses.dataclass(frozen=True)
+class GluConfigTriton:
+    """block_size elements per step (a power of two), blocks_per_program steps per program,
+    tiling "flat" or "rows" (block_cols: the rows tiles' width; flat ignores it, the spaces pin
+    it at 64), num_warps and num_stages."""
+
+    block_size: int
+    tiling: str = "flat"
+    blocks_per_program: int = 1
+    block_cols: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        if self.tiling not in TILINGS:
+            raise ValueError(f"tiling must be one of {list(TILINGS)}, got {self.tiling!r}")
+        size, per = self.block_size, self.blocks_per_program
+        if not is_pow2(size) or per < 1:
+            raise ValueError(f"block_size must be a power of two and blocks_per_program >= 1, "
+                             f"got {size} and {per}")
+        cols = self.block_cols
+        if self.tiling == "rows" and not (is_pow2(cols) and cols <= size):
+            raise ValueError(f"block_cols must be a power of two <= block_size ({size}), got {cols}")
+        if self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"num_warps and num_stages must be positive, got {self.num_warps} "
+                             f"and {self.num_stages}")
+
+    def check(self, shape: tuple[int, ...]) -> None:
+        """Raise if the config cannot run on `shape` (flat tiling indexes with int32)."""
+        if self.tiling == "flat" and math.prod(shape) >= 2**31:
+            raise NotImplementedError(f"flat tiling indexes with int32; {shape} has >= 2**31 elements "
+                                      "(use tiling 'rows')")
+
+
+CONFIG_TYPES = {"interpret": GluConfigInterpret, "tpu": GluConfigTPU, "gpu-triton": GluConfigTriton}
+GluConfig = GluConfigInterpret | GluConfigTPU | GluConfigTriton
+
+
+def typed_config(config: Mapping[str, Any], shape: tuple[int, ...], target: str,
+                 name: str = "glu") -> GluConfig:
+    """The typed config of `config`, checked against `shape` on `target`; raises with a reason."""
+    if len(shape) != 3:
+        raise NotImplementedError(f"{name} takes (batch, seq, hidden) inputs, got shape {shape}")
+    if target not in CONFIG_TYPES:
+        raise NotImplementedError(f"{name} does not support target {target!r}; expected one of "
+                                  f"{list(CONFIG_TYPES)}")
+    typed = from_dict(CONFIG_TYPES[target], config, f"{name} on {target}")
+    typed.check(tuple(shape))
+    return typed
+
+
+def check_config(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
+                 target: str) -> str | None:
+    """None if `config` can run on `shape` and `target`, else a short reason."""
+    del dtype
+    try:
+        typed_config(config, shape, target)
+    except (ValueError, NotImplementedError) as err:
+        return str(err)
+    return None
+
+
+def shape_of(a: jax.Array, b: jax.Array) -> tuple[int, ...]:
+    """The kernel's shape for inputs (a, b): their common (batch, seq, hidden) shape."""
+    if a.shape != b.shape or a.ndim != 3:
+        raise ValueError(f"a gated unit takes a and b of one (batch, seq, hidden) shape, got "
+                         f"{a.shape} and {b.shape}")
+    return tuple(a.shape)
 
 
 def make_inputs(shape: tuple[int, ...], dtype: Any, key: jax.Array) -> tuple[jax.Array, ...]:
@@ -48,11 +166,7 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
     return 3 * math.prod(shape) * jnp.dtype(dtype).itemsize
 
 
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+def footprint(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
     """On-chip bytes of one program's tiles: three operand tiles plus two f32 temporaries.
 
     TPU: buffers x 3 tiles of block_rows x block_cols (a, b, out), plus two f32 tiles
@@ -60,14 +174,13 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
     with one buffer. gpu-triton: shared memory only (register tiles spill, they do not fail):
     num_stages - 1 pipelined (a, b) steps when a program loops.
     """
+    c = typed_config(config, shape, target)
     item = jnp.dtype(dtype).itemsize
-    if target == "gpu-triton":
-        elements = int(config["block_size"])
-        looped = int(config.get("blocks_per_program", 1)) > 1
-        stages = int(config.get("num_stages", 1)) - 1 if looped else 0
-        return max(stages, 0) * 2 * elements * item
-    elements = int(config["block_rows"]) * int(config["block_cols"])
-    buffers = int(config.get("buffers", 2)) if target == "tpu" else 1
+    if isinstance(c, GluConfigTriton):
+        stages = c.num_stages - 1 if c.blocks_per_program > 1 else 0
+        return stages * 2 * c.block_size * item
+    elements = c.block_rows * c.block_cols
+    buffers = c.buffers if isinstance(c, GluConfigTPU) else 1
     return buffers * 3 * elements * item + 2 * elements * 4
 
 
@@ -75,48 +188,12 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """A safe config: tiles up to 256 x 1024 dividing (seq, hidden); 1024-element blocks on GPU."""
     _, seq, hidden = shape
     if target == "gpu-triton":
-        return {"tiling": "flat", "block_size": 1024, "blocks_per_program": 1, "block_cols": 64,
-                "num_warps": 4, "num_stages": 1}
-    block_rows = next((r for r in (256, 128, 64, 32, 16, 8) if seq % r == 0), seq)
-    block_cols = next((c for c in (1024, 512, 256, 128) if hidden % c == 0), hidden)
-    config = {"block_rows": block_rows, "block_cols": block_cols}
-    if target == "tpu":
-        config["buffers"] = 2
-    return config
-
-
-def check_config(config: dict[str, Any], shape: tuple[int, ...], target: str) -> None:
-    """Refuse a config the target cannot run, with a message naming the knob and the rule."""
-    batch, seq, hidden = shape
-    if target == "gpu-triton":
-        tiling = config.get("tiling", "flat")
-        if tiling not in TILINGS:
-            raise ValueError(f"tiling must be one of {list(TILINGS)}, got {tiling!r}")
-        size, per = int(config["block_size"]), int(config.get("blocks_per_program", 1))
-        if not _is_pow2(size) or per < 1:
-            raise ValueError(f"block_size must be a power of two and blocks_per_program >= 1, "
-                             f"got {size} and {per}")
-        cols = int(config.get("block_cols", 1))
-        if tiling == "rows" and not (_is_pow2(cols) and cols <= size):
-            raise ValueError(f"block_cols must be a power of two <= block_size ({size}), got {cols}")
-        if tiling == "flat" and math.prod(shape) >= 2**31:
-            raise NotImplementedError(f"flat tiling indexes with int32; {shape} has >= 2**31 elements "
-                                      "(use tiling 'rows')")
-        return
-    br, bc = int(config["block_rows"]), int(config["block_cols"])
-    if br < 1 or bc < 1:
-        raise ValueError(f"block_rows and block_cols must be positive, got {br} and {bc}")
-    if target == "tpu":
-        # Partial edge tiles are refused: TPU interpret mode (JAX 0.10) mis-shapes them when
-        # outputs are aliased, as validation's poisoned outputs are.
-        if seq % br or hidden % bc:
-            raise ValueError(f"block {br} x {bc} must divide (seq, hidden) = ({seq}, {hidden}) on TPU")
-        if br % 8 and br != seq:
-            raise ValueError(f"block_rows={br} must be a multiple of 8 or all of seq ({seq})")
-        if bc % 128 and bc != hidden:
-            raise ValueError(f"block_cols={bc} must be a multiple of 128 or all of hidden ({hidden})")
-        if int(config.get("buffers", 2)) not in (1, 2):
-            raise ValueError(f"buffers must be 1 or 2 on TPU, got {config.get('buffers')}")
+        config: GluConfig = GluConfigTriton(block_size=1024, num_stages=1)
+    else:
+        config = CONFIG_TYPES[target](
+            block_rows=next((r for r in (256, 128, 64, 32, 16, 8) if seq % r == 0), seq),
+            block_cols=next((c for c in (1024, 512, 256, 128) if hidden % c == 0), hidden))
+    return dataclasses.asdict(config)
 
 
 def _blocked_body(a_ref, b_ref, o_ref, *, act: Activation) -> None:
@@ -167,28 +244,27 @@ def _rows_body(a_ref, b_ref, o_ref, *, act: Activation, block_rows: int, block_c
     _steps(step, blocks_per_program)
 
 
-def build(act: Activation, name: str, config: dict[str, Any], shape: tuple[int, ...], dtype: Any,
+def build(act: Activation, name: str, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
           platform: Platform) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """The Pallas gated unit act(a) * b for `config` on `platform`: a function of (a, b)."""
-    if len(shape) != 3:
-        raise NotImplementedError(f"{name} takes (batch, seq, hidden) inputs, got shape {shape}")
-    check_config(config, shape, platform.target)
+    c = typed_config(config, shape, platform.target, name)
     batch, seq, hidden = shape
     dtype = jnp.dtype(dtype)
 
-    if platform.target == "gpu-triton":
-        size, per = int(config["block_size"]), int(config.get("blocks_per_program", 1))
-        if config.get("tiling", "flat") == "flat":
+    if isinstance(c, GluConfigTriton):
+        size, per = c.block_size, c.blocks_per_program
+        if c.tiling == "flat":
             flat_shape = (math.prod(shape),)
             body = functools.partial(_flat_body, act=act, block_size=size, blocks_per_program=per)
             grid = (pl.cdiv(flat_shape[0], size * per),)
         else:
-            bc = int(config["block_cols"])
+            bc = c.block_cols
             flat_shape = (batch * seq, hidden)
             body = functools.partial(_rows_body, act=act, block_rows=size // bc, block_cols=bc,
                                      blocks_per_program=per)
             grid = (pl.cdiv(batch * seq, size // bc * per), pl.cdiv(hidden, bc))
-        call = pallas_call(body, platform=platform, config=config, grid=grid, name=name,
+        call = pallas_call(body, platform=platform, grid=grid, name=name,
+                           config={"num_warps": c.num_warps, "num_stages": c.num_stages},
                            out_shape=jax.ShapeDtypeStruct(flat_shape, dtype))
 
         def gated(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -196,16 +272,16 @@ def build(act: Activation, name: str, config: dict[str, Any], shape: tuple[int, 
 
         return gated
 
-    br, bc = int(config["block_rows"]), int(config["block_cols"])
-    tpu = platform.target == "tpu"
+    br, bc = c.block_rows, c.block_cols
+    tpu = isinstance(c, GluConfigTPU)
     spec = pl.BlockSpec((None, br, bc), lambda i, j, k: (i, j, k),
-                        pipeline_mode=pl.Buffered(int(config.get("buffers", 2))) if tpu else None)
+                        pipeline_mode=pl.Buffered(c.buffers) if tpu else None)
     tpu_params = None
     if tpu:
         tpu_params = {"dimension_semantics": ("parallel", "parallel", "parallel"),
                       "vmem_limit_bytes": vmem_limit(footprint(config, shape, dtype, "tpu"))}
     return pallas_call(
-        functools.partial(_blocked_body, act=act), platform=platform, config=config,
+        functools.partial(_blocked_body, act=act), platform=platform, config={},
         out_shape=jax.ShapeDtypeStruct(shape, dtype),
         grid=(batch, pl.cdiv(seq, br), pl.cdiv(hidden, bc)), in_specs=[spec, spec], out_specs=spec,
         tpu_params=tpu_params, name=name,

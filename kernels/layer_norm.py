@@ -1,10 +1,9 @@
 """Layer norm over the last axis: y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias.
 
-Whole rows (one_pass; Triton passes=1) take the mean, then the variance of the centred row.
+Whole rows (one_pass) take the mean, then the variance of the centred row.
 Streamed rows fold each column chunk's count, mean and sum of squared deviations into the
 running ones (Chan et al.'s parallel merge), which stays accurate when |mean| >> std.
-Config knobs: those of `kernels.rowwise` (block_rows, strategy, block_cols, buffers; Triton
-passes, rows_per_program, num_warps, num_stages).
+Config knobs: those of the row engine (`kernels.rows`, which documents them once).
 """
 from __future__ import annotations
 
@@ -14,12 +13,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernels import rowwise
+from kernels import rows
 
 NAME = "layer_norm"
 SHAPE_NAMES = ("rows", "cols")
 TARGETS = ("interpret", "tpu", "gpu-triton")
-MEMORY_PARAMS = rowwise.MEMORY_PARAMS
+MEMORY_PARAMS = rows.MEMORY_PARAMS
 EPS = 1e-5
 
 
@@ -63,15 +62,15 @@ def _layer_norm_rows(x: jax.Array, weight: jax.Array, bias: jax.Array, *, cols: 
     return (centred * jax.lax.rsqrt(var + EPS) * weight + bias,)
 
 
-def _init(shape: tuple[int, ...]) -> rowwise.Stats:
+def _init(shape: tuple[int, ...]) -> rows.Stats:
     """Count, mean and sum of squared deviations of the columns seen so far."""
     return tuple(jnp.zeros(shape, jnp.float32) for _ in range(3))
 
 
-def _update(stats: rowwise.Stats, x: jax.Array, weight: jax.Array, bias: jax.Array, *,
-            valid: jax.Array | None) -> rowwise.Stats:
+def _update(stats: rows.Stats, x: jax.Array, weight: jax.Array, bias: jax.Array, *,
+            start: jax.Array, valid: jax.Array | None) -> rows.Stats:
     """Merge a chunk's count, mean and squared deviations into the running ones (Chan et al.)."""
-    del weight, bias
+    del weight, bias, start
     count, mean, m2 = stats
     n = x.shape[-1] if valid is None else jnp.sum(valid.astype(jnp.float32))
     chunk_mean = jnp.sum(x, axis=-1, keepdims=True) / n
@@ -82,19 +81,21 @@ def _update(stats: rowwise.Stats, x: jax.Array, weight: jax.Array, bias: jax.Arr
     return total, mean + delta * (n / total), m2 + chunk_m2 + delta * delta * (count * n / total)
 
 
-def _finish(stats: rowwise.Stats, cols: int) -> rowwise.Stats:
+def _finish(stats: rows.Stats, cols: int) -> rows.Stats:
     _, mean, m2 = stats
     return mean, jax.lax.rsqrt(m2 / cols + EPS)
 
 
-def _normalize(row: rowwise.Stats, x: jax.Array, weight: jax.Array,
+def _normalize(row: rows.Stats, x: jax.Array, weight: jax.Array,
                bias: jax.Array) -> tuple[jax.Array]:
     mean, rstd = row
     return ((x - mean) * rstd * weight + bias,)
 
 
-MATH = rowwise.RowMath(NAME, rows=_layer_norm_rows, init=_init, update=_update, finish=_finish,
+MATH = rows.RowMath(NAME, rows=_layer_norm_rows, init=_init, update=_update, finish=_finish,
                        apply=_normalize, col_inputs=2)
 
 
-footprint, default_config, build = rowwise.entry_points(MATH, "(rows, cols)")
+KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)
+check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
+build, shape_of = KERNEL.build, KERNEL.shape_of

@@ -78,11 +78,6 @@ REQUIRED = ("NAME", "SHAPE_NAMES", "TARGETS", "build", "reference", "make_inputs
 OPTIONAL: Mapping[str, Any] = MappingProxyType({"TOLERANCE": MappingProxyType({}), "MEMORY_PARAMS": None,
                                                 "hbm_bytes": None})
 
-# Required names that `kernels.load` does not enforce yet: the row kernels gain them in branch
-# arch-rows (tests/test_protocol.py enforces them for every other kernel). After that merge: ().
-PENDING = ("shape_of", "check_config")
-
-
 def check_module(module: ModuleType) -> list[str]:
     """The names of the protocol that `module` lacks (empty when it is a complete kernel)."""
     return [name for name in REQUIRED if not hasattr(module, name)]

@@ -1,7 +1,6 @@
 """RMS norm over the last axis: y = x / sqrt(mean(x^2) + eps) * weight.
 
-Config knobs: those of `kernels.rowwise` (block_rows, strategy, block_cols, buffers; Triton
-passes, rows_per_program, num_warps, num_stages). Streamed rows fold the sum of squares.
+Config knobs: those of the row engine (`kernels.rows`). Streamed rows fold the sum of squares.
 """
 from __future__ import annotations
 
@@ -11,12 +10,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernels import rowwise
+from kernels import rows
 
 NAME = "rms_norm"
 SHAPE_NAMES = ("rows", "cols")
 TARGETS = ("interpret", "tpu", "gpu-triton")
-MEMORY_PARAMS = rowwise.MEMORY_PARAMS
+MEMORY_PARAMS = rows.MEMORY_PARAMS
 EPS = 1e-6
 
 
@@ -55,29 +54,31 @@ def _rms_norm_rows(x: jax.Array, weight: jax.Array, *, cols: int,
     return (x * rstd * weight,)
 
 
-def _init(shape: tuple[int, ...]) -> rowwise.Stats:
+def _init(shape: tuple[int, ...]) -> rows.Stats:
     return (jnp.zeros(shape, jnp.float32),)
 
 
-def _update(stats: rowwise.Stats, x: jax.Array, weight: jax.Array, *,
-            valid: jax.Array | None) -> rowwise.Stats:
-    del weight, valid
+def _update(stats: rows.Stats, x: jax.Array, weight: jax.Array, *, start: jax.Array,
+            valid: jax.Array | None) -> rows.Stats:
+    del weight, start, valid
     (sum_squares,) = stats
     return (sum_squares + jnp.sum(x * x, axis=-1, keepdims=True),)
 
 
-def _finish(stats: rowwise.Stats, cols: int) -> rowwise.Stats:
+def _finish(stats: rows.Stats, cols: int) -> rows.Stats:
     (sum_squares,) = stats
     return (jax.lax.rsqrt(sum_squares / cols + EPS),)
 
 
-def _normalize(row: rowwise.Stats, x: jax.Array, weight: jax.Array) -> tuple[jax.Array]:
+def _normalize(row: rows.Stats, x: jax.Array, weight: jax.Array) -> tuple[jax.Array]:
     (rstd,) = row
     return (x * rstd * weight,)
 
 
-MATH = rowwise.RowMath(NAME, rows=_rms_norm_rows, init=_init, update=_update, finish=_finish,
+MATH = rows.RowMath(NAME, rows=_rms_norm_rows, init=_init, update=_update, finish=_finish,
                        apply=_normalize, col_inputs=1)
 
 
-footprint, default_config, build = rowwise.entry_points(MATH, "(rows, cols)")
+KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)
+check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
+build, shape_of = KERNEL.build, KERNEL.shape_of

@@ -6,25 +6,25 @@
 r is recomputed from x. dweight is a sum across rows: each program writes a float32 partial
 sum of its rows, and XLA adds the partials after the call (Triton: one partial per program,
 which loops over rows_per_program rows; TPU: one per block of rows).
-Config knobs: those of `kernels.rowwise` (block_rows, strategy, block_cols, buffers; Triton
-passes, rows_per_program, num_warps, num_stages). Triton passes=2 takes
+Config knobs: those of the row engine (`kernels.rows`); Triton's fori_loop takes
 rows_per_program == block_rows.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from kernels import rowwise
+from kernels import rows
 from kernels.lowering import Platform
 
 NAME = "rms_norm_bwd"
 SHAPE_NAMES = ("rows", "cols")
 TARGETS = ("interpret", "tpu", "gpu-triton")
-MEMORY_PARAMS = rowwise.MEMORY_PARAMS
+MEMORY_PARAMS = rows.MEMORY_PARAMS
 EPS = 1e-6
 
 
@@ -70,51 +70,50 @@ def _backward_rows(x: jax.Array, dy: jax.Array, weight: jax.Array, *, cols: int,
     return r * g - x * (r * r * r * mean_gx), dy * x * r
 
 
-def _init(shape: tuple[int, ...]) -> rowwise.Stats:
+def _init(shape: tuple[int, ...]) -> rows.Stats:
     """Sum of x^2 and sum of dy * weight * x over the columns seen so far."""
     return jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
 
 
-def _update(stats: rowwise.Stats, x: jax.Array, dy: jax.Array, weight: jax.Array, *,
-            valid: jax.Array | None) -> rowwise.Stats:
-    del valid
+def _update(stats: rows.Stats, x: jax.Array, dy: jax.Array, weight: jax.Array, *,
+            start: jax.Array, valid: jax.Array | None) -> rows.Stats:
+    del start, valid
     sum_xx, sum_gx = stats
     return (sum_xx + jnp.sum(x * x, axis=-1, keepdims=True),
             sum_gx + jnp.sum(dy * weight * x, axis=-1, keepdims=True))
 
 
-def _finish(stats: rowwise.Stats, cols: int) -> rowwise.Stats:
+def _finish(stats: rows.Stats, cols: int) -> rows.Stats:
     sum_xx, sum_gx = stats
     r = jax.lax.rsqrt(sum_xx / cols + EPS)
     return r, r * r * r * (sum_gx / cols)
 
 
-def _gradients(row: rowwise.Stats, x: jax.Array, dy: jax.Array,
+def _gradients(row: rows.Stats, x: jax.Array, dy: jax.Array,
                weight: jax.Array) -> tuple[jax.Array, jax.Array]:
     r, r3_mean_gx = row
     return r * dy * weight - x * r3_mean_gx, dy * x * r
 
 
-MATH = rowwise.RowMath(NAME, rows=_backward_rows, init=_init, update=_update, finish=_finish,
+MATH = rows.RowMath(NAME, rows=_backward_rows, init=_init, update=_update, finish=_finish,
                        apply=_gradients, row_inputs=2, col_inputs=1, col_outputs=1)
 
 
-footprint, _, _ = rowwise.entry_points(MATH, "(rows, cols)")
+KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)
+check_config, footprint, shape_of = KERNEL.check_config, KERNEL.footprint, KERNEL.shape_of
 
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """A safe config for any shape; on Triton, 64 rows per program keep the partials few."""
-    config = rowwise.default_config(MATH, shape, target)
-    if target == "gpu-triton" and config.get("passes", 1) == 1:
-        config["rows_per_program"] = 64
-    return config
+    config = KERNEL.default(shape, target)
+    if target == "gpu-triton" and config.strategy == "one_pass":
+        config = dataclasses.replace(config, rows_per_program=64)
+    return config.to_dict(KERNEL.knobs(len(shape), target))
 
 
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
     """The Pallas RMS norm backward for `config` on `platform`: a function of (x, weight, dy)."""
-    if len(shape) != 2:
-        raise NotImplementedError(f"rms_norm_bwd takes (rows, cols), got {shape}")
-    call = rowwise.build(MATH, config, shape, dtype, platform)
+    call = KERNEL.build(config, shape, dtype, platform)
 
     def backward(x: jax.Array, weight: jax.Array, dy: jax.Array) -> tuple[jax.Array, jax.Array]:
         return call(x, dy, weight)

@@ -1,13 +1,9 @@
 """Row softmax: y[i, :] = exp(x[i, :] - max(x[i, :])) / sum(exp(x[i, :] - max(x[i, :]))).
 
-Config knobs (the strategies are those of `kernels.rowwise`):
-  block_rows  rows per program (TPU: a multiple of 8, or all rows).
-  strategy, block_cols, buffers  TPU (and interpret, without emit_pipeline and buffers):
-      one_pass holds whole rows; fori_loop, emit_pipeline and grid stream column blocks with
-      an online max and sum (the sum is rescaled whenever the max grows), then normalize.
-  passes, block_cols, rows_per_program, num_warps, num_stages  Triton only: passes=1 pads
-      the row to a power of two and masks it, so any row length works; passes=2 loops over
-      column blocks (online max and sum, then normalize).
+Config knobs: those of the row engine (`kernels.rows`, which documents them once). one_pass
+holds whole rows (Triton: padded to a power of two and masked, so any row length works);
+fori_loop, emit_pipeline and grid walk column blocks with an online max and sum (the sum is
+rescaled whenever the max grows), then normalize.
 """
 from __future__ import annotations
 
@@ -17,12 +13,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernels import rowwise
+from kernels import rows
 
 NAME = "softmax"
 SHAPE_NAMES = ("rows", "cols")
 TARGETS = ("interpret", "tpu", "gpu-triton")
-MEMORY_PARAMS = rowwise.MEMORY_PARAMS
+MEMORY_PARAMS = rows.MEMORY_PARAMS
 
 
 def reference(x: jax.Array) -> jax.Array:
@@ -51,26 +47,27 @@ def _softmax_rows(x: jax.Array, *, cols: int, valid: jax.Array | None) -> tuple[
     return (e / jnp.sum(e, axis=-1, keepdims=True),)
 
 
-def _init(shape: tuple[int, ...]) -> rowwise.Stats:
+def _init(shape: tuple[int, ...]) -> rows.Stats:
     return jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32)
 
 
-def _update(stats: rowwise.Stats, x: jax.Array, *, valid: jax.Array | None) -> rowwise.Stats:
+def _update(stats: rows.Stats, x: jax.Array, *, start: jax.Array,
+            valid: jax.Array | None) -> rows.Stats:
     """Online softmax: the running max m and the sum l of exp(x - m), rescaled as m grows."""
-    del valid
+    del start, valid
     m, l = stats
     m_new = jnp.maximum(m, jnp.max(x, axis=-1, keepdims=True))
     l = l * jnp.exp(m - m_new) + jnp.sum(jnp.exp(x - m_new), axis=-1, keepdims=True)
     return m_new, l
 
 
-def _finish(stats: rowwise.Stats, cols: int) -> rowwise.Stats:
+def _finish(stats: rows.Stats, cols: int) -> rows.Stats:
     del cols
     m, l = stats
     return m, 1.0 / l
 
 
-def _normalize(row: rowwise.Stats, x: jax.Array) -> tuple[jax.Array]:
+def _normalize(row: rows.Stats, x: jax.Array) -> tuple[jax.Array]:
     m, inv_l = row
     return (jnp.exp(x - m) * inv_l,)
 
@@ -81,8 +78,10 @@ def _blocked_body(x_ref, o_ref) -> None:
     o_ref[...] = _softmax_rows(x, cols=x.shape[-1], valid=None)[0].astype(o_ref.dtype)
 
 
-MATH = rowwise.RowMath(NAME, rows=_softmax_rows, init=_init, update=_update, finish=_finish,
+MATH = rows.RowMath(NAME, rows=_softmax_rows, init=_init, update=_update, finish=_finish,
                        apply=_normalize, pad=-jnp.inf)
 
 
-footprint, default_config, build = rowwise.entry_points(MATH, "(rows, cols)", hint="; use batch_softmax for 3-D shapes")
+KERNEL = rows.RowKernel(MATH, SHAPE_NAMES, hint="; use batch_softmax for 3-D shapes")
+check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
+build, shape_of = KERNEL.build, KERNEL.shape_of

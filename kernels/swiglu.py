@@ -1,6 +1,6 @@
 """SwiGLU, elementwise: out = silu(a) * b = a * sigmoid(a) * b, for a, b of shape (batch, seq, hidden).
 
-Computed in float32, rounded to the input dtype. The tiling knobs are those of `kernels.glu`.
+Computed in float32, rounded to the input dtype. The tiling knobs (typed configs) are those of `kernels.glu`.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import jax.numpy as jnp
 
 from kernels import glu
 from kernels.glu import (  # noqa: F401 - protocol names shared by every gated unit
-    MEMORY_PARAMS, SHAPE_NAMES, TARGETS, bytes_moved, default_config, footprint, make_inputs)
+    MEMORY_PARAMS, SHAPE_NAMES, TARGETS, bytes_moved, check_config, default_config, footprint,
+    make_inputs, shape_of)
 from kernels.lowering import Platform
 
 NAME = "swiglu"

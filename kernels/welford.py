@@ -7,7 +7,7 @@ Each block of columns is reduced exactly (its mean, then the sum of squares abou
 and blocks are combined with Welford's update in the pairwise form of Chan, Golub and LeVeque:
   n = n_a + n_b,  d = mean_b - mean_a,  mean = mean_a + d n_b / n,  M2 = M2_a + M2_b + d^2 n_a n_b / n
 so no sum of squares about zero is ever formed. The walk over columns is the `strategy` knob
-of `kernels.row_reduce`, which documents every knob and shape rule.
+of the row engine (`kernels.rows`, which documents every knob and shape rule).
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kernels import row_reduce
+from kernels import rows
 from kernels.lowering import Platform
 
 NAME = "welford"
 SHAPE_NAMES = ("rows", "cols")
 TARGETS = ("interpret", "tpu", "gpu-triton")
-MEMORY_PARAMS = row_reduce.MEMORY_PARAMS
+MEMORY_PARAMS = rows.MEMORY_PARAMS
 
 
 class Moments(NamedTuple):
@@ -63,8 +63,11 @@ def _finish(s: Moments) -> tuple[jax.Array, jax.Array]:
     return s.mean, s.m2 / s.count
 
 
-WELFORD = row_reduce.RowReduction(state=Moments, init=_empty, block=_block, merge=_merge, finish=_finish,
-                                  n_outputs=2, pad=0.0)
+WELFORD = rows.RowReduction(state=Moments, init=_empty, block=_block, merge=_merge, finish=_finish,
+                            n_outputs=2, pad=0.0)
+KERNEL = rows.RowKernel(rows.reduction_math(NAME, WELFORD), SHAPE_NAMES)
+check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
+shape_of = KERNEL.shape_of
 
 
 def reference(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -93,20 +96,10 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
     return rows * cols * jnp.dtype(dtype).itemsize + 2 * rows * 4
 
 
-def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
-    """On-chip bytes of one program (x, two f32 outputs, three state vectors; see row_reduce)."""
-    return row_reduce.footprint(WELFORD, config, shape, dtype, target)
-
-
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """A safe config: 16 or 8 rows per program on TPU, one on GPU; rows over 16384 in column blocks."""
-    return row_reduce.default_config(shape, target)
-
-
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any,
           platform: Platform) -> Callable[..., Any]:
     """The Pallas row statistics for `config` on `platform`: x -> (mean, var), float32 (rows,)."""
-    reduce_rows = row_reduce.build(WELFORD, config, shape, dtype, platform, name=NAME)
+    reduce_rows = KERNEL.build(config, shape, dtype, platform)
 
     def welford(x: jax.Array) -> tuple[jax.Array, jax.Array]:
         mean, var = reduce_rows(x)

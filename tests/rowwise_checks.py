@@ -24,8 +24,8 @@ CONFIGS = {
             {"block_rows": 16, "strategy": "fori_loop", "block_cols": 128},
             {"block_rows": 16, "strategy": "grid", "block_cols": 128},
             {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 3}],
-    "gpu-triton": [{"block_rows": 4, "passes": 1, "num_warps": 4, "num_stages": 1},
-                   {"block_rows": 2, "passes": 2, "block_cols": 128, "rows_per_program": 8}],
+    "gpu-triton": [{"block_rows": 4, "strategy": "one_pass", "num_warps": 4, "num_stages": 1},
+                   {"block_rows": 2, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 8}],
 }
 # The platform each device target is lowered for when no such device is attached.
 LOWERING_PLATFORM = {"tpu": "tpu", "gpu-triton": "cuda"}

@@ -13,8 +13,8 @@ CONFIGS = {
             {"block_rows": 16, "strategy": "fori_loop", "block_cols": 128},
             {"block_batch": 2, "block_rows": 16, "strategy": "grid", "block_cols": 128},
             {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 1}],
-    "gpu-triton": [{"block_rows": 4, "passes": 1, "num_warps": 4, "num_stages": 1},
-                   {"block_rows": 2, "passes": 2, "block_cols": 128, "rows_per_program": 8}],
+    "gpu-triton": [{"block_rows": 4, "strategy": "one_pass", "num_warps": 4, "num_stages": 1},
+                   {"block_rows": 2, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 8}],
 }
 
 test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
@@ -27,8 +27,8 @@ def test_footprint_by_hand() -> None:
     config = {"block_batch": 2, "block_rows": 16, "strategy": "one_pass"}
     block = 2 * 16 * 4096
     assert K.footprint(config, shape, "bfloat16", "tpu") == 2 * 2 * block * 2 + 2 * block * 4
-    # Triton passes=2: 2 chunks of 4 x 1024 bf16 x loaded ahead; reduction scratch of 4 rows
+    # Triton fori_loop: 2 chunks of 4 x 1024 bf16 x loaded ahead; reduction scratch of 4 rows
     # over the default 4 warps.
-    config = {"block_rows": 4, "passes": 2, "block_cols": 1024, "num_stages": 3}
+    config = {"block_rows": 4, "strategy": "fori_loop", "block_cols": 1024, "num_stages": 3}
     expected = 2 * 4 * 1024 * 2 + 4 * 4 * 4
     assert K.footprint(config, shape, "bfloat16", "gpu-triton") == expected

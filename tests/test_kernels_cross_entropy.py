@@ -7,7 +7,7 @@ import pytest
 
 from farm.measure import validate
 from farm.search.plan import expand
-from kernels import cross_entropy, row_reduce
+from kernels import cross_entropy, rows
 from kernels.lowering import Platform
 from tests import memory_bound_checks as checks
 
@@ -64,12 +64,14 @@ def test_merge_without_rescaling_is_caught():
     def unscaled(a, b):
         return cross_entropy._merge(a, b)._replace(sum=a.sum + b.sum)
 
-    broken = row_reduce.RowReduction(cross_entropy.LogSumExp, cross_entropy._empty, cross_entropy._block,
-                                     unscaled, cross_entropy._finish, n_outputs=1, pad=-jnp.inf)
+    broken = rows.RowReduction(cross_entropy.LogSumExp, cross_entropy._empty, cross_entropy._block,
+                               unscaled, cross_entropy._finish, n_outputs=1, pad=-jnp.inf)
+    kernel = rows.RowKernel(rows.reduction_math("unscaled", broken, vector_inputs=1),
+                            cross_entropy.SHAPE_NAMES)
     logits, labels = cross_entropy.make_inputs((8, 1024), jnp.float32, jax.random.key(1))
-    fn = row_reduce.build(broken, {"strategy": "grid", "block_rows": 8, "block_cols": 128}, (8, 1024),
-                          jnp.float32, Platform("interpret"), n_row_inputs=1)
-    (loss,) = fn(logits, labels)
+    fn = kernel.build({"strategy": "grid", "block_rows": 8, "block_cols": 128}, (8, 1024),
+                      jnp.float32, Platform("interpret"))
+    loss = fn(logits, labels)
     assert validate.relative_error(loss, cross_entropy.reference(logits, labels)) > validate.tolerance("float32")
 
 

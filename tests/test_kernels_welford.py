@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from farm.measure import validate
-from kernels import row_reduce, welford
+from kernels import rows, welford
 from kernels.lowering import Platform
 from tests import memory_bound_checks as checks
 
@@ -43,11 +43,12 @@ def test_plain_sum_of_squares_merge_is_caught():
         merged = welford._merge(a, b)
         return merged._replace(m2=a.m2 + b.m2)
 
-    broken = row_reduce.RowReduction(welford.Moments, welford._empty, welford._block, naive,
-                                     welford._finish, n_outputs=2)
+    broken = rows.RowReduction(welford.Moments, welford._empty, welford._block, naive,
+                               welford._finish, n_outputs=2)
+    kernel = rows.RowKernel(rows.reduction_math("naive_welford", broken), welford.SHAPE_NAMES)
     config = {"strategy": "fori_loop", "block_rows": 8, "block_cols": 128}
     (x,) = welford.make_inputs((16, 512), jnp.float32, jax.random.key(0))
-    fn = row_reduce.build(broken, config, (16, 512), jnp.float32, Platform("interpret"))
+    fn = kernel.build(config, (16, 512), jnp.float32, Platform("interpret"))
     error = validate.relative_error(fn(x), welford.reference(x))
     assert error > validate.tolerance("float32")
 

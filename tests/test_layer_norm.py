@@ -35,6 +35,6 @@ def test_footprint_by_hand() -> None:
     expected = ((3 + 2) * 16 * 512 * 2 + 3 * 2 * 512 * 32 + 2 * 16 * 512 * 4
                 + 3 * 16 * 128 * 4)
     assert K.footprint(config, shape, "bfloat16", "tpu") == expected
-    # Triton passes=1: registers only, but for the reduction scratch of one row over 16 warps.
-    config = {"block_rows": 1, "passes": 1, "num_warps": 16}
+    # Triton one_pass: registers only, but for the reduction scratch of one row over 16 warps.
+    config = {"block_rows": 1, "strategy": "one_pass", "num_warps": 16}
     assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 16 * 4

@@ -120,7 +120,7 @@ def test_configs_over_shared_memory_are_pruned_never_compiled(ray_local, tmp_pat
     # Emulating an H200 (232448 B of shared memory per block): the chunks of f32 rows that the
     # loop pipeliner loads ahead make the larger row blocks too big; they must be pruned without
     # compiling, the rest measured.
-    shape, cfg = (16, 8192), {"num_warps": 4, "num_stages": 3, "passes": 2, "block_cols": 4096}
+    shape, cfg = (16, 8192), {"num_warps": 4, "num_stages": 3, "strategy": "fori_loop", "block_cols": 4096}
     fits = {rows: softmax.footprint({"block_rows": rows, **cfg}, shape, jnp.float32, "gpu-triton") <= 232448
             for rows in (1, 2, 4, 8, 16)}
     assert any(fits.values()) and not all(fits.values())
@@ -133,7 +133,7 @@ def test_configs_over_shared_memory_are_pruned_never_compiled(ray_local, tmp_pat
           block_rows: {values: [1, 2, 4, 8, 16]}
           num_warps: {values: [4]}
           num_stages: {values: [3]}
-          passes: {values: [2]}
+          strategy: {values: [fori_loop]}
           block_cols: {values: [4096]}
         sampler: grid
         trials: 5

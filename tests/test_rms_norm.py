@@ -15,9 +15,9 @@ def test_footprint_by_hand() -> None:
     config = {"block_rows": 32, "strategy": "fori_loop", "block_cols": 1024}
     expected = 2 * 2 * 32 * 8192 * 2 + 8192 * 32 + 2 * 32 * 1024 * 4
     assert K.footprint(config, shape, "bfloat16", "tpu") == expected
-    # Triton passes=1: rows live in registers; shared memory holds the f32 partial sums of 16
-    # warps for each of 2 rows. passes=2: 2 chunks of 2 x 1024 bf16 x loaded ahead, plus that.
-    config = {"block_rows": 2, "passes": 1, "num_warps": 16}
+    # Triton one_pass: rows live in registers; shared memory holds the f32 partial sums of 16
+    # warps for each of 2 rows. fori_loop: 2 chunks of 2 x 1024 bf16 x loaded ahead, plus that.
+    config = {"block_rows": 2, "strategy": "one_pass", "num_warps": 16}
     assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 2 * 16 * 4
-    config = {"block_rows": 2, "passes": 2, "block_cols": 1024, "num_warps": 16, "num_stages": 3}
+    config = {"block_rows": 2, "strategy": "fori_loop", "block_cols": 1024, "num_warps": 16, "num_stages": 3}
     assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 2 * 2 * 1024 * 2 + 2 * 16 * 4

@@ -6,8 +6,8 @@ from tests.rowwise_checks import CONFIGS as ROW_CONFIGS
 from tests.rowwise_checks import RAGGED, SHAPE, kernel_checks
 
 CONFIGS = {**ROW_CONFIGS,
-           "gpu-triton": [{"block_rows": 2, "passes": 1, "rows_per_program": 16, "num_warps": 4},
-                          {"block_rows": 4, "passes": 2, "block_cols": 128, "rows_per_program": 4}]}
+           "gpu-triton": [{"block_rows": 2, "strategy": "one_pass", "rows_per_program": 16, "num_warps": 4},
+                          {"block_rows": 4, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 4}]}
 
 test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
     kernel_checks(K, SHAPE, RAGGED, CONFIGS)
@@ -32,10 +32,10 @@ def test_footprint_by_hand() -> None:
     config = {"block_rows": 16, "strategy": "one_pass"}
     expected = (2 * 2 + 2 * 1) * 16 * 8192 * 2 + (1 + 2) * 8192 * 32 + 3 * 16 * 8192 * 4
     assert K.footprint(config, shape, "bfloat16", "tpu") == expected
-    # Triton passes=1: registers only, but for the reduction scratch of one row over 16 warps.
-    # passes=2, 3 stages: 2 chunks ahead of both row inputs (x, dy), 8 x 512 bf16 each.
-    config = {"block_rows": 1, "passes": 1, "rows_per_program": 64, "num_warps": 16}
+    # Triton one_pass: registers only, but for the reduction scratch of one row over 16 warps.
+    # fori_loop, 3 stages: 2 chunks ahead of both row inputs (x, dy), 8 x 512 bf16 each.
+    config = {"block_rows": 1, "strategy": "one_pass", "rows_per_program": 64, "num_warps": 16}
     assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 16 * 4
-    config = {"block_rows": 8, "passes": 2, "block_cols": 512, "rows_per_program": 8, "num_warps": 4,
+    config = {"block_rows": 8, "strategy": "fori_loop", "block_cols": 512, "rows_per_program": 8, "num_warps": 4,
               "num_stages": 3}
     assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 2 * 2 * 8 * 512 * 2 + 8 * 4 * 4

@@ -1,4 +1,4 @@
-"""The row-wise engine behind softmax and the norms: poisoning, refusals, spaces, launch grid."""
+"""The row engine behind softmax and the norms: poisoning, refusals, spaces, launch grid."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,7 @@ import pytest
 import kernels
 from farm.measure import validate
 from farm.search.spaces import load_space
-from kernels import rowwise
+from kernels import rows
 from kernels.lowering import Platform
 from tests.rowwise_checks import SPACES, assert_matches, lower_for_device
 
@@ -28,21 +28,21 @@ def test_registered_and_complete(name: str) -> None:
 @pytest.mark.parametrize("name,target,config", [
     ("softmax", "interpret", {"block_rows": 8, "strategy": "grid", "block_cols": 128}),
     ("softmax", "tpu", {"block_rows": 8, "strategy": "emit_pipeline", "block_cols": 128}),
-    ("softmax", "gpu-triton", {"block_rows": 4, "passes": 1}),
+    ("softmax", "gpu-triton", {"block_rows": 4, "strategy": "one_pass"}),
     ("rms_norm_bwd", "tpu", {"block_rows": 8, "strategy": "one_pass"}),
-    ("rms_norm_bwd", "gpu-triton", {"block_rows": 2, "passes": 1, "rows_per_program": 4}),
+    ("rms_norm_bwd", "gpu-triton", {"block_rows": 2, "strategy": "one_pass", "rows_per_program": 4}),
 ])
 def test_poisoning_catches_rows_a_config_never_writes(monkeypatch, name: str, target: str,
                                                       config: dict) -> None:
     # A launch grid one block of rows short leaves the last rows (and their partial sums) unwritten.
-    covered = rowwise.Plan.row_blocks.fget
-    monkeypatch.setattr(rowwise.Plan, "row_blocks", property(lambda p: covered(p) - 1))
+    covered = rows.Plan.row_blocks.fget
+    monkeypatch.setattr(rows.Plan, "row_blocks", property(lambda p: covered(p) - 1))
     module, shape = kernels.load(name), (16, 256)
     inputs = module.make_inputs(shape, jnp.float32, jax.random.key(0))
     fn = module.build(config, shape, jnp.float32, Platform(target, interpret=True,
                                                            poison_outputs=True))
     out = jax.tree.leaves(jax.jit(fn)(*inputs))
-    written = (covered(rowwise.plan(config, shape, target)) - 1) * (
+    written = (covered(module.KERNEL.plan(config, shape, target)) - 1) * (
         config.get("rows_per_program") or config["block_rows"])
     assert np.isnan(np.asarray(out[0][written:])).all()
     assert not np.isnan(np.asarray(out[0][:written])).any()
@@ -59,14 +59,14 @@ def test_poisoning_catches_rows_a_config_never_writes(monkeypatch, name: str, ta
      ValueError, "buffers=3"),
     ("softmax", {"block_rows": 8, "strategy": "emit_pipeline", "block_cols": 128}, (32, 384),
      "interpret", NotImplementedError, "not available on interpret"),
-    ("softmax", {"block_rows": 3, "passes": 1}, (32, 384), "gpu-triton", ValueError,
+    ("softmax", {"block_rows": 3, "strategy": "one_pass"}, (32, 384), "gpu-triton", ValueError,
      "powers of two"),
     ("softmax", {"block_rows": 8}, (2, 32, 384), "tpu", NotImplementedError, "batch_softmax"),
     ("softmax_two_pass", {"block_rows": 8, "strategy": "one_pass"}, (32, 384), "tpu",
-     ValueError, "streams column blocks"),
-    ("softmax_two_pass", {"block_rows": 1, "passes": 1}, (32, 384), "gpu-triton", ValueError,
-     "passes=2"),
-    ("rms_norm_bwd", {"block_rows": 1, "passes": 2, "block_cols": 128, "rows_per_program": 8},
+     ValueError, "takes strategy in ('fori_loop', 'emit_pipeline', 'grid') on tpu"),
+    ("softmax_two_pass", {"block_rows": 1, "strategy": "one_pass"}, (32, 384), "gpu-triton", ValueError,
+     "fori_loop"),
+    ("rms_norm_bwd", {"block_rows": 1, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 8},
      (32, 384), "gpu-triton", ValueError, "rows_per_program == block_rows"),
 ])
 def test_unsupported_configs_are_refused_up_front(name, config, shape, target, error, message):
@@ -82,7 +82,7 @@ def test_every_config_the_space_admits_builds(name: str) -> None:
             for dtype in target.dtypes:
                 admitted = [c for c in space.configs(target.name)
                             if space.violated(c, shape, dtype, target.name) is None]
-                strategies = {c.get("strategy", c.get("passes")) for c in admitted} - {None}
+                strategies = {c.get("strategy") for c in admitted} - {None}
                 assert len(strategies) != 1, f"{target.name}: a strategy knob without a choice"
                 for config in admitted:
                     module.build(config, shape, jnp.dtype(dtype), Platform(target.name))
@@ -90,14 +90,14 @@ def test_every_config_the_space_admits_builds(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["softmax", "layer_norm", "rms_norm_bwd"])
-@pytest.mark.parametrize("config", [{"block_rows": 2, "passes": 1, "rows_per_program": 8},
-                                    {"block_rows": 4, "passes": 2, "block_cols": 128}])
+@pytest.mark.parametrize("config", [{"block_rows": 2, "strategy": "one_pass", "rows_per_program": 8},
+                                    {"block_rows": 4, "strategy": "fori_loop", "block_cols": 128}])
 def test_triton_blocks_that_fill_the_array_match_without_masks(name: str, config: dict) -> None:
     assert_matches(kernels.load(name), config, (16, 256), "float32", "gpu-triton")
 
 
 def test_triton_puts_row_programs_on_the_unbounded_grid_axis() -> None:
     # 65536 programs of one row each: CUDA takes that many only on its x axis.
-    text = lower_for_device(kernels.load("softmax"), {"block_rows": 1, "passes": 1, "num_warps": 4},
+    text = lower_for_device(kernels.load("softmax"), {"block_rows": 1, "strategy": "one_pass", "num_warps": 4},
                             (65536, 2560), "bfloat16", "gpu-triton")
     assert re.search(r"grid_x = 65536 : i32, grid_y = 1 : i32", text)

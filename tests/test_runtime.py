@@ -12,6 +12,7 @@ from farm.bundle import merge as bundle
 from farm.bundle.trust import load_trust
 from farm.deploy import pull, runtime
 from farm.errors import BundleError, FarmError
+from farm.search.spaces import load_space
 from tests import bundles as B
 
 ROWS = [
@@ -82,17 +83,25 @@ def test_nearest_skips_configs_invalid_for_the_shape(registry):
     assert registry.lookup("softmax", (36, 256), "bfloat16", "tpu", "TPU v6 lite").rule == runtime.DEFAULT
 
 
-def test_nearest_uses_search_space_constraints(signed, repo):
+def test_nearest_uses_the_kernels_legality_and_given_search_spaces(signed, repo):
     folder, public, _ = signed
-    spaced = runtime.Registry.load(folder, [public], spaces=[repo / "search_spaces" / "softmax.yaml"])
-    # 16 divided the tuned 256 columns but not 300; the space only asks rows % block_rows == 0.
-    choice = spaced.lookup("softmax", (64, 300), "float32", "interpret")
+    plain = runtime.Registry.load(folder, [public])
+    # 16 rows per block still divide 64 rows at 300 columns: the kernel accepts it (check_config).
+    choice = plain.lookup("softmax", (64, 300), "float32", "interpret")
     assert choice.rule == runtime.NEAREST and choice.config["block_rows"] == 16
-    plain = runtime.Registry.load(folder, [public], spaces=())
-    assert plain.lookup("softmax", (64, 300), "float32", "interpret").rule == runtime.DEFAULT
-    auto = runtime.Registry.load(folder, [public])  # the checkout's search_spaces/
-    assert auto.lookup("softmax", (64, 300), "float32", "interpret").rule == runtime.NEAREST
+    # A given search space adds its own preferences: the shipped one asks rows % block_rows == 0.
+    spaced = runtime.Registry.load(folder, [public], spaces=[load_space(repo / "search_spaces" / "softmax.yaml")])
+    assert spaced.lookup("softmax", (64, 300), "float32", "interpret").rule == runtime.NEAREST
     assert spaced.lookup("softmax", (60, 256), "float32", "interpret").rule == runtime.DEFAULT
+
+
+def test_an_exact_row_the_kernel_no_longer_accepts_is_not_used(tmp_path):
+    """A bundle tuned with an older knob vocabulary (Triton `passes`) falls back, never fails."""
+    private, public = B.keypair(tmp_path / "keys", "ci")
+    stale = B.row("softmax", (64, 256), {"block_rows": 8, "passes": 1}, target="gpu-triton", dtype="bfloat16")
+    registry = runtime.Registry.load(B.write(tmp_path / "bundle", [stale], private), [public])
+    choice = registry.lookup("softmax", (64, 256), "bfloat16", "gpu-triton")
+    assert choice.rule == runtime.DEFAULT and "passes" not in choice.config
 
 
 def test_default_rule_and_no_valid_config_rows(registry):

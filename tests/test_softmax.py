@@ -18,7 +18,7 @@ def test_footprint_by_hand() -> None:
     config = {"block_rows": 16, "strategy": "grid", "block_cols": 512, "buffers": 1}
     chunks = 2 * 16 * 512 * 2 + 2 * 16 * 512 * 4
     assert K.footprint(config, shape, "bfloat16", "tpu") == chunks + 2 * 16 * 128 * 4
-    # Triton passes=1: the rows live in registers; shared memory holds the reduction scratch
+    # Triton one_pass: the rows live in registers; shared memory holds the reduction scratch
     # (2 rows x 8 warps, f32).
-    config = {"block_rows": 2, "passes": 1, "num_warps": 8}
+    config = {"block_rows": 2, "strategy": "one_pass", "num_warps": 8}
     assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 2 * 8 * 4

@@ -5,7 +5,7 @@ A task's fingerprint is a flat JSON object:
     {"jax": "0.10.2", "jaxlib": "0.10.2", "pallas_farm": "0.1.0",     # always
      "libtpu": ..., "jax-cuda12-plugin": ..., "cudnn": ..., "nvidia_driver": ...,   # where installed
      "device_kind": "TPU v6 lite",
-     "kernel_source": {"kernels.softmax": "<sha256>", "kernels.rowwise": "<sha256>", ...}}
+     "kernel_source": {"kernels.softmax": "<sha256>", "kernels.rows.kernel": "<sha256>", ...}}
 
 The versions come from the worker that measured the task (`Worker.info()["software"]`, i.e.
 `farm.measure.software.versions()` on that host, without the Python version); `kernel_source` hashes the

@@ -13,17 +13,15 @@ folder made by `farm pull` (its `current` version), and opens it with
 
 Lookup rules, in order (`Choice.rule` says which one chose the config):
   1. "exact": a row for this kernel, shape, dtype, target and device kind (with
-     device_kind=None, any device kind: the newest such row).
+     device_kind=None, any device kind: the newest such row) whose config is valid.
   2. "nearest": among rows of the same kernel, dtype, target (and device kind when given) and
      rank, the tuned shape with the smallest log-distance sum_i |log2(tuned_i) - log2(asked_i)|
      whose config is valid for the asked shape; ties go to the smaller tuned shape, then the
-     newest row. A config is valid when the kernel's own `build` accepts it for the asked shape
-     and, if a search space for the kernel is known (`spaces=`), its constraints hold for the task;
-     without a space, every integer knob that divided a tuned dimension must divide the same
-     asked dimension (block sizes keep dividing; conservative, it may skip usable configs).
-     `spaces=None` (the default) uses the search spaces of this checkout (SPACES_DIR), when
-     present; `spaces=()` uses none.
+     newest row.
   3. "default": the kernel's `default_config(shape, target)`.
+A config is valid for a task when the kernel's own `check_config` accepts it (the legality of a
+config is stated once, with the kernel) and, when search spaces are given (`spaces=`, loaded
+`farm.search.spaces.SearchSpace` objects), the kernel's space admits it too.
 Rows with status `no_valid_config` are never chosen.
 
 Software fingerprints: each row records the versions it was tuned with (`software`). The
@@ -53,19 +51,11 @@ from farm.bundle.trust import TrustLike
 from farm.errors import BundleError, FarmError
 
 POLICIES = ("warn", "refuse", "accept")
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 CACHE_LIMIT = 100_000  # cached lookups per registry
 FINGERPRINT_KEYS = ("jax", "jaxlib", "pallas_farm", "libtpu", "jax-cuda12-plugin", "jax-cuda13-plugin", "triton")
 EXACT, NEAREST, DEFAULT = "exact", "nearest", "default"
 _COLUMNS = ("task_key", "kernel", "shape", "dtype", "target", "device_kind", "status", "config", "software",
             "median_s", "created")
-# How a kernel's task shape follows from its inputs, for kernels that do not define `shape_of`.
-SHAPE_OF: dict[str, Callable[..., tuple[int, ...]]] = {
-    "softmax": lambda x: tuple(x.shape),
-    "matmul": lambda a, b: (a.shape[0], b.shape[1], a.shape[1]),
-}
-
-
 class SoftwareMismatch(BundleError):
     """The bundle was tuned with other software versions and the policy is "refuse"."""
 
@@ -119,16 +109,6 @@ def log_distance(tuned: Sequence[int], asked: Sequence[int]) -> float:
     return sum(abs(math.log2(t) - math.log2(a)) for t, a in zip(tuned, asked))
 
 
-def keeps_divisibility(config: Mapping[str, Any], tuned: Sequence[int], asked: Sequence[int]) -> bool:
-    """Whether every integer knob that divided a tuned dimension divides the same asked dimension."""
-    for value in config.values():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            continue
-        if any(t % value == 0 and a % value != 0 for t, a in zip(tuned, asked)):
-            return False
-    return True
-
-
 def fingerprint_diff(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{component: (recorded, current)} for the FINGERPRINT_KEYS that both have and that differ."""
     if not recorded:
@@ -144,8 +124,7 @@ class Registry:
                  signed: bool = False, spaces: Sequence[Any] | None = None) -> None:
         self.source, self.manifest, self.signed = source, dict(manifest or {}), signed
         self.software_mismatches: list[tuple[str, dict[str, tuple[Any, Any]]]] = []
-        # Given spaces are loaded now (their errors are the caller's); the checkout's on first need.
-        self._spaces = None if spaces is None else {s.kernel: s for s in _load_spaces(spaces, strict=True)}
+        self._spaces = {space.kernel: space for space in spaces or ()}
         self._exact: dict[tuple, _Row] = {}
         self._groups: dict[tuple[str, str, str], list[_Row]] = {}
         for row in rows:
@@ -243,7 +222,7 @@ class Registry:
                  device_kind: str | None) -> Choice:
         shape = tuple(int(d) for d in shape)
         row = self._exact.get((kernel, shape, dtype, target, device_kind))
-        if row is not None:
+        if row is not None and self._valid(kernel, json.loads(row.config_json), shape, dtype, target):
             return _choice(row, EXACT, 0.0)
         if all(d > 0 for d in shape):
             candidates = [r for r in self._groups.get((kernel, dtype, target), ())
@@ -252,29 +231,21 @@ class Registry:
             candidates.sort(key=lambda r: (log_distance(r.shape, shape), r.shape))
             for row in candidates:
                 config = json.loads(row.config_json)
-                if self._valid(kernel, config, row.shape, shape, dtype, target):
+                if self._valid(kernel, config, shape, dtype, target):
                     return _choice(row, NEAREST, log_distance(row.shape, shape), config)
         module = kernels.load(kernel)
         return Choice(MappingProxyType(dict(module.default_config(shape, target))), DEFAULT)
 
-    def _valid(self, kernel: str, config: dict[str, Any], tuned: tuple[int, ...], shape: tuple[int, ...],
-               dtype: str, target: str) -> bool:
-        if self._spaces is None:
-            auto = sorted(SPACES_DIR.glob("*.yaml")) if SPACES_DIR.is_dir() else []
-            self._spaces = {s.kernel: s for s in _load_spaces(auto, strict=False)}
-        space = self._spaces.get(kernel)
+    def _valid(self, kernel: str, config: Mapping[str, Any], shape: tuple[int, ...], dtype: str,
+               target: str) -> bool:
+        """Whether the kernel (and its given search space) admits `config` for this task."""
         try:
-            if space is not None:
-                if space.violated(config, shape, dtype, target) is not None:
-                    return False
-            elif not keeps_divisibility(config, tuned, shape):
+            if kernels.load(kernel).check_config(dict(config), shape, dtype, target) is not None:
                 return False
-            from kernels.lowering import Platform
-
-            kernels.load(kernel).build(dict(config), shape, dtype, Platform(target))
-        except Exception:  # the kernel's own checks refuse the config for this shape
+        except Exception:  # noqa: BLE001 - a config from another kernel version: not valid here
             return False
-        return True
+        space = self._spaces.get(kernel)
+        return space is None or space.violated(config, shape, dtype, target) is None
 
     def tuned(self, kernel: str, *, target: str, device_kind: str | None = None, interpret: bool = False,
               shape_of: Callable[..., tuple[int, ...]] | None = None) -> TunedKernel:
@@ -288,22 +259,6 @@ def _choice(row: _Row, rule: str, distance: float, config: dict[str, Any] | None
     return Choice(MappingProxyType(config), rule, row.task_key, row.shape, row.device_kind, distance, row.median_s)
 
 
-def _load_spaces(spaces: Sequence[Any], *, strict: bool) -> list[Any]:
-    """Search spaces from SearchSpace objects or YAML paths; unloadable ones skipped unless `strict`."""
-    if not spaces:
-        return []
-    from farm.search.spaces import SearchSpace, load_space
-
-    loaded = []
-    for space in spaces:
-        try:
-            loaded.append(space if isinstance(space, SearchSpace) else load_space(space))
-        except FarmError:
-            if strict:
-                raise
-    return loaded
-
-
 class TunedKernel:
     """A kernel bound to a registry: called on JAX arrays, it runs the looked-up config.
 
@@ -315,10 +270,7 @@ class TunedKernel:
         self.registry, self.kernel, self.target, self.device_kind = registry, kernel, target, device_kind
         self.interpret = interpret
         self._module = kernels.load(kernel)
-        self._shape_of = shape_of or getattr(self._module, "shape_of", None) or SHAPE_OF.get(kernel)
-        if self._shape_of is None:
-            raise FarmError(f"tuned({kernel!r}): cannot tell the task shape from the inputs; "
-                            f"expected shape_of=callable(*inputs) -> shape")
+        self._shape_of = shape_of or self._module.shape_of
         self._built: dict[tuple, tuple[Choice, Callable[..., Any]]] = {}
         self._lock = threading.Lock()
 

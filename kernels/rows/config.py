@@ -1,0 +1,271 @@
+"""Typed configs of the row engine: one frozen dataclass per target, each knob's default once.
+
+`from_dict` is the only way in from a dict (a search space's point, a bundle's row): it refuses
+unknown knobs by name. `__post_init__` checks what needs no shape; `check(shape, math)` checks
+the rest and returns the `Plan` every builder and the footprint read. `vmem_limit` is the one
+scoped-VMEM rule of the row family (the GLUs use it too).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from jax.experimental import pallas as pl
+
+from kernels.rows.contract import RowMath
+
+LANES, SUBLANES = 128, 8
+STRATEGIES = {
+    "interpret": ("one_pass", "fori_loop", "grid"),
+    "tpu": ("one_pass", "fori_loop", "emit_pipeline", "grid"),
+    "gpu-triton": ("one_pass", "fori_loop"),
+}
+STREAMED = ("emit_pipeline", "grid")  # strategies that keep only column chunks on chip
+LAYOUTS = ("column", "lane")
+# The knobs whose growth never shrinks the footprint (for the farm's OOM dominance pruning).
+MEMORY_PARAMS = ("block_batch", "block_rows", "block_cols", "buffers", "num_stages")
+# Knobs of earlier versions, named in the refusal so that an old config can be translated.
+RENAMED = {"passes": "Triton's passes=1 is now strategy='one_pass', passes=2 strategy='fori_loop'"}
+
+C = TypeVar("C")
+
+
+def vmem_limit(footprint_bytes: int) -> int:
+    """The scoped VMEM limit for a TPU kernel: 1.5 x footprint + 4 MiB, in [32 MiB, the chip's VMEM]."""
+    from kernels.tpu_mesh import vmem_capacity_bytes
+
+    return min(vmem_capacity_bytes(), max(32 * 2**20, footprint_bytes * 3 // 2 + 4 * 2**20))
+
+
+def is_pow2(n: int) -> bool:
+    """Whether n is a positive power of two."""
+    return n > 0 and n & (n - 1) == 0
+
+
+def from_dict(cls: type[C], config: Mapping[str, Any], where: str) -> C:
+    """The typed config `cls` of a dict of knobs; refuses unknown knobs and unreadable values.
+
+    `where` names the kernel and target in the messages, e.g. "softmax on tpu"."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(config) - set(fields))
+    if unknown:
+        hints = "".join(f"; {RENAMED[k]}" for k in unknown if k in RENAMED)
+        raise ValueError(f"{where}: unknown knob(s) {unknown}; {cls.__name__} takes "
+                         f"{sorted(fields)}{hints}")
+    missing = [n for n, f in fields.items() if n not in config
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{where}: config lacks the knob(s) {missing}")
+    values = {}
+    for name, value in config.items():
+        kind = str(fields[name].type)
+        try:
+            if value is None and "None" in kind:
+                values[name] = None
+            elif kind.startswith("int"):
+                if isinstance(value, bool) or int(value) != value:
+                    raise ValueError
+                values[name] = int(value)
+            else:
+                values[name] = str(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: knob {name}={value!r} is not a valid {kind}") from None
+    return cls(**values)
+
+
+def split_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(batch, rows, cols) of a 2-D or 3-D shape; refuses other ranks."""
+    if len(shape) == 2:
+        return (1, *shape)
+    if len(shape) == 3:
+        return tuple(shape)
+    raise NotImplementedError(f"row-wise kernels take 2-D or 3-D shapes, got {shape}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RowConfig:
+    """The knobs every target reads.
+
+    block_rows: rows per block; strategy: how a row is walked (see `kernels.rows`);
+    block_cols: the column chunk of the looped and streamed strategies (one_pass ignores it;
+    the spaces pin it at 128 there); block_batch: batch entries per block of a 3-D shape.
+    """
+
+    block_rows: int
+    strategy: str = "one_pass"
+    block_cols: int = LANES
+    block_batch: int = 1
+
+    TARGET = ""
+
+    def __post_init__(self) -> None:
+        for name in ("block_rows", "block_cols", "block_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        allowed = STRATEGIES[self.TARGET]
+        if self.strategy not in allowed:
+            raise NotImplementedError(f"strategy {self.strategy!r} is not available on "
+                                      f"{self.TARGET}; expected one of {allowed}")
+
+    def to_dict(self, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """The knobs as a dict (only `names`, in that order, when given)."""
+        values = dataclasses.asdict(self)
+        return values if names is None else {n: values[n] for n in names}
+
+    def check(self, shape: tuple[int, ...], math_: RowMath) -> Plan:
+        """The plan of this config for `shape`; raises with a plain message when it cannot work."""
+        batch, rows, cols = split_shape(shape)
+        block_cols = cols if self.strategy == "one_pass" else self.block_cols
+        bb, br = self.block_batch, self.block_rows
+        # Partial row blocks: interpret mode pads them, but column outputs would sum the padding,
+        # and on TPU interpret mode (JAX 0.10) mis-shapes them when outputs are aliased, as
+        # validation's poisoned outputs are; emit_pipeline slices whole row blocks.
+        whole_rows = self.TARGET == "tpu" or math_.col_outputs
+        if batch % bb or cols % block_cols or (whole_rows and rows % br):
+            part = (f"block_cols={block_cols} must divide the row length {cols}" if cols % block_cols
+                    else f"block_rows={br} must divide the {rows} rows" if rows % br
+                    else f"block_batch={bb} must divide the batch {batch}")
+            raise ValueError(f"blocks ({bb}, {br}, {block_cols}) must divide the shape "
+                             f"({batch}, {rows}, {cols}): {part}")
+        return Plan(self, batch, rows, cols, block_cols)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowConfigInterpret(RowConfig):
+    """Generic Pallas interpret mode: the TPU strategies but emit_pipeline, one buffer."""
+
+    TARGET = "interpret"
+
+
+@dataclasses.dataclass(frozen=True)
+class RowConfigTPU(RowConfig):
+    """Mosaic TPU. buffers: per pipelined block (pl.Buffered), 1 or 2 for the pallas_call's
+    BlockSpecs, up to 4 for emit_pipeline's input chunks (its outputs use min(buffers, 2)).
+    stats_layout: per-row vectors (vector inputs, results) as (rows, 1) "column" blocks, or
+    lane-dense 1-D "lane" blocks (2-D shapes)."""
+
+    buffers: int = 2
+    stats_layout: str = "column"
+
+    TARGET = "tpu"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        most = 4 if self.strategy == "emit_pipeline" else 2
+        if not 1 <= self.buffers <= most:
+            raise ValueError(f"buffers={self.buffers} must be 1 or 2 for strategy {self.strategy}"
+                             f" (1 to 4 with emit_pipeline)")
+        if self.stats_layout not in LAYOUTS:
+            raise ValueError(f"stats_layout must be one of {list(LAYOUTS)}, got {self.stats_layout!r}")
+
+    def check(self, shape: tuple[int, ...], math_: RowMath) -> Plan:
+        p = super().check(shape, math_)
+        br, bc, rows, cols = self.block_rows, p.block_cols, p.rows, p.cols
+        if (br % SUBLANES and br != rows) or (bc % LANES and bc != cols):
+            raise ValueError(f"TPU block ({br}, {bc}): the last two dimensions must be divisible "
+                             f"by {SUBLANES} and {LANES} respectively (block_rows a multiple of 8, "
+                             f"block_cols of 128), or equal the array's ({rows}, {cols})")
+        if self.stats_layout == "lane" and math_.has_vectors:
+            if p.batch != 1 or len(shape) != 2:
+                raise NotImplementedError("stats_layout 'lane' takes 2-D shapes")
+            if br != rows and br % 1024 and not (is_pow2(br) and br >= 128):
+                raise ValueError(f"block_rows={br} must be a power of two >= 128, a multiple of 1024 "
+                                 f"or all {rows} rows for lane-dense per-row vectors on TPU")
+        return p
+
+
+@dataclasses.dataclass(frozen=True)
+class RowConfigTriton(RowConfig):
+    """Pallas Triton: whole refs in global memory, masked power-of-two tiles, any shape.
+
+    rows_per_program: rows one program covers, in a loop over blocks of block_rows (None: one
+    block). num_warps, num_stages: Triton compiler params, always passed explicitly."""
+
+    rows_per_program: int | None = None
+    num_warps: int = 4
+    num_stages: int = 3
+
+    TARGET = "gpu-triton"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        looped = self.strategy == "fori_loop"
+        for name in ("block_rows", "block_cols") if looped else ("block_rows",):
+            if not is_pow2(getattr(self, name)):
+                raise ValueError(f"Triton blocks are powers of two; {name}={getattr(self, name)}")
+        if self.block_batch != 1:
+            raise ValueError("Triton handles one batch entry per program (block_batch=1)")
+        if self.rows_per_program is not None and self.rows_per_program % self.block_rows:
+            raise ValueError(f"rows_per_program={self.rows_per_program} must be a multiple of "
+                             f"block_rows={self.block_rows}")
+        if self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"num_warps and num_stages must be positive, got {self.num_warps} "
+                             f"and {self.num_stages}")
+
+    def check(self, shape: tuple[int, ...], math_: RowMath) -> Plan:
+        batch, rows, cols = split_shape(shape)
+        looped = self.strategy == "fori_loop"
+        if looped and math_.col_outputs and self.rows_per_program not in (None, self.block_rows):
+            raise ValueError("with column outputs, fori_loop takes rows_per_program == block_rows")
+        return Plan(self, batch, rows, cols, self.block_cols if looped else pl.next_power_of_2(cols))
+
+
+CONFIG_TYPES: dict[str, type[RowConfig]] = {
+    "interpret": RowConfigInterpret, "tpu": RowConfigTPU, "gpu-triton": RowConfigTriton}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A config checked against a shape: the blocking every builder and the footprint use."""
+
+    config: RowConfig
+    batch: int
+    rows: int
+    cols: int
+    block_cols: int  # the chunk, resolved: the whole row (TPU, interpret) or its padded width
+
+    @property
+    def target(self) -> str:
+        return self.config.TARGET
+
+    @property
+    def strategy(self) -> str:
+        return self.config.strategy
+
+    @property
+    def block_rows(self) -> int:
+        return self.config.block_rows
+
+    @property
+    def block_batch(self) -> int:
+        return self.config.block_batch
+
+    @property
+    def buffers(self) -> int:
+        """Buffers per pipelined block (1 off TPU)."""
+        return getattr(self.config, "buffers", 1)
+
+    @property
+    def lane(self) -> bool:
+        """Whether per-row vectors are lane-dense 1-D blocks (TPU only)."""
+        return getattr(self.config, "stats_layout", "column") == "lane"
+
+    @property
+    def rows_per_program(self) -> int:
+        return getattr(self.config, "rows_per_program", None) or self.block_rows
+
+    @property
+    def row_blocks(self) -> int:
+        """Blocks of rows along the rows axis (TPU, interpret) or programs (Triton)."""
+        return pl.cdiv(self.rows, self.rows_per_program)
+
+    @property
+    def col_blocks(self) -> int:
+        """Column chunks a streamed row is cut into."""
+        return pl.cdiv(self.cols, self.block_cols)
+
+    @property
+    def partials(self) -> int:
+        """Partial sums each column output is split into: one per block of rows."""
+        return (self.batch // self.block_batch) * self.row_blocks

@@ -1,0 +1,136 @@
+"""The math contract of the row engine: what a row-wise kernel states, once, for every target.
+
+Two ways to state it, one engine behind both:
+  `RowMath`       the general form: a formula on whole rows, and the same formula streamed
+                  (fold column chunks into per-row statistics, finish them, map each chunk);
+  `RowReduction`  a per-row reduction written as a monoid over column blocks (a state, an
+                  associative merge with an identity, the per-row results); `reduction_math`
+                  turns it into a `RowMath` with per-row results and no row outputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Stats = tuple[jax.Array, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowMath:
+    """The math of a row-wise kernel, on float32 blocks whose last axis is the columns.
+
+    Operands, in this order everywhere (kernel inputs, math arguments):
+      row inputs     tensors shaped like the kernel's shape, e.g. x;
+      column inputs  per-column vectors (cols,), e.g. a norm's weight;
+      vector inputs  per-row vectors (shape[:-1]), e.g. labels; read as (..., 1) blocks in
+                     their own dtype and never cut into column chunks.
+    Outputs, in this order: row outputs (shaped like x, the input dtype), column outputs (summed
+    over every row, e.g. a weight gradient) and per-row results (float32, shape[:-1]).
+
+    rows(*blocks, cols, valid) -> outputs: the formula on whole rows: (*row outputs,
+        *per-element contributions to the column outputs, *per-row results (..., 1)).
+    init(shape) -> stats: empty per-row statistics, each of `shape` (..., 1).
+    update(stats, *chunk, start, valid) -> stats: fold one column chunk (its first column is
+        `start`, a traced int32) into the statistics.
+    finish(stats, cols) -> row values: what `apply` needs; the first `results` of them are the
+        kernel's per-row results.
+    apply(row_values, *chunk) -> outputs: the row outputs and column contributions of a chunk.
+    `valid` is None when every column of the block is real, else a (1, width) bool mask;
+    masked-off elements of row inputs read as `pad`, of column inputs as 0.
+    """
+
+    name: str
+    rows: Callable[..., tuple[jax.Array, ...]]
+    init: Callable[[tuple[int, ...]], Stats]
+    update: Callable[..., Stats]
+    finish: Callable[[Stats, int], Stats]
+    apply: Callable[..., tuple[jax.Array, ...]]
+    row_inputs: int = 1
+    col_inputs: int = 0
+    row_outputs: int = 1
+    col_outputs: int = 0
+    vector_inputs: int = 0
+    results: int = 0
+    pad: float = 0.0
+
+    @functools.cached_property
+    def n_stats(self) -> int:
+        """How many per-row statistics `init` makes."""
+        return len(jax.eval_shape(lambda: self.init((1, 1))))
+
+    @property
+    def writes_chunks(self) -> bool:
+        """Whether a streamed row needs a second walk over its chunks (row or column outputs)."""
+        return bool(self.row_outputs or self.col_outputs)
+
+    @property
+    def has_vectors(self) -> bool:
+        """Whether the kernel reads or writes per-row vectors (their layout is a TPU knob)."""
+        return bool(self.vector_inputs or self.results)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowReduction:
+    """The math of a per-row reduction, as a monoid over blocks of columns.
+
+    state: the NamedTuple class of the per-row state; each field a (block_rows, 1) f32 array.
+    init(block_rows) -> state             the identity of `merge`.
+    block(x, cols, valid, *row_inputs)    the state of one block: x (r, c) f32, cols (1, c)
+        int32 global column ids, valid (1, c) bool or None (GPU padding; padded x holds `pad`),
+        row_inputs (r, 1) per-row operands such as labels.
+    merge(a, b) -> state                  the state of the two blocks together.
+    finish(state) -> results              per-row results, each (r, 1) f32.
+    """
+
+    state: type
+    init: Callable[[int], Stats]
+    block: Callable[..., Stats]
+    merge: Callable[[Stats, Stats], Stats]
+    finish: Callable[[Stats], Stats]
+    n_outputs: int
+    pad: float = 0.0
+
+
+def reduction_math(name: str, reduction: RowReduction, vector_inputs: int = 0) -> RowMath:
+    """The `RowMath` of a reduction: x and `vector_inputs` per-row operands in, per-row results out.
+
+    The engine's blocks may carry leading axes (batch, rows); the reduction sees them flattened
+    to (rows, cols), as its contract states."""
+
+    def block_state(x: jax.Array, vectors: tuple[jax.Array, ...], start: jax.Array | int,
+                    valid: jax.Array | None) -> Stats:
+        lead = x.shape[:-1]
+        ids = start + lax.broadcasted_iota(jnp.int32, (1, x.shape[-1]), 1)
+        state = reduction.block(x.reshape(-1, x.shape[-1]), ids, valid,
+                                *(v.reshape(-1, 1) for v in vectors))
+        return tuple(s.reshape(*lead, 1) for s in state)
+
+    def rows(x: jax.Array, *vectors: jax.Array, cols: int, valid: jax.Array | None) -> Stats:
+        del cols
+        return finish(block_state(x, vectors, 0, valid), x.shape[-1])
+
+    def init(shape: tuple[int, ...]) -> Stats:
+        return tuple(s.reshape(shape) for s in reduction.init(math.prod(shape[:-1])))
+
+    def update(stats: Stats, x: jax.Array, *vectors: jax.Array, start: jax.Array,
+               valid: jax.Array | None) -> Stats:
+        here = block_state(x, vectors, start, valid)
+        return tuple(reduction.merge(reduction.state(*stats), reduction.state(*here)))
+
+    def finish(stats: Stats, cols: int) -> Stats:
+        del cols
+        return tuple(reduction.finish(reduction.state(*stats)))
+
+    def apply(row_values: Stats, *chunk: jax.Array) -> tuple[jax.Array, ...]:
+        del row_values, chunk
+        return ()
+
+    return RowMath(name, rows=rows, init=init, update=update, finish=finish, apply=apply,
+                   row_outputs=0, vector_inputs=vector_inputs, results=reduction.n_outputs,
+                   pad=reduction.pad)

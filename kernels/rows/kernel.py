@@ -1,0 +1,177 @@
+"""A row kernel's protocol functions from its math: validation, footprint, default and build.
+
+`RowKernel(math, shape_names)` is what a kernel module declares; its methods are the module's
+`check_config`, `footprint`, `default_config`, `build` and `shape_of`. Every one of them goes
+through `plan`, the one validation path: dict -> typed config (`from_dict`) -> `check(shape)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels import tpu_mesh
+from kernels.lowering import Platform
+from kernels.rows import footprint as footprint_
+from kernels.rows.blocked import build_blocked, vector_layout
+from kernels.rows.config import (CONFIG_TYPES, LANES, SUBLANES, STRATEGIES, Plan, RowConfig,
+                                 from_dict, split_shape)
+from kernels.rows.contract import RowMath
+from kernels.rows.triton import build_triton
+
+# Whole rows are streamed by default once one block of them needs more VMEM than this (half of
+# the 16 MiB scoped-VMEM default of the smaller TPUs; the default knows no dtype: float32).
+STREAM_ABOVE = 8 * 2**20
+# Triton holds the padded row in registers by default up to this width, then loops.
+REGISTER_ROW = 8192
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RowKernel:
+    """A row-wise kernel: its math, the names of its shape's axes and the strategies it takes.
+
+    strategies: per target, the strategies this kernel allows (the first is the default when a
+    config names none); a target with one strategy has no strategy knob.
+    hint: added to the refusal of a shape of another rank.
+
+        KERNEL = RowKernel(softmax.MATH, ("rows", "cols"))
+        KERNEL.check_config({"block_rows": 3}, (64, 256), "float32", "tpu")   # -> the reason
+        y = KERNEL.build(KERNEL.default_config((64, 256), "tpu"), (64, 256), jnp.float32,
+                         Platform("tpu", interpret=True))(x)
+    """
+
+    math: RowMath
+    shape_names: tuple[str, ...]
+    strategies: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: dict(STRATEGIES))
+    hint: str = ""
+
+    def plan(self, config: Mapping[str, Any], shape: tuple[int, ...], target: str) -> Plan:
+        """The checked plan of `config` for `shape` on `target`; raises with a plain message."""
+        name = self.math.name
+        if len(shape) != len(self.shape_names):
+            raise NotImplementedError(f"{name} takes ({', '.join(self.shape_names)}){self.hint}, "
+                                      f"got {tuple(shape)}")
+        if target not in CONFIG_TYPES:
+            raise NotImplementedError(f"{name} does not support target {target!r}; expected one "
+                                      f"of {list(CONFIG_TYPES)}")
+        allowed = self.strategies[target]
+        typed = from_dict(CONFIG_TYPES[target], {"strategy": allowed[0], **config},
+                          f"{name} on {target}")
+        if typed.strategy not in allowed:
+            raise ValueError(f"{name} takes strategy in {allowed} on {target}, got "
+                             f"{typed.strategy!r}")
+        return typed.check(tuple(shape), self.math)
+
+    def knobs(self, rank: int, target: str) -> tuple[str, ...]:
+        """The knobs this kernel's search spaces tune on `target` (a default config has exactly these).
+
+        block_batch for 3-D shapes; stats_layout on TPU when the kernel has per-row vectors;
+        rows_per_program on Triton unless it writes per-row results (one block of rows per
+        program: a result needs no partial sum to amortise); strategy when there is a choice."""
+        names = ["block_rows", "block_cols"]
+        if len(self.strategies[target]) > 1:
+            names.insert(1, "strategy")
+        if rank == 3 and target != "gpu-triton":
+            names.append("block_batch")
+        if target == "tpu":
+            names += ["buffers", "stats_layout"] if self.math.has_vectors else ["buffers"]
+        if target == "gpu-triton":
+            if not self.math.results:
+                names.append("rows_per_program")
+            names += ["num_warps", "num_stages"]
+        return tuple(names)
+
+    def check_config(self, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
+                     target: str) -> str | None:
+        """None if `config` can run on `shape` and `target`, else a short reason."""
+        del dtype  # the row engine's rules need no dtype
+        try:
+            self.plan(config, shape, target)
+        except (ValueError, NotImplementedError) as err:
+            return str(err)
+        return None
+
+    def footprint(self, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
+                  target: str) -> int:
+        """On-chip bytes of one program (see `kernels.rows.footprint.footprint`)."""
+        return footprint_.footprint(self.math, self.plan(config, shape, target), dtype)
+
+    def default(self, shape: tuple[int, ...], target: str) -> RowConfig:
+        """The typed default: small row blocks; streamed (TPU) or looped (Triton) when rows are long."""
+        _, rows, cols = split_shape(shape)
+        if target == "gpu-triton":
+            width = pl.next_power_of_2(cols)
+            cls = CONFIG_TYPES[target]
+            if width <= REGISTER_ROW:
+                return cls(block_rows=1, rows_per_program=1, num_warps=4 if width <= 4096 else 8,
+                           num_stages=1)
+            return cls(block_rows=1, rows_per_program=1, num_warps=8, num_stages=2,
+                       strategy="fori_loop", block_cols=4096)
+        # TPU: 16 rows make whole (16, 128) tiles of 16-bit types too.
+        tile = 2 * SUBLANES if target == "tpu" else SUBLANES
+        config = CONFIG_TYPES[target](block_rows=tile if rows % tile == 0 else rows)
+        if target == "tpu" and cols % LANES == 0:
+            whole = footprint_.footprint(self.math, config.check(tuple(shape), self.math), jnp.float32)
+            if whole > STREAM_ABOVE:
+                block_cols = max(c for c in (128, 256, 512, 1024) if cols % c == 0)
+                config = dataclasses.replace(config, strategy="emit_pipeline", block_cols=block_cols)
+        return config
+
+    def default_config(self, shape: tuple[int, ...], target: str) -> dict[str, Any]:
+        """A safe config for any shape, with exactly the knobs of the target (see `default`)."""
+        return self.default(shape, target).to_dict(self.knobs(len(shape), target))
+
+    def shape_of(self, *inputs: jax.Array) -> tuple[int, ...]:
+        """The kernel's shape for these inputs (the inverse of `make_inputs`): the first input's."""
+        shape = tuple(inputs[0].shape)
+        if len(shape) != len(self.shape_names):
+            raise ValueError(f"{self.math.name} takes a ({', '.join(self.shape_names)}) first "
+                             f"input, got shape {shape}")
+        return shape
+
+    def build(self, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
+              platform: Platform) -> Callable[..., Any]:
+        """The Pallas kernel for `config`: a function of (row inputs, column inputs, vector inputs)."""
+        return build(self.math, self.plan(config, shape, platform.target), tuple(shape), dtype,
+                     platform)
+
+
+def build(math_: RowMath, p: Plan, shape: tuple[int, ...], dtype: Any,
+          platform: Platform) -> Callable[..., Any]:
+    """The Pallas kernel of `math_` for a checked plan; returns the outputs in the math's order
+    (one array alone), column outputs summed over the partials, results float32 shape[:-1]."""
+    dtype = jnp.dtype(dtype)
+    triton = platform.target == "gpu-triton"
+    if triton:
+        call = build_triton(math_, p, dtype, platform)
+        col_shape, vec_shape = (1, p.cols), (p.batch, p.rows)
+    else:
+        call = build_blocked(math_, p, dtype, platform)
+        col_shape, vec_shape = (1, 1, p.cols), vector_layout(p)[0]
+        if platform.target == "tpu":  # Mosaic reads the chip's facts while tracing
+            call = tpu_mesh.traced_for_tpu(call)
+    n_row, n_col = math_.row_inputs, math_.col_inputs
+    n_out = math_.row_outputs + math_.col_outputs
+    expected = [shape] * n_row + [(p.cols,)] * n_col + [shape[:-1]] * math_.vector_inputs
+
+    def run(*inputs: jax.Array) -> Any:
+        got = [tuple(x.shape) for x in inputs]
+        if got != expected:
+            raise ValueError(f"{math_.name} was built for input shapes {expected}, got {got}")
+        row_ins = [x.reshape(p.batch, p.rows, p.cols) for x in inputs[:n_row]]
+        col_ins = [v.reshape(col_shape) for v in inputs[n_row:n_row + n_col]]
+        vec_ins = [v.reshape(vec_shape) for v in inputs[n_row + n_col:]]
+        outs = call(*row_ins, *col_ins, *vec_ins)
+        row_outs = [o.reshape(shape) for o in outs[:math_.row_outputs]]
+        col_outs = [jnp.sum(o, axis=0).reshape(p.cols).astype(dtype)
+                    for o in outs[math_.row_outputs:n_out]]
+        results = [o.reshape(shape[:-1]) for o in outs[n_out:]]
+        everything = (*row_outs, *col_outs, *results)
+        return everything[0] if len(everything) == 1 else everything
+
+    return run

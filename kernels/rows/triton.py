@@ -1,0 +1,131 @@
+"""The row engine on Triton: whole refs in global memory, masked loads of power-of-two tiles.
+
+Arrays arrive as (batch, rows, cols) row tensors, (1, cols) column vectors, (batch, rows)
+per-row vectors and results, and column outputs as float32 (partials, cols) sums. The grid is
+(row programs, batch): the rows axis first, as CUDA allows 2**31 - 1 programs there and 65535
+on the others.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from kernels.lowering import Platform, pallas_call
+from kernels.rows.blocked import split_refs
+from kernels.rows.config import Plan
+from kernels.rows.contract import RowMath, Stats
+
+F32 = jnp.float32
+
+
+def _and(a: jax.Array | None, b: jax.Array | None) -> jax.Array | None:
+    """The conjunction of two optional masks (None: everything valid)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return a & b
+
+
+def _triton_body(*refs: Any, math_: RowMath, p: Plan) -> None:
+    from jax.experimental.pallas import triton as pltriton
+
+    row_in, col_in, vec_in, row_out, col_out, res_out, _ = split_refs(refs, math_)
+    program, b = pl.program_id(0), pl.program_id(1)
+    br, width, C = p.block_rows, p.block_cols, p.cols
+    # Masks only where blocks overhang the array, so that full blocks load unmasked.
+    ragged_cols = C % width != 0
+    ragged_rows = p.rows % p.rows_per_program != 0
+    n_row_out = math_.row_outputs
+    n_out = n_row_out + math_.col_outputs
+    # A loop that reads its chunks twice keeps them in L2 for the second walk.
+    fold_policy = "evict_last" if math_.writes_chunks else None
+
+    def load_chunk(rows: jax.Array, row_valid: jax.Array | None, c0: Any, policy: str | None):
+        col_valid = (c0 + jnp.arange(width) < C)[None, :] if ragged_cols else None
+        mask = _and(row_valid, col_valid)
+        window = (b, pl.ds(rows, br), pl.ds(c0, width))
+        blocks = [pltriton.load(ref.at[window], mask=mask,
+                                other=None if mask is None else math_.pad,
+                                eviction_policy=policy).astype(F32) for ref in row_in]
+        blocks += [pltriton.load(ref.at[pl.ds(0, 1), pl.ds(c0, width)], mask=col_valid,
+                                 other=None if col_valid is None else 0.0).astype(F32)
+                   for ref in col_in]
+        return blocks, window, mask, col_valid
+
+    def store_chunk(results, window, mask) -> list[jax.Array]:
+        for ref, value in zip(row_out, results[:n_row_out]):
+            pltriton.store(ref.at[window], value.astype(ref.dtype), mask=mask)
+        if mask is not None:
+            results = [jnp.where(mask, value, 0.0) for value in results]
+        return [jnp.sum(value, axis=0) for value in results[n_row_out:]]
+
+    def row_vectors(rows: jax.Array, row_valid: jax.Array | None) -> tuple[Any, list[jax.Array]]:
+        mask = None if row_valid is None else row_valid[:, 0]
+        window = (b, pl.ds(rows, br))
+        return window, [pltriton.load(ref.at[window], mask=mask,
+                                      other=None if mask is None else 0)[:, None]
+                        for ref in vec_in]
+
+    def store_results(window: Any, row_valid: jax.Array | None, values: Stats) -> None:
+        mask = None if row_valid is None else row_valid[:, 0]
+        for ref, value in zip(res_out, values, strict=True):
+            pltriton.store(ref.at[window], value.reshape(br).astype(ref.dtype), mask=mask)
+
+    def row_block(k: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        rows = program * p.rows_per_program + k * br
+        row_valid = (rows + jnp.arange(br) < p.rows)[:, None] if ragged_rows else None
+        vec_window, vectors = row_vectors(rows, row_valid)
+        if p.strategy == "one_pass":
+            blocks, window, mask, valid = load_chunk(rows, row_valid, 0, None)
+            outs = math_.rows(*blocks, *vectors, cols=C, valid=valid)
+            contributions = store_chunk(outs[:n_out], window, mask)
+            store_results(vec_window, row_valid, outs[n_out:])
+            return tuple(s + c for s, c in zip(sums, contributions))
+
+        def fold(j: jax.Array, stats: Stats) -> Stats:
+            blocks, _, _, valid = load_chunk(rows, row_valid, j * width, fold_policy)
+            return math_.update(stats, *blocks, *vectors, start=j * width, valid=valid)
+
+        stats = lax.fori_loop(0, p.col_blocks, fold, math_.init((br, 1)))
+        row_values = math_.finish(stats, C)
+        store_results(vec_window, row_valid, row_values[:math_.results])
+        if not math_.writes_chunks:
+            return sums
+
+        def write(j: jax.Array, carry: int) -> int:
+            blocks, window, mask, _ = load_chunk(rows, row_valid, j * width, "evict_first")
+            contributions = store_chunk(math_.apply(row_values, *blocks, *vectors), window, mask)
+            # fori_loop covers one block of rows per program: its partial sums are final.
+            part = (b * p.row_blocks + program, pl.ds(j * width, width))
+            for ref, value in zip(col_out, contributions):
+                pltriton.store(ref.at[part], value,
+                               mask=j * width + jnp.arange(width) < C if ragged_cols else None)
+            return carry
+
+        lax.fori_loop(0, p.col_blocks, write, 0)
+        return sums
+
+    sums = tuple(jnp.zeros((width,), F32) for _ in col_out)
+    steps = p.rows_per_program // br
+    sums = row_block(0, sums) if steps == 1 else lax.fori_loop(0, steps, row_block, sums)
+    if p.strategy == "one_pass":
+        part = (b * p.row_blocks + program, pl.ds(0, width))
+        for ref, value in zip(col_out, sums):
+            pltriton.store(ref.at[part], value, mask=jnp.arange(width) < C if ragged_cols else None)
+
+
+def build_triton(math_: RowMath, p: Plan, dtype: Any, platform: Platform) -> Callable[..., Any]:
+    """The pallas_call of `math_` for a Triton plan: a function of the engine's arrays."""
+    out_shape = tuple(
+        [jax.ShapeDtypeStruct((p.batch, p.rows, p.cols), dtype)] * math_.row_outputs
+        + [jax.ShapeDtypeStruct((p.partials, p.cols), F32)] * math_.col_outputs
+        + [jax.ShapeDtypeStruct((p.batch, p.rows), F32)] * math_.results)
+    body = functools.partial(_triton_body, math_=math_, p=p)
+    compiler = {"num_warps": p.config.num_warps, "num_stages": p.config.num_stages}
+    return pallas_call(body, platform=platform, config=compiler, out_shape=out_shape,
+                       grid=(p.row_blocks, p.batch), name=math_.name)
