@@ -97,7 +97,8 @@ class SearchSpace:
 
     def violated(self, config: Mapping[str, Any], shape: Sequence[int], dtype: str,
                  target: str) -> str | None:
-        """The source of the first constraint `config` breaks on this task, or None."""
+        """Why `config` is out of this task's space, or None: the source of the first constraint
+        it breaks, else the kernel's own refusal (`check_config`: the config is illegal)."""
         env = self.env(config, shape, dtype)
         for spec in self.constraints:
             if spec.targets is not None and target not in spec.targets:
@@ -106,7 +107,11 @@ class SearchSpace:
                 continue  # it reads a knob this target lacks
             if not spec.constraint(env):
                 return spec.constraint.source
-        return None
+        try:
+            reason = kernels.load(self.kernel).check_config(dict(config), tuple(shape), dtype, target)
+        except Exception as err:  # noqa: BLE001 - a kernel's check that fails refuses the config
+            reason = f"{type(err).__name__}: {err}"
+        return None if reason is None else f"kernel {self.kernel}: {reason}"
 
     def configs(self, target: str) -> Iterator[dict[str, Any]]:
         """Every config of the target's knobs, in grid order (constraints not applied)."""
