@@ -86,7 +86,6 @@ def _farm_units(module: str) -> str | None:
 # Departures being removed in this change (each names what replaces it); empty when done.
 PENDING: set[tuple[str, str]] = {
     ("farm/deploy/runtime.py", "farm.search.spaces"),   # -> the kernels' own check_config
-    ("farm/run/driver.py", "._trial_id"),                # -> the searcher's own re-enqueue on resume
     ("kernels/mgpu_launch.py", "jax._src"),              # -> public Mosaic GPU interpret API
 }
 SOURCES = sorted([*ROOT.joinpath("farm").rglob("*.py"), *ROOT.joinpath("kernels").rglob("*.py")])
