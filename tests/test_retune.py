@@ -10,7 +10,6 @@ import json
 import shutil
 from pathlib import Path
 
-import optuna
 import pyarrow.parquet as pq
 import pytest
 

@@ -2,6 +2,7 @@
 retuned; as JSON (RUN_DIR/retune.json) and Markdown (RUN_DIR/retune.md)."""
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
