@@ -76,7 +76,7 @@ class Answer:
     error: str | None = None
     footprint_bytes: int | None = None
     capacity_bytes: int | None = None
-    source: Any = None
+    source: Result | None = None
     median_s: float | None = None
 
 
