@@ -194,3 +194,26 @@ def test_every_sampler_spends_the_budget(sampler):
         count += 1
         searcher.tell(_ok(p))
     assert count + sum(a.outcome == outcomes.CACHED for a in answered) == 8
+
+
+@pytest.mark.parametrize("sampler", ["grid", "tpe"])
+def test_resume_completes_a_trial_killed_while_its_knobs_were_drawn(tmp_path, sampler):
+    planned = _planned({"block_m": {"pow2": [32, 64]}, "block_n": {"pow2": [32, 64]}, "block_k": {"values": [32]},
+                        "group_m": {"values": [1]}}, trials=4, sampler=sampler)
+    searcher, _ = _searcher(planned, studies.storage(tmp_path))
+    first = searcher.ask()
+    searcher.tell(_ok(first))
+    torn = searcher.study.ask()                       # the driver died after drawing one knob of four
+    drawn = torn.suggest_int("log2_block_m", 5, 6)
+    resumed, answered = _searcher(planned, studies.storage(tmp_path))
+    resumed.replay([_ok(first)])
+    assert resumed.study.trials[torn.number].state == optuna.trial.TrialState.FAIL
+    proposals = []
+    while (p := resumed.ask()) is not None:
+        proposals.append(p)
+        resumed.tell(_ok(p))
+    assert proposals[0].config["block_m"] == 1 << drawn
+    keys = [first.key, *(p.key for p in proposals)]
+    assert len(keys) == len(set(keys))
+    if sampler == "grid":   # the grid point of the torn trial is measured, so the whole grid is
+        assert len(keys) == 4 and not answered

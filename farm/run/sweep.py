@@ -117,6 +117,7 @@ class _Sweep:
         self.searchers: dict[str, Searcher] = {}
         self.deaths: Counter = Counter()                 # (task key, config) -> workers killed under it
         self.stopped_early = False
+        self.placed: list[str] = []                      # node of each worker started first
         self._t0 = time.monotonic()
         self._log: runlog.RunLog | None = None
 
@@ -191,10 +192,6 @@ class _Sweep:
     def _start(self) -> None:
         """Start the workers, learn each pool's capacity per target, open the searchers."""
         s = self.settings
-        cluster = ray.cluster_resources()
-        self.task_pool = {p.task.key: placement.pool_for(p.task.target, cluster, s.interpret) for p in self.planned}
-        self.pool = WorkerPool(self.task_pool, interpret=s.interpret, emulate=s.emulate, depth=s.depth,
-                               measure=s.measure())
         nodes = ray.nodes()
         for pool in sorted(set(self.task_pool.values())):
             self.pool.start(pool, nodes, s.node_labels, s.workers)
@@ -224,40 +221,50 @@ class _Sweep:
 
     def run(self, resume: bool) -> list[TrialRecord]:
         """Measure every task's trial budget; returns all trial records."""
-        connect(self.settings.address)
+        s = self.settings
+        connect(s.address)
         started = self._t0 = time.monotonic()
-        self._start()
-        runlog.write_run_info(self.run_dir, self.planned, self.settings, self.pool_info, self.summary)
-        measuring_since = time.monotonic()   # the time budget starts once the workers are up
+        cluster = ray.cluster_resources()
+        self.task_pool = {p.task.key: placement.pool_for(p.task.target, cluster, s.interpret) for p in self.planned}
+        self.pool = WorkerPool(self.task_pool, interpret=s.interpret, emulate=s.emulate, depth=s.depth,
+                               measure=s.measure())
         try:
+            self._start()
+            runlog.write_run_info(self.run_dir, self.planned, s, self.pool_info, self.summary)
             with runlog.RunLog(self.run_dir) as self._log:
                 if resume:
                     self._resume()
-                queues = {pool: deque(s for k, s in self.searchers.items() if self.task_pool[k] == pool)
-                          for pool in self.pool_info}
-                while True:
-                    budget = self.settings.time_budget_s
-                    if budget is not None and time.monotonic() - measuring_since > budget:
-                        self._stop_asking()
-                    self._dispatch(queues)
-                    if not self.pool.busy:
-                        if any(self.pool.retry.values()) and not self.pool.workers:
-                            raise RuntimeError("every worker is gone; the cluster has no slots left")
-                        break
-                    for event in self.pool.wait(timeout=1.0):
-                        self._handle(event)
-                    self._reap_hung()
-            wall = time.monotonic() - started
-            measured = sum(1 for r in self.records if r.outcome in outcomes.MEASURED)
-            self.summary = {"wall_s": wall, "measured_trials": measured,
-                            "trials_per_s": measured / wall if wall else 0, "workers": len(self.pool.workers),
-                            "duty_cycle": self.pool.duty(), "stopped_by_time_budget": self.stopped_early,
-                            "placement": {"initial": self.placed,
-                                          "final": [w.slot.node_id for w in self.pool.workers]}}
+                self._loop()
+            self.summary = self._summarize(time.monotonic() - started)
         finally:
             self.pool.shutdown()
-        runlog.write_run_info(self.run_dir, self.planned, self.settings, self.pool_info, self.summary)
+        runlog.write_run_info(self.run_dir, self.planned, s, self.pool_info, self.summary)
         return self.records
+
+    def _loop(self) -> None:
+        """Dispatch and collect until no task wants trials and nothing is in flight."""
+        measuring_since = time.monotonic()   # the time budget starts once the workers are up
+        queues = {pool: deque(searcher for k, searcher in self.searchers.items() if self.task_pool[k] == pool)
+                  for pool in self.pool_info}
+        budget = self.settings.time_budget_s
+        while True:
+            if budget is not None and time.monotonic() - measuring_since > budget:
+                self._stop_asking()
+            self._dispatch(queues)
+            if not self.pool.busy:
+                if any(self.pool.retry.values()) and not self.pool.workers:
+                    raise RuntimeError("every worker is gone; the cluster has no slots left")
+                return
+            for event in self.pool.wait(timeout=1.0):
+                self._handle(event)
+            self._reap_hung()
+
+    def _summarize(self, wall: float) -> dict[str, Any]:
+        measured = sum(1 for r in self.records if r.outcome in outcomes.MEASURED)
+        return {"wall_s": wall, "measured_trials": measured, "trials_per_s": measured / wall if wall else 0,
+                "workers": len(self.pool.workers), "duty_cycle": self.pool.duty(),
+                "stopped_by_time_budget": self.stopped_early,
+                "placement": {"initial": self.placed, "final": [w.slot.node_id for w in self.pool.workers]}}
 
     def _stop_asking(self) -> None:
         """The time budget is spent: no task asks for another trial (retries and trials in flight finish)."""

@@ -231,9 +231,10 @@ class Searcher:
         trials a killed driver left RUNNING in the study.
 
         A running trial that was logged is told its logged result. One that was not is failed
-        (`study.tell(number, state=FAIL)`, public API) and its drawn parameters are queued again
-        (`enqueue_trial`), so the config is proposed again through `ask()` and nothing logged is
-        measured twice. A trial killed before all its knobs were drawn is only failed.
+        (`study.tell(number, state=FAIL)`) and its parameters are queued again (`enqueue_trial`),
+        so the config is proposed again through `ask()` and nothing logged is measured twice.
+        Knobs the killed driver had not drawn yet are drawn now by the study's sampler, for that
+        trial (`sample_independent`: a grid sampler gives its grid point). Public Optuna API only.
         """
         logged: dict[int, Result] = {}
         for result in results:
@@ -244,11 +245,24 @@ class Searcher:
             self.asked += 1
             if result.outcome in outcomes.MEASURED:
                 self._remember(result)
-        names = {studies.optuna_name(p) for p in self.params}
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if frozen.number in logged:
                 self._tell(frozen.number, logged[frozen.number])
                 continue
+            params = self._drawn(frozen)
             self.study.tell(frozen.number, state=TrialState.FAIL)
-            if set(frozen.params) == names:
-                self.study.enqueue_trial(dict(frozen.params))
+            if params is not None:
+                self.study.enqueue_trial(params)
+
+    def _drawn(self, frozen: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
+        """A running trial's parameters, the missing ones drawn by the sampler (None if it cannot)."""
+        params = dict(frozen.params)
+        for p in self.params:
+            name = studies.optuna_name(p)
+            if name not in params:
+                try:
+                    params[name] = self.study.sampler.sample_independent(self.study, frozen, name,
+                                                                         studies.distribution(p))
+                except ValueError:   # e.g. a grid trial killed before its grid point was assigned
+                    return None
+        return params

@@ -70,16 +70,25 @@ def optuna_choices(p: Param) -> list[Any]:
     return [int(c).bit_length() - 1 for c in p.choices] if p.kind == "pow2" else list(p.choices)
 
 
+def distribution(p: Param) -> optuna.distributions.BaseDistribution:
+    """The knob's Optuna distribution: integers for ranges and exponents of powers of two, else categories."""
+    if p.kind == "range":
+        step = p.choices[1] - p.choices[0] if len(p.choices) > 1 else 1
+        return optuna.distributions.IntDistribution(p.choices[0], p.choices[-1], step=step)
+    if p.kind == "pow2":
+        exponents = optuna_choices(p)
+        return optuna.distributions.IntDistribution(exponents[0], exponents[-1])
+    return optuna.distributions.CategoricalDistribution(list(p.choices))
+
+
 def suggest(trial: optuna.Trial, params: tuple[Param, ...]) -> dict[str, Any]:
     """A config from the trial, in real values: ranges and powers of two as ordered ints, other knobs as categories."""
     config: dict[str, Any] = {}
     for p in params:
-        if p.kind == "range":
-            step = p.choices[1] - p.choices[0] if len(p.choices) > 1 else 1
-            config[p.name] = trial.suggest_int(p.name, p.choices[0], p.choices[-1], step=step)
-        elif p.kind == "pow2":
-            exponents = optuna_choices(p)
-            config[p.name] = 1 << trial.suggest_int(optuna_name(p), exponents[0], exponents[-1])
+        d = distribution(p)
+        if isinstance(d, optuna.distributions.IntDistribution):
+            value = trial.suggest_int(optuna_name(p), d.low, d.high, step=d.step)
+            config[p.name] = 1 << value if p.kind == "pow2" else value
         else:
             config[p.name] = trial.suggest_categorical(p.name, list(p.choices))
     return config
