@@ -49,10 +49,21 @@ VALID_DRAWS = 5000
 class Result(Protocol):
     """What the searcher reads of a finished trial (`farm.bundle.records.TrialRecord` is one)."""
 
-    trial: int
-    config: str
-    outcome: str
-    median_s: float | None
+    @property
+    def trial(self) -> int:
+        """The Optuna trial number."""
+
+    @property
+    def config(self) -> str:
+        """The config's canonical JSON."""
+
+    @property
+    def outcome(self) -> str:
+        """One of `farm.measure.outcomes.ALL`."""
+
+    @property
+    def median_s(self) -> float | None:
+        """The measured time, if any."""
 
 
 @dataclasses.dataclass(frozen=True)
