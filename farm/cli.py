@@ -188,7 +188,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         out = args.resume
         planned, saved = runlog.load_run(out)
         _quiet_optuna()
-        settings = SweepSettings(**{**saved, "run_dir": out, "address": args.address})
+        try:
+            settings = SweepSettings(**{**saved, "run_dir": out, "address": args.address})
+        except TypeError as err:
+            raise FarmError(f"--resume {out}: {runlog.SWEEP_FILE} holds settings this version does not know "
+                            f"({err}); expected a run folder written by this version") from None
     else:
         planned = plan.expand(spaces.load_spaces(args.spaces), args.target, args.trials)
         out = args.out or Path("artifacts") / f"run-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"

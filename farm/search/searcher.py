@@ -145,7 +145,8 @@ class Searcher:
 
     # -- asking ----------------------------------------------------------------------------------
     def ask(self) -> Proposal | None:
-        """The next config that needs measuring, or None when the budget is spent."""
+        """The next config that needs measuring, or None when the budget is spent (or what is left of
+        it waits for configs already in flight)."""
         task, space = self.planned.task, self.planned.space
         while self.wants_trials:
             trial = self.study.ask()
