@@ -27,11 +27,13 @@ import jax.numpy as jnp  # noqa: E402
 
 import kernels  # noqa: E402
 from farm.bundle import select  # noqa: E402
+from farm.bundle.records import TrialRecord  # noqa: E402
 from farm.measure import (
     outcomes,  # noqa: E402
     timing,  # noqa: E402
 )
-from farm.run import driver  # noqa: E402
+from farm.run.pool import connect  # noqa: E402
+from farm.run.sweep import SweepSettings, run_sweep  # noqa: E402
 from farm.search import (
     plan,  # noqa: E402
     spaces,  # noqa: E402
@@ -99,26 +101,26 @@ def compare(task, config, repetitions):
 
 def compare_runs(runs: list[Path], repetitions: int, out: Path) -> list[dict]:
     """Winners from earlier sweeps' trials.jsonl, each timed against XLA side by side."""
-    records: dict[str, list[dict]] = {}
+    records: dict[str, list[TrialRecord]] = {}
     for run in runs:
         for log in sorted(run.rglob("trials.jsonl")):
             for line in log.read_text().splitlines():
-                r = json.loads(line)
-                records.setdefault(r["task_key"], []).append(r)
+                r = TrialRecord.from_dict(json.loads(line))
+                records.setdefault(r.task_key, []).append(r)
     results = []
     for key, task_records in records.items():
         best = select.best_record(task_records)
         first = task_records[0]
-        task = plan.TuningTask(first["kernel"], tuple(first["shape"]), first["dtype"], first["target"])
-        counts = {o: sum(r["outcome"] == o for r in task_records) for o in outcomes.ALL}
+        task = plan.TuningTask(first.kernel, first.shape, first.dtype, first.target)
+        counts = {o: sum(r.outcome == o for r in task_records) for o in outcomes.ALL}
         module = kernels.load(task.kernel)
         row = {"task": key, "kernel": task.kernel, "shape": list(task.shape), "dtype": task.dtype,
                "target": task.target, "counts": counts, "time_to_2pct_s": select.time_to_within(task_records),
-               "config": best and best["config"], "sweep_median_s": best and best["median_s"],
+               "config": best and best.config, "sweep_median_s": best and best.median_s,
                "bytes": module.bytes_moved(task.shape, jnp.dtype(task.dtype)), "flops": module.flops(task.shape)}
         if best:
             try:
-                row |= compare(task, json.loads(best["config"]), repetitions)
+                row |= compare(task, json.loads(best.config), repetitions)
             except Exception as err:  # noqa: BLE001
                 row["compare_error"] = f"{type(err).__name__}: {str(err)[:500]}"
         results.append(row)
@@ -128,9 +130,9 @@ def compare_runs(runs: list[Path], repetitions: int, out: Path) -> list[dict]:
     return results
 
 
-def bench_settings(run_dir: Path, **overrides: Any) -> driver.SweepSettings:
+def bench_settings(run_dir: Path, **overrides: Any) -> SweepSettings:
     """The GPU benchmarks' sweep settings: 10 timing pairs, 2 input sets, 120 s compile and timing limits."""
-    return driver.SweepSettings(run_dir=run_dir, **{"repetitions": 10, "input_sets": 2, "compile_timeout_s": 120,
+    return SweepSettings(run_dir=run_dir, **{"repetitions": 10, "input_sets": 2, "compile_timeout_s": 120,
                                                     "timing_timeout_s": 120, **overrides})
 
 
@@ -160,7 +162,7 @@ def main() -> None:
         results = compare_runs(args.compare_runs, args.repetitions, args.out)
         paths = []
     else:
-        driver.connect(None)
+        connect(None)
     groups = ([paths] if args.together else [[p] for p in paths]) if paths else []
     for group in groups:
         try:
@@ -174,24 +176,24 @@ def main() -> None:
                                   time_budget_s=args.time_budget)
         t0 = time.monotonic()
         try:
-            sweep = driver.Sweep(planned, settings)
-            records = sweep.run()
+            sweep = run_sweep(planned, settings, None)   # the winners are timed here, not bundled
+            records = sweep.records
         except Exception:  # noqa: BLE001
             results.append({"space": " ".join(group), "error": traceback.format_exc()[-2000:]})
             continue
         wall = time.monotonic() - t0
         print(json.dumps({"sweep": name, "wall_s": wall, "summary": sweep.summary}), flush=True)
         for p in planned:
-            task_records = [r for r in records if r["task_key"] == p.task.key]
+            task_records = [r for r in records if r.task_key == p.task.key]
             best = select.best_record(task_records)
-            counts = {o: sum(r["outcome"] == o for r in task_records) for o in outcomes.ALL}
+            counts = {o: sum(r.outcome == o for r in task_records) for o in outcomes.ALL}
             row = {"task": p.task.key, "kernel": p.task.kernel, "shape": list(p.task.shape), "dtype": p.task.dtype,
                    "target": p.task.target, "sweep_wall_s": wall, "counts": counts,
                    "time_to_2pct_s": select.time_to_within(task_records), "summary": sweep.summary,
-                   "config": best and best["config"], "sweep_median_s": best and best["median_s"]}
+                   "config": best and best.config, "sweep_median_s": best and best.median_s}
             if best and not args.skip_compare:
                 try:
-                    row |= compare(p.task, json.loads(best["config"]), args.repetitions)
+                    row |= compare(p.task, json.loads(best.config), args.repetitions)
                 except Exception as err:  # noqa: BLE001
                     row["compare_error"] = f"{type(err).__name__}: {str(err)[:500]}"
             module = kernels.load(p.task.kernel)

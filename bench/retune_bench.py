@@ -11,7 +11,7 @@ scenarios, each:
      pipeline without retuning would run) and with another seed (an independent draw);
   4. `farm retune` from the previous bundle (variants: default flags, and one other);
   5. where a retune's winner and a cold sweep's differ, both re-timed side by side (interleaved
-     samples, in this process) and compared with the retune's rule (`farm.retune.faster_beyond_noise`).
+     samples, in this process) and compared with the retune's rule (`farm.retune.rules.faster_beyond_noise`).
 Scenario `version_bump` changes only the version; `shifted_landscape` also makes the old
 winners' strategy (one_pass) 1 ms slower per call, so the retune escalates to a full search.
 The noise floor (`--noise auto`) is calibrated from the version bump's three cold sweeps: how far
@@ -42,7 +42,8 @@ from farm.bundle import (
     signing,  # noqa: E402
 )
 from farm.measure import timing  # noqa: E402
-from farm.retune.retune import retune  # noqa: E402
+from farm.retune import rules  # noqa: E402
+from farm.retune.report import REPORT_JSON  # noqa: E402
 from farm.tasks import TuningTask  # noqa: E402
 
 GOAL_TRIAL_SHARE = 0.30
@@ -132,18 +133,18 @@ def compare(task: str, new: dict[str, dict], cold: dict[str, dict], noise: float
         return {"cold_trials": cold[task]["trials"], "cold_config": cold[task]["config"], "same_config": True,
                 "retune_over_cold": 1.0, "retune_slower_beyond_noise": False}
     timed = side_by_side(task, {"retune": new[task]["config"], "cold": cold[task]["config"]}, repetitions=15)
-    r, c = (retune.Timing(t.median_s, t.spread, t.min_s) for t in (timed["retune"], timed["cold"]))
+    r, c = (rules.Timing(t.median_s, t.spread, t.min_s) for t in (timed["retune"], timed["cold"]))
     return {"cold_trials": cold[task]["trials"], "cold_config": cold[task]["config"], "same_config": False,
             "retune_side_by_side_s": r.median_s, "cold_side_by_side_s": c.median_s, "retune_spread": r.spread,
             "cold_spread": c.spread, "retune_over_cold": r.median_s / c.median_s,
-            "retune_slower_beyond_noise": retune.faster_beyond_noise(c, r, noise)}
+            "retune_slower_beyond_noise": rules.faster_beyond_noise(c, r, noise)}
 
 
 def calibrate(runs: list[Path]) -> dict[str, Any]:
     """This machine's run-to-run noise: the floor that keeps same-config measurements of different runs equal.
 
     For each config measured `ok` in two runs (A, B) the floor it needs is max(min_B / median_A,
-    min_A / median_B) - 1 (see `farm.retune.faster_beyond_noise`); the 90th percentile of those,
+    min_A / median_B) - 1 (see `farm.retune.rules.faster_beyond_noise`); the 90th percentile of those,
     at least 2%, is the calibrated floor.
     """
     measured = []
@@ -193,7 +194,7 @@ def scenario(tmp: Path, name: str, kernel: str, upgrade: Any, args: argparse.Nam
         out = folder / f"retune-{variant}"
         code, wall = farm("retune", str(space), "--previous", str(folder / "old"), "--trust", str(public),
                           "--out", str(out), "--noise", str(noise), *flags, *common)
-        runs[variant] = (code, wall, json.loads((out / retune.REPORT_JSON).read_text()), rows(out))
+        runs[variant] = (code, wall, json.loads((out / REPORT_JSON).read_text()), rows(out))
     os.environ.pop(fingerprint.OVERRIDE_ENV, None)
     old = rows(folder / "old")
     results: dict[str, Any] = {"noise": noise, "calibration": calibration}

@@ -124,13 +124,22 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _typed(records: Sequence[dict[str, Any]]) -> list[Any]:
+    """The records as `TrialRecord`s (the farm's rules read those)."""
+    from farm.bundle.records import TrialRecord
+
+    return [TrialRecord.from_dict(r) for r in records]
+
+
 def _best(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     try:
-        from farm.bundle import select  # imports the driver (Ray, Optuna): only when there are records
-    except ImportError:           # the same rule as select.best_record, without Ray installed
+        from farm.bundle import select  # imports JAX and the kernels: only when there are records
+    except ImportError:           # the same rule as select.best_record, without the farm's dependencies
         ok = [r for r in records if r["outcome"] == "ok" and r.get("median_s") is not None]
         return min(ok, key=lambda r: (r["median_s"], r.get("spread") or 0.0)) if ok else None
-    return select.best_record(records)
+    typed = _typed(records)
+    best = select.best_record(typed)
+    return next((r for r, t in zip(records, typed) if t is best), None)
 
 
 def tune(paths: Sequence[Path], targets: Sequence[str], out: Path, budget_s: float, trials: int,
@@ -138,13 +147,14 @@ def tune(paths: Sequence[Path], targets: Sequence[str], out: Path, budget_s: flo
     """Tune `paths` on `targets` with the farm (one sweep sharing every worker, `budget_s` seconds
     once the workers are up); returns the folder to pass as a --runs folder."""
     from bench.gpu_suite import bench_settings
-    from farm.run import driver
+    from farm.run.pool import connect
+    from farm.run.sweep import run_sweep
 
-    driver.connect(None)
+    connect(None)
     planned = plan.expand([spaces.load_space(p) for p in paths], list(targets), trials)
-    sweep = driver.Sweep(planned, bench_settings(out / "runs" / "tune", interpret=interpret, time_budget_s=budget_s))
-    sweep.run()
-    print(json.dumps({"tuned": len(planned), "summary": sweep.summary}), flush=True)
+    result = run_sweep(planned, bench_settings(out / "runs" / "tune", interpret=interpret, time_budget_s=budget_s),
+                       None)
+    print(json.dumps({"tuned": len(planned), "summary": result.summary}), flush=True)
     return out
 
 
@@ -194,7 +204,7 @@ def search_stats(records: Sequence[dict[str, Any]], within: float = 0.02) -> dic
         run = [r for r in mine if sweep(r) == sweep(best) and r.get("elapsed_s") is not None]
         ok = [r for r in run if r["outcome"] == outcomes.OK and r.get("median_s")]
         stats[key] = {"sweep": sweep(best), "tune_s": max(r["elapsed_s"] for r in run),
-                      "within_2pct_s": select.time_to_within(ok, within),
+                      "within_2pct_s": select.time_to_within(_typed(ok), within),
                       "best_s": min(r["median_s"] for r in ok),
                       "trials": sum(r["outcome"] in outcomes.MEASURED for r in run),
                       "ok": len(ok), "pruned": sum(r["outcome"] == outcomes.PRUNED for r in run),

@@ -21,7 +21,6 @@ from kernels.lowering import TARGETS
 
 DEFAULT_KEY = ".keys/dev_ed25519.pem"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-BUNDLE_DIR = "bundle"
 
 
 def _number(cast: type, minimum: float, *, strict: bool, expected: str) -> Any:
@@ -148,15 +147,20 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no live progress table")
 
 
-def _sweep_settings(args: argparse.Namespace, out: Path) -> Any:
-    """SweepSettings from the options `_add_run_options` defines (and Optuna's log level)."""
+def _quiet_optuna() -> None:
+    """Optuna logs every trial at INFO; one line per trial is the sweep's own job."""
     import optuna
 
-    from farm.run import driver, placement
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)   # one line per trial is the sweep's job
 
-    return driver.SweepSettings(
+def _sweep_settings(args: argparse.Namespace, out: Path) -> Any:
+    """SweepSettings from the options `_add_run_options` defines (and Optuna's log level)."""
+    from farm.run import placement
+    from farm.run.sweep import SweepSettings
+
+    _quiet_optuna()
+    return SweepSettings(
         run_dir=out, interpret=args.interpret, emulate=args.emulate, workers=args.workers, depth=args.depth,
         node_labels=placement.parse_labels(args.node_label), sampler=args.sampler, seed=args.seed,
         repetitions=args.repetitions, input_sets=args.input_sets, compile_timeout_s=args.compile_timeout,
@@ -171,72 +175,44 @@ def _check_out(out: Path) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Validate everything, run (or resume) the sweep, write the signed bundle, print winners."""
-    from farm.bundle import artifacts, select, signing
-    from farm.run import driver
+    from farm.bundle import signing
+    from farm.run import runlog
     from farm.run.progress import SweepProgress
+    from farm.run.sweep import SweepSettings, run_sweep
     from farm.search import plan, spaces
 
     if args.resume and args.spaces:
         raise FarmError("--resume: expected no SPACE arguments (the run folder keeps its own copies)")
     if args.resume:
-        out, saved = args.resume, _load_run(args.resume)
-        loaded = spaces.load_spaces(sorted((out / SPACES_DIR).glob("*.yaml")))
-        planned = plan.expand(loaded, saved["targets"], saved["trials"])
-        settings = driver.SweepSettings(**{**saved["settings"], "run_dir": out, "address": args.address})
+        out = args.resume
+        planned, saved = runlog.load_run(out)
+        _quiet_optuna()
+        try:
+            settings = SweepSettings(**{**saved, "run_dir": out, "address": args.address})
+        except TypeError as err:
+            raise FarmError(f"--resume {out}: {runlog.SWEEP_FILE} holds settings this version does not know "
+                            f"({err}); expected a run folder written by this version") from None
     else:
-        loaded = spaces.load_spaces(args.spaces)
-        planned = plan.expand(loaded, args.target, args.trials)
+        planned = plan.expand(spaces.load_spaces(args.spaces), args.target, args.trials)
         out = args.out or Path("artifacts") / f"run-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         _check_out(out)
         settings = _sweep_settings(args, out)
     key = signing.load_private_key(args.key)
-    if not args.resume:
-        _save_run(out, loaded, args, settings)
 
     if args.quiet:
-        sweep = driver.Sweep(planned, settings)
-        records = sweep.run(resume=bool(args.resume))
+        result = run_sweep(planned, settings, key, resume=bool(args.resume))
     else:
         with SweepProgress(planned) as progress:
-            sweep = driver.Sweep(planned, settings, on_record=progress.update)
-            records = sweep.run(resume=bool(args.resume))
-    environment = {k: sweep.pool_info.get(pool, {}) for k, pool in sweep.task_pool.items()}
-    rows = select.winner_rows([p.task for p in planned], records, run_id=sweep.run_id, created=artifacts.now(),
-                              environment=environment)
-    bundle = artifacts.write_bundle(out / BUNDLE_DIR, rows, records, key, {"run_ids": [sweep.run_id]})
-    summary = sweep.summary
+            result = run_sweep(planned, settings, key, resume=bool(args.resume), on_record=progress.update)
+    summary = result.summary
     print(f"run folder: {out}")
-    print(f"bundle: {bundle} (signed by key {signing.key_id(key.public_key())})")
+    print(f"bundle: {result.bundle} (signed by key {signing.key_id(key.public_key())})")
     duty = summary.get("duty_cycle") or {}
     print(f"{summary.get('measured_trials', 0)} trials measured in {summary.get('wall_s', 0):.1f} s "
           f"({summary.get('trials_per_s', 0):.2f}/s) on {len(duty)} workers; device duty cycle "
           + (", ".join(f"{v:.0%}" for v in duty.values()) or "-"))
-    print_winners(rows)
+    print_winners(result.rows)
     return 0
-
-
-SPACES_DIR = "spaces"
-SWEEP_FILE = "sweep.json"
-
-
-def _save_run(out: Path, loaded: list, args: argparse.Namespace, settings: Any) -> None:
-    """Copy the spaces and the settings into the run folder, so `--resume` repeats them exactly."""
-    import dataclasses
-    import shutil
-
-    (out / SPACES_DIR).mkdir(parents=True, exist_ok=True)
-    for i, space in enumerate(loaded):
-        shutil.copyfile(space.path, out / SPACES_DIR / f"{i:02d}-{Path(space.path).name}")
-    saved = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("run_dir", "address")}
-    (out / SWEEP_FILE).write_text(json.dumps({"targets": args.target, "trials": args.trials, "settings": saved,
-                                              "spaces": [s.path for s in loaded]}, indent=2))
-
-
-def _load_run(out: Path) -> dict[str, Any]:
-    try:
-        return json.loads((out / SWEEP_FILE).read_text())
-    except (OSError, ValueError) as err:
-        raise FarmError(f"--resume {out}: expected a run folder with {SWEEP_FILE} ({err})") from None
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -323,7 +299,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_retune(args: argparse.Namespace) -> int:
     """Retune stale tasks warm-started from a previous bundle; write the bundle and report; 3 if the gate blocks."""
     from farm.bundle import signing
-    from farm.retune import retune
+    from farm.retune import planning, report, retune, rules
     from farm.run.progress import SweepProgress
     from farm.search import plan, spaces
 
@@ -332,14 +308,14 @@ def cmd_retune(args: argparse.Namespace) -> int:
     out = args.out or Path("artifacts") / f"retune-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     _check_out(out)
     key = signing.load_private_key(args.key)
-    previous = retune.load_previous(args.previous, _trust(args), allow_unsigned=args.allow_unsigned)
+    previous = planning.load_previous(args.previous, _trust(args), allow_unsigned=args.allow_unsigned)
     settings = _sweep_settings(args, out)
-    options = retune.RetuneSettings(top=args.top, trials=args.trials, noise=args.noise,
-                                    max_regression=args.max_regression, escalate=not args.no_escalate)
+    options = rules.RetuneSettings(top=args.top, trials=args.trials, noise=args.noise,
+                                   max_regression=args.max_regression, escalate=not args.no_escalate)
     result = retune.retune(planned, previous, settings, key, options, progress=None if args.quiet else SweepProgress)
     print(result.markdown)
-    print(f"run folder: {result.run_dir}\nbundle: {result.bundle}\nreport: {result.run_dir / retune.REPORT_MD}, "
-          f"{result.run_dir / retune.REPORT_JSON}")
+    print(f"run folder: {result.run_dir}\nbundle: {result.bundle}\nreport: {result.run_dir / report.REPORT_MD}, "
+          f"{result.run_dir / report.REPORT_JSON}")
     if result.exit_code:
         print(f"gate: {len(result.report['blocked'])} task(s) regressed beyond --max-regression "
               f"{args.max_regression}: {', '.join(result.report['blocked'])}", file=sys.stderr)

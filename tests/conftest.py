@@ -24,7 +24,7 @@ def ray_local(worker_modules):
     """A real embedded local Ray (2 CPUs on CI), shared by the tests that sweep."""
     import ray
 
-    from farm.run.driver import connect
+    from farm.run.pool import connect
 
     cwd, path = os.getcwd(), os.environ.get("PYTHONPATH")
     os.chdir(REPO)  # workers import tests.fixtures from the repo root

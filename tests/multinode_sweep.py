@@ -12,7 +12,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from farm.measure import outcomes
-from farm.run import driver
+from farm.run.sweep import SweepSettings, run_sweep
 from farm.search import plan, spaces
 
 SPACE = """\
@@ -35,28 +35,24 @@ def main(out: Path) -> None:
              runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}})
     (out / "space.yaml").write_text(SPACE)
     planned = plan.expand([spaces.load_space(out / "space.yaml")])
-    settings = driver.SweepSettings(run_dir=out / "run", interpret=True, repetitions=2, depth=1)
-    sweep = driver.Sweep(planned, settings)
-    placed: dict = {}
+    settings = SweepSettings(run_dir=out / "run", interpret=True, repetitions=2, depth=1)
+    records: list = []
     removed: list = []
 
     def remove_a_node_mid_sweep():
-        while not sweep._workers:
-            time.sleep(0.05)
-        time.sleep(0.5)
-        placed.update({"initial": [w.slot.node_id for w in list(sweep._workers)]})
-        while len(sweep.records) < 2:
+        while len(records) < 2:
             time.sleep(0.05)
         cluster.remove_node(nodes[1])
         removed.append(nodes[1].node_id)
 
     thread = threading.Thread(target=remove_a_node_mid_sweep, daemon=True)
     thread.start()
-    records = sweep.run()
+    result = run_sweep(planned, settings, None, on_record=records.append)
     thread.join(timeout=60)
+    placed = result.summary["placement"]
     print(json.dumps({
-        "initial": placed.get("initial"), "tpu_nodes": [n.node_id for n in nodes], "removed": removed,
-        "records": records, "final_workers": [w.slot.node_id for w in sweep._workers],
+        "initial": placed["initial"], "tpu_nodes": [n.node_id for n in nodes], "removed": removed,
+        "records": [r.to_dict() for r in result.records], "final_workers": placed["final"],
         "outcomes": outcomes.MEASURED,
     }))
     ray.shutdown()

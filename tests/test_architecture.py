@@ -75,7 +75,6 @@ def _farm_units(module: str) -> str | None:
 
 # Departures from the rules, each with its reason.
 PENDING: set[tuple[str, str]] = {
-    ("farm/run/driver.py", "._trial_id"),                # -> the searcher's own re-enqueue on resume
     # JAX 0.10 and 0.11 have no public Mosaic GPU interpreter (JAX's own tests import it so);
     # one function, kernels.mgpu_launch._gpu_interpreter, holds the import.
     ("kernels/mgpu_launch.py", "jax._src"),

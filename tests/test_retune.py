@@ -10,18 +10,17 @@ import json
 import shutil
 from pathlib import Path
 
-import optuna
 import pyarrow.parquet as pq
 import pytest
 
 from farm import cli
 from farm.bundle import artifacts, fingerprint, signing, trust
+from farm.bundle.records import TrialRecord
 from farm.errors import FarmError
 from farm.measure import outcomes
-from farm.retune import retune
-from farm.search import studies
+from farm.retune import planning, rules
+from farm.retune.report import REPORT_JSON, REPORT_MD, task_report
 from farm.search.plan import PlannedTask
-from farm.search.spaces import Param
 from farm.tasks import TuningTask
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,7 +79,7 @@ def _retune(farm, signing_key, name, *spaces, extra=()):
     out = farm["root"] / name
     code = cli.main(["retune", *map(str, spaces), "--previous", str(farm["previous"]), "--trust", str(signing_key[1]),
                      "--key", str(signing_key[0]), "--out", str(out), "--quiet", "--repetitions", "3", *extra])
-    report = json.loads((out / retune.REPORT_JSON).read_text())
+    report = json.loads((out / REPORT_JSON).read_text())
     assert report["exit_code"] == code
     trust.verify(out / "bundle", trust.load_trust([signing_key[1]]))
     trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()] \
@@ -111,14 +110,14 @@ def test_only_tasks_whose_kernel_source_changed_are_retuned(farm, signing_key):
     assert code == 0
     src16, src32 = _key(SOURCE_KERNEL, "16x128"), _key(SOURCE_KERNEL, "32x128")
     assert {t["task_key"] for t in trials} == {src16, src32}
-    assert tasks[src16]["decision"] == retune.KEPT
+    assert tasks[src16]["decision"] == rules.KEPT
     assert tasks[src16]["stale_because"] == [f"kernel source {SOURCE_KERNEL} changed"]
-    assert tasks[src32]["decision"] == retune.NEW and tasks[src32]["budget"] == 3
+    assert tasks[src32]["decision"] == rules.NEW and tasks[src32]["budget"] == 3
     first = min((t for t in trials if t["task_key"] == src16), key=lambda t: t["trial"])
     assert first["trial"] == 0 and first["config"] == farm["rows"][src16]["config"]
     for shape in ("16x128", "32x128", "64x128"):
         key = _key(VERSIONED, shape)
-        assert tasks[key]["decision"] == retune.CARRIED and tasks[key]["trials"] == 0
+        assert tasks[key]["decision"] == rules.CARRIED and tasks[key]["trials"] == 0
         assert rows[key] == farm["rows"][key]  # carried over unchanged
     assert rows[src16]["fingerprint"] != farm["rows"][src16]["fingerprint"]
     assert rows[src16]["config"] == farm["rows"][src16]["config"]
@@ -144,18 +143,18 @@ def test_upgrade_retunes_warm_started_and_decides(farm, signing_key, monkeypatch
         first = next(t for t in trials if t["task_key"] == key and t["trial"] == 0)
         assert first["config"] == farm["rows"][key]["config"]  # the previous winner is measured first
         assert json.loads(rows[key]["fingerprint"])["jax"] == "0.99.0"
-    assert tasks[k16]["decision"] == retune.REPAIRED and tasks[k16]["flagged"]
+    assert tasks[k16]["decision"] == rules.REPAIRED and tasks[k16]["flagged"]
     assert tasks[k16]["baseline_outcome"] == outcomes.COMPILE_ERROR and "not supported" in tasks[k16]["note"]
     assert _variant(rows[k16]["config"]) == "b"
-    assert tasks[k32]["decision"] == retune.IMPROVED and _variant(rows[k32]["config"]) == "b"
+    assert tasks[k32]["decision"] == rules.IMPROVED and _variant(rows[k32]["config"]) == "b"
     assert tasks[k32]["ratio"] < 0.8
-    assert tasks[k64]["decision"] == retune.KEPT and rows[k64]["config"] == farm["rows"][k64]["config"]
+    assert tasks[k64]["decision"] == rules.KEPT and rows[k64]["config"] == farm["rows"][k64]["config"]
     assert rows[k64]["median_s"] == tasks[k64]["baseline_median_s"]  # the old config's time under the new software
     assert not report["blocked"] and report["other_rows_carried"] == 1
     assert not any(t["escalated"] for t in tasks.values())  # the budget already covers the space
     src = _key(SOURCE_KERNEL, "16x128")
     assert rows[src] == farm["rows"][src]  # not in the given spaces: carried over unchanged
-    markdown = (farm["root"] / "upgrade" / retune.REPORT_MD).read_text()
+    markdown = (farm["root"] / "upgrade" / REPORT_MD).read_text()
     assert "| repaired |" in markdown and "## Flagged" in markdown and "gate: " in markdown
 
 
@@ -168,8 +167,8 @@ def test_a_regression_escalates_then_exits_3(farm, signing_key, monkeypatch, cap
     finally:
         farm["software"].unlink()
     key = _key(VERSIONED, "64x128")
-    assert code == retune.EXIT_BLOCKED == 3
-    assert tasks[key]["decision"] == retune.REGRESSED and tasks[key]["blocks_rollout"]
+    assert code == rules.EXIT_BLOCKED == 3
+    assert tasks[key]["decision"] == rules.REGRESSED and tasks[key]["blocks_rollout"]
     assert tasks[key]["escalated"] and tasks[key]["trials"] == 3
     assert [t["trial"] for t in trials] == [0, 1, 2] and trials[0]["config"] == farm["rows"][key]["config"]
     assert tasks[key]["ratio"] > 1.5 and report["blocked"] == [key]
@@ -180,48 +179,48 @@ def test_a_regression_escalates_then_exits_3(farm, signing_key, monkeypatch, cap
 # -- the promotion rule and the gate, on synthetic records -----------------------------------------
 def _plan(row):
     planned = PlannedTask(TuningTask("k", (8,), "float32", "interpret"), space=None, trials=3)
-    return retune.TaskPlan(planned, device_kind="cpu", fingerprint={}, previous=row, changes=["x"], warm=[{"v": 1}])
+    return planning.TaskPlan(planned, device_kind="cpu", fingerprint={}, previous=row, changes=["x"], warm=[{"v": 1}])
 
 
 def _rec(v, outcome=outcomes.OK, median=None, spread=0.01, error=None):
-    return {"config": json.dumps({"v": v}, separators=(",", ":")), "outcome": outcome, "median_s": median,
-            "spread": spread, "min_s": median and median * 0.99, "error": error}
+    return TrialRecord.for_task(TuningTask("k", (8,), "float32", "interpret"), v, json.dumps({"v": v}, separators=(",", ":")),
+                                outcome, median_s=median, spread=spread, min_s=median and median * 0.99, error=error)
 
 
 OLD_ROW = {"status": "ok", "config": '{"v":1}', "median_s": 1.0, "spread": 0.01, "min_s": 0.99}
 
 
 @pytest.mark.parametrize("records, decision, chosen", [
-    ([_rec(1, median=1.0), _rec(2, median=0.5)], retune.IMPROVED, 2),
-    ([_rec(1, median=1.0), _rec(2, median=0.975)], retune.KEPT, 1),         # 0.975 * 1.02 > 0.99: within noise
-    ([_rec(1, median=2.0), _rec(2, median=1.95)], retune.REGRESSED, 1),
-    ([_rec(1, median=2.0, spread=5.0), _rec(2, median=1.95)], retune.REGRESSED, 1),
-    ([_rec(1, outcomes.WRONG_RESULT, error="relative error 1"), _rec(2, median=1.0)], retune.REPAIRED, 2),
-    ([_rec(1, outcomes.OOM, error="RESOURCE_EXHAUSTED"), _rec(2, outcomes.COMPILE_ERROR)], retune.FAILED, None),
+    ([_rec(1, median=1.0), _rec(2, median=0.5)], rules.IMPROVED, 2),
+    ([_rec(1, median=1.0), _rec(2, median=0.975)], rules.KEPT, 1),         # 0.975 * 1.02 > 0.99: within noise
+    ([_rec(1, median=2.0), _rec(2, median=1.95)], rules.REGRESSED, 1),
+    ([_rec(1, median=2.0, spread=5.0), _rec(2, median=1.95)], rules.REGRESSED, 1),
+    ([_rec(1, outcomes.WRONG_RESULT, error="relative error 1"), _rec(2, median=1.0)], rules.REPAIRED, 2),
+    ([_rec(1, outcomes.OOM, error="RESOURCE_EXHAUSTED"), _rec(2, outcomes.COMPILE_ERROR)], rules.FAILED, None),
 ])
 def test_promotion_rule(records, decision, chosen):
     """One slow outlier (a huge spread) does not hide a change: the rule reads medians and minimums."""
-    made = retune.decide(_plan(OLD_ROW), records, noise=0.02)
+    made = rules.decide(_plan(OLD_ROW), records, noise=0.02)
     assert made.decision == decision
-    assert (json.loads(made.chosen["config"])["v"] if made.chosen else None) == chosen
+    assert (json.loads(made.chosen.config)["v"] if made.chosen else None) == chosen
 
 
 def test_gate_blocks_only_beyond_the_limit_and_the_noise():
-    settings = retune.RetuneSettings(max_regression=0.05, noise=0.02)
+    settings = rules.RetuneSettings(max_regression=0.05, noise=0.02)
 
     def report(decision, new_median, new_min=None):
         row = {"status": "ok", "config": '{"v":2}', "median_s": new_median, "spread": 0.01,
                "min_s": new_median * 0.99 if new_min is None else new_min}
-        return retune._task_report(_plan(OLD_ROW), retune.Decision(decision, None, None), row, [], settings)
+        return task_report(_plan(OLD_ROW), rules.Decision(decision, None, None), row, [], settings)
 
-    assert report(retune.REGRESSED, 1.5)["blocks_rollout"]
-    assert report(retune.IMPROVED, 1.5)["blocks_rollout"]         # better than the old config now, worse than before
-    assert not report(retune.KEPT, 1.04)["blocks_rollout"]        # within --max-regression
-    assert not report(retune.REGRESSED, 1.5, new_min=1.01)["blocks_rollout"]   # its fastest sample is within noise
-    assert retune._task_report(_plan(OLD_ROW), retune.Decision(retune.FAILED, None, None), None, [],
+    assert report(rules.REGRESSED, 1.5)["blocks_rollout"]
+    assert report(rules.IMPROVED, 1.5)["blocks_rollout"]         # better than the old config now, worse than before
+    assert not report(rules.KEPT, 1.04)["blocks_rollout"]        # within --max-regression
+    assert not report(rules.REGRESSED, 1.5, new_min=1.01)["blocks_rollout"]   # its fastest sample is within noise
+    assert task_report(_plan(OLD_ROW), rules.Decision(rules.FAILED, None, None), None, [],
                                settings)["blocks_rollout"]
-    loose = retune.RetuneSettings(max_regression=1.0)
-    assert not retune._task_report(_plan(OLD_ROW), retune.Decision(retune.REGRESSED, None, None),
+    loose = rules.RetuneSettings(max_regression=1.0)
+    assert not task_report(_plan(OLD_ROW), rules.Decision(rules.REGRESSED, None, None),
                                    {**OLD_ROW, "median_s": 1.5}, [], loose)["blocks_rollout"]
 
 
@@ -255,15 +254,6 @@ def test_fingerprint_override(tmp_path, monkeypatch):
     with pytest.raises(FarmError, match=fingerprint.OVERRIDE_ENV):
         fingerprint.for_task(VERSIONED, info)
     assert fingerprint.changes(None, base) == ["no fingerprint recorded"]
-
-
-def test_warm_start_is_queued_first_in_order():
-    params = (Param("v", (1, 2, 3, 4), "values"),)
-    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
-    assert studies.enqueue_warm_start(study, params, [{"v": 3}, {"v": 9}, {"v": 1}, {"v": 3}], {"v": 2})
-    asked = [study.ask() for _ in range(3)]
-    assert [(t.number, studies.suggest(t, params)) for t in asked] == [(0, {"v": 3}), (1, {"v": 1}), (2, {"v": 2})]
-    assert not studies.enqueue_warm_start(study, params, [{"v": 4}], {"v": 2})  # not in a study that has trials
 
 
 def test_retune_refuses_bad_input_before_any_work(tmp_path, signing_key, capsys):

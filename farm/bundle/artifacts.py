@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from farm.bundle import signing
+from farm.bundle import records, signing
 
 SCHEMA_VERSION = 1
 CONFIGS = "configs.parquet"
@@ -41,18 +41,7 @@ CONFIG_COLUMNS = pa.schema([
     ("run_id", pa.string()), ("created", pa.string()),
 ])
 
-TRIAL_COLUMNS = pa.schema([
-    ("task_key", pa.string()), ("kernel", pa.string()), ("shape", pa.list_(pa.int64())),
-    ("dtype", pa.string()), ("target", pa.string()), ("trial", pa.int64()),
-    ("config", pa.string()), ("outcome", pa.string()), ("median_s", pa.float64()),
-    ("spread", pa.float64()), ("min_s", pa.float64()), ("n_timed", pa.int64()),
-    ("calls_per_sample", pa.int64()), ("numerics_error", pa.float64()),
-    ("compile_s", pa.float64()), ("device_s", pa.float64()), ("footprint_bytes", pa.int64()),
-    ("capacity_bytes", pa.int64()), ("requested_bytes", pa.int64()), ("available_bytes", pa.int64()),
-    ("error", pa.string()), ("worker", pa.string()), ("device_kind", pa.string()), ("attempt", pa.int64()),
-    ("requeued", pa.int64()), ("started", pa.string()),
-    ("finished", pa.string()), ("elapsed_s", pa.float64()), ("run_id", pa.string()),
-])
+TRIAL_COLUMNS = records.SCHEMA   # derived from TrialRecord
 
 
 def now() -> str:
@@ -82,9 +71,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_bundle(dest: str | Path, configs: Sequence[Mapping[str, Any]], trials: Sequence[Mapping[str, Any]],
-                 private_key: Ed25519PrivateKey, meta: Mapping[str, Any] | None = None) -> Path:
-    """Write a signed bundle at `dest` atomically (replacing an older bundle there)."""
+def write_bundle(dest: str | Path, configs: Sequence[Mapping[str, Any]],
+                 trials: Sequence[records.TrialRecord | Mapping[str, Any]], private_key: Ed25519PrivateKey,
+                 meta: Mapping[str, Any] | None = None) -> Path:
+    """Write a signed bundle at `dest` atomically (replacing an older bundle there).
+
+    `trials`: `TrialRecord`s (or rows already in their dict form, e.g. read from another bundle).
+    """
+    trials = [t.to_dict() if isinstance(t, records.TrialRecord) else t for t in trials]
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))

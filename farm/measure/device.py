@@ -7,6 +7,7 @@ accelerator.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import socket
 import threading
@@ -57,6 +58,15 @@ class ReferenceCache:
 
 
 _REFERENCES = ReferenceCache()
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureSettings:
+    """How a worker measures each config (the same for every trial of a sweep)."""
+
+    repetitions: int = 10                 # timing sample pairs
+    input_sets: int = 1                   # rotating input sets when timing (beat the cache)
+    compile_timeout_s: float | None = None  # a compile that takes longer is `timeout` (the worker is replaced)
 
 
 def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,

@@ -100,3 +100,13 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (it crosses Ray and lands in Parquet)."""
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What a worker actor returns for one trial: the measurement, the device seconds it took,
+    and whether the worker must be replaced (a compile thread it could not stop)."""
+
+    measurement: Measurement
+    device_s: float = 0.0
+    restart: bool = False

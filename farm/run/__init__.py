@@ -1,2 +1,2 @@
-"""Run: all the Ray code. Placement of device workers, the worker actor, the sweep loop with its
-fault handling and run log, and live progress."""
+"""Run: all the Ray code. `sweep.run_sweep` (the one sweep path), the worker `pool` (placement,
+replacement, hung and dead workers), the worker `actor`, the trial log `runlog`, live `progress`."""

@@ -13,8 +13,8 @@ import ray
 
 from farm.measure import capacity, outcomes, software
 from farm.measure.compiler import compile_config
-from farm.measure.device import validate_and_time
-from farm.measure.outcomes import Measurement
+from farm.measure.device import MeasureSettings, validate_and_time
+from farm.measure.outcomes import Measured, Measurement
 from farm.tasks import TuningTask
 
 
@@ -45,19 +45,15 @@ class Worker:
                 "capacity": capacity.for_target(target, interpret=self.interpret, emulate=self.emulate).to_dict()
                 if target else None}
 
-    def run(self, task: TuningTask, config: dict[str, Any], trial_seed: int,
-            settings: dict[str, Any]) -> dict[str, Any]:
-        """Measure one config; returns a `Measurement` as a dict (plus `device_s`, `restart`)."""
-        settings = dict(settings)
-        compile_timeout = settings.pop("compile_timeout_s", None)
-        input_sets = settings.pop("input_sets", 1)
-        future = self._compile_pool.submit(self._compile, task, config, trial_seed, input_sets)
+    def run(self, task: TuningTask, config: dict[str, Any], trial_seed: int, settings: MeasureSettings) -> Measured:
+        """Measure one config: compile (within the settings' time limit), validate and time it."""
+        future = self._compile_pool.submit(self._compile, task, config, trial_seed, settings.input_sets)
         restart = False
         try:
-            compiled = future.result(timeout=compile_timeout)
+            compiled = future.result(timeout=settings.compile_timeout_s)
         except concurrent.futures.TimeoutError:
             # The compiler thread cannot be stopped; ask the driver for a fresh worker.
-            compiled = Measurement(outcomes.TIMEOUT, error=f"compile exceeded {compile_timeout:.0f} s")
+            compiled = Measurement(outcomes.TIMEOUT, error=f"compile exceeded {settings.compile_timeout_s:.0f} s")
             restart = True
         device_s = 0.0
         if isinstance(compiled, Measurement):
@@ -65,12 +61,12 @@ class Worker:
         else:
             with self._device:
                 started = time.monotonic()
-                result = validate_and_time(compiled, **settings)
+                result = validate_and_time(compiled, repetitions=settings.repetitions)
                 device_s = time.monotonic() - started
                 self._busy_s += device_s
         result.worker = f"{socket.gethostname()}:{os.getpid()}"
         result.device_kind = jax.devices()[0].device_kind
-        return {**result.to_dict(), "device_s": device_s, "restart": restart}
+        return Measured(result, device_s, restart)
 
     def _compile(self, task: TuningTask, config: dict[str, Any], trial_seed: int, input_sets: int) -> Any:
         if not self.interpret:

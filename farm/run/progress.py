@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from farm.bundle.records import TrialRecord
 from farm.measure import outcomes
 from farm.search.plan import PlannedTask
 
@@ -42,12 +43,12 @@ class SweepProgress:
         self._live.update(self._table())
         self._live.__exit__(*exc)
 
-    def update(self, record: dict[str, Any]) -> None:
+    def update(self, record: TrialRecord) -> None:
         """Count one trial record."""
-        key = record["task_key"]
-        self.counts[key][record["outcome"]] += 1
-        if record["outcome"] == outcomes.OK and record.get("median_s") is not None:
-            self.best[key] = min(self.best.get(key, float("inf")), record["median_s"])
+        key = record.task_key
+        self.counts[key][record.outcome] += 1
+        if record.outcome == outcomes.OK and record.median_s is not None:
+            self.best[key] = min(self.best.get(key, float("inf")), record.median_s)
         if self.console.is_terminal:
             self._live.update(self._table())
 

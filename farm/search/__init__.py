@@ -1,2 +1,3 @@
 """Search: what to try. Spaces and their constraints, the plan (kernel x shape x dtype x target),
-the Optuna studies that propose configs, and pruning before compiling. No Ray."""
+one searcher per task over its Optuna study (`searcher`, with `studies` and `pruning`), which
+proposes only valid, unmeasured configs. No Ray."""

@@ -1,4 +1,10 @@
-"""Optuna studies: one per task, in persistent journal storage; samplers and config suggestion."""
+"""Optuna studies: one per task, in persistent journal storage; samplers and config suggestion.
+
+Knobs map onto Optuna parameters so that the sampler sees their order: an integer `range` is
+`suggest_int` with its step; a `pow2` knob is its exponent, `suggest_int("log2_<name>", lo, hi)`
+(so TPE models 64 as between 32 and 128); other knobs are categories. Configs outside this
+module are always in real values (`suggest`, `to_optuna`).
+"""
 from __future__ import annotations
 
 import zlib
@@ -40,7 +46,7 @@ def make_sampler(planned: PlannedTask, name: str | None = None, seed: int | None
         return optuna.samplers.RandomSampler(seed=task_seed)
     if name == "grid":
         params = planned.space.params_for(planned.task.target)
-        return AskTellGridSampler({p.name: list(p.choices) for p in params}, seed=task_seed)
+        return AskTellGridSampler({optuna_name(p): optuna_choices(p) for p in params}, seed=task_seed)
     startup = max(3, min(10, planned.trials // 3))
     return optuna.samplers.TPESampler(seed=task_seed, n_startup_trials=startup, constant_liar=True)
 
@@ -51,16 +57,48 @@ def open_study(planned: PlannedTask, store: JournalStorage, sampler: optuna.samp
                                direction="minimize", load_if_exists=True)
 
 
+POW2_PREFIX = "log2_"
+
+
+def optuna_name(p: Param) -> str:
+    """The Optuna parameter of a knob: `log2_<name>` for powers of two, else its name."""
+    return POW2_PREFIX + p.name if p.kind == "pow2" else p.name
+
+
+def optuna_choices(p: Param) -> list[Any]:
+    """The knob's choices as Optuna sees them (exponents for powers of two)."""
+    return [int(c).bit_length() - 1 for c in p.choices] if p.kind == "pow2" else list(p.choices)
+
+
+def distribution(p: Param) -> optuna.distributions.BaseDistribution:
+    """The knob's Optuna distribution: integers for ranges and exponents of powers of two, else categories."""
+    if p.kind == "range":
+        step = p.choices[1] - p.choices[0] if len(p.choices) > 1 else 1
+        return optuna.distributions.IntDistribution(p.choices[0], p.choices[-1], step=step)
+    if p.kind == "pow2":
+        exponents = optuna_choices(p)
+        return optuna.distributions.IntDistribution(exponents[0], exponents[-1])
+    return optuna.distributions.CategoricalDistribution(list(p.choices))
+
+
 def suggest(trial: optuna.Trial, params: tuple[Param, ...]) -> dict[str, Any]:
-    """A config from the trial: integer ranges as ordered ints, other knobs as categories."""
+    """A config from the trial, in real values: ranges and powers of two as ordered ints, other knobs as categories."""
     config: dict[str, Any] = {}
     for p in params:
-        if p.kind == "range":
-            step = p.choices[1] - p.choices[0] if len(p.choices) > 1 else 1
-            config[p.name] = trial.suggest_int(p.name, p.choices[0], p.choices[-1], step=step)
+        d = distribution(p)
+        if isinstance(d, optuna.distributions.IntDistribution):
+            value = trial.suggest_int(optuna_name(p), d.low, d.high, step=d.step)
+            config[p.name] = 1 << value if p.kind == "pow2" else value
         else:
             config[p.name] = trial.suggest_categorical(p.name, list(p.choices))
     return config
+
+
+def to_optuna(config: dict[str, Any], params: tuple[Param, ...]) -> dict[str, Any]:
+    """The Optuna parameters of a config (for `enqueue_trial`); knobs not in `params` are left out."""
+    by_name = {p.name: p for p in params}
+    return {optuna_name(by_name[k]): (int(v).bit_length() - 1 if by_name[k].kind == "pow2" else v)
+            for k, v in config.items() if k in by_name}
 
 
 def enqueue_default(study: optuna.Study, params: tuple[Param, ...], default: dict[str, Any]) -> bool:
@@ -75,7 +113,7 @@ def enqueue_default(study: optuna.Study, params: tuple[Param, ...], default: dic
         return False
     if not all(default[p.name] in p.choices for p in params):
         return False
-    study.enqueue_trial(default)
+    study.enqueue_trial(to_optuna(default, params))
     return True
 
 
@@ -105,5 +143,5 @@ def enqueue_warm_start(study: optuna.Study, params: tuple[Param, ...], configs: 
             and default not in queued):
         queued.append(default)
     for config in queued:
-        study.enqueue_trial(config)
+        study.enqueue_trial(to_optuna(config, params))
     return True

@@ -1,0 +1,120 @@
+"""One trial, typed: `TrialRecord` is a row of trials.parquet and a line of trials.jsonl.
+
+Records live in memory as `TrialRecord`; dicts exist only at the edges (`to_dict` for JSON
+and Parquet, `from_dict` for a log or a bundle read back). The Parquet schema is derived from
+the fields (`SCHEMA`), so the two cannot drift apart.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from farm.measure.outcomes import Measurement
+from farm.tasks import TuningTask
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRecord:
+    """Every trial of a sweep and its outcome: measured, failed, pruned, invalid or cached.
+
+    >>> r = TrialRecord.for_task(TuningTask("softmax", (8, 128), "float32", "interpret"), 0, '{"block_rows":8}', "ok")
+    >>> TrialRecord.from_dict(r.to_dict()) == r
+    True
+    """
+
+    task_key: str
+    kernel: str
+    shape: tuple[int, ...]
+    dtype: str
+    target: str
+    trial: int                          # the Optuna trial number within the task's study
+    config: str                         # canonical JSON (`farm.tasks.config_json`)
+    outcome: str                        # one of `farm.measure.outcomes.ALL`
+    median_s: float | None = None
+    spread: float | None = None
+    min_s: float | None = None
+    n_timed: int | None = None
+    calls_per_sample: int | None = None
+    numerics_error: float | None = None
+    compile_s: float | None = None
+    device_s: float | None = None       # seconds the device spent validating and timing
+    footprint_bytes: int | None = None
+    capacity_bytes: int | None = None
+    requested_bytes: int | None = None
+    available_bytes: int | None = None
+    error: str | None = None
+    worker: str | None = None
+    device_kind: str | None = None
+    attempt: int = 1                    # runs that counted against the trial (its worker died under it)
+    requeued: int = 0                   # times it moved to another worker, for whatever reason
+    started: str | None = None
+    finished: str | None = None
+    elapsed_s: float | None = None      # seconds since the sweep started
+    run_id: str | None = None
+
+    @classmethod
+    def for_task(cls, task: TuningTask, trial: int, config: str, outcome: str, **fields: Any) -> TrialRecord:
+        """A record of `task`'s trial; `fields` sets the rest."""
+        return cls(task.key, task.kernel, tuple(task.shape), task.dtype, task.target, trial, config, outcome,
+                   **fields)
+
+    @classmethod
+    def measured(cls, task: TuningTask, trial: int, config: str, measurement: Measurement,
+                 **fields: Any) -> TrialRecord:
+        """A record of what a worker measured (`fields`: what the driver adds, e.g. attempt, device_s)."""
+        return cls.for_task(task, trial, config, **{**dataclasses.asdict(measurement), **fields})
+
+    def replace(self, **changes: Any) -> TrialRecord:
+        """A copy with `changes`."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON and Parquet): the shape as a list."""
+        data = dataclasses.asdict(self)
+        data["shape"] = list(self.shape)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialRecord:
+        """A record from a dict (a trials.jsonl line, a trials.parquet row); unknown keys are ignored.
+
+        Fields the source lacks (older logs, hand-made rows) take their default, or None.
+        """
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name in data:
+                values[f.name] = data[f.name]
+            elif f.default is dataclasses.MISSING:
+                values[f.name] = None
+        if values.get("shape") is not None:
+            values["shape"] = tuple(values["shape"])
+        for name in ("attempt", "requeued"):   # null in Parquet rows of skipped trials from older runs
+            if name in values and values[name] is None:
+                values.pop(name)
+        return cls(**values)
+
+
+_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+def _arrow_type(hint: Any) -> pa.DataType:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _arrow_type(inner)
+    if typing.get_origin(hint) is tuple:
+        return pa.list_(_arrow_type(typing.get_args(hint)[0]))
+    return _ARROW[hint]
+
+
+def arrow_schema(cls: type) -> pa.Schema:
+    """The Parquet schema of a record dataclass: one typed, nullable column per field, in order."""
+    hints = typing.get_type_hints(cls)
+    return pa.schema([(f.name, _arrow_type(hints[f.name])) for f in dataclasses.fields(cls)])
+
+
+SCHEMA = arrow_schema(TrialRecord)

@@ -1,0 +1,237 @@
+"""The worker pool: Ray actors placed on accelerators, trials in flight, faults as events.
+
+One `Worker` actor per slot (`farm.run.placement`), pinned to its node. Each holds up to
+`depth` trials (the next compiles while the device times the current one). `wait()` turns what
+Ray reports into events the sweep handles: a result, or a crash. A worker that makes no progress
+for too long is killed and replaced (`reap_hung`); a dead worker is replaced on its node if the
+node is still alive. The pool does not decide what to try next; it knows no Optuna.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from farm.measure import outcomes
+from farm.measure.device import MeasureSettings
+from farm.measure.outcomes import Measured, Measurement
+from farm.run import placement
+from farm.run.actor import Worker
+from farm.search.searcher import Proposal
+from farm.tasks import TuningTask
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at `address`, or start an embedded local Ray."""
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        roots = [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ray.init(address="local", include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(roots)}})
+
+
+@dataclasses.dataclass
+class Flight:
+    """A proposal on its way through the pool: which task, how often it ran and moved."""
+
+    task: TuningTask
+    proposal: Proposal
+    attempt: int = 1          # runs that counted against the trial (its worker died under it)
+    requeued: int = 0         # times it was moved to another worker, for whatever reason
+    started_at: str | None = None
+
+
+@dataclasses.dataclass
+class PoolWorker:
+    """A live actor, its slot and the flights it holds, in dispatch order."""
+
+    actor: Any
+    slot: placement.Slot
+    in_flight: dict[Any, Flight] = dataclasses.field(default_factory=dict)   # ref -> flight
+    progress: float = dataclasses.field(default_factory=time.monotonic)
+
+    @property
+    def name(self) -> str:
+        """pool:node:index, for duty-cycle reports."""
+        return f"{self.slot.pool}:{self.slot.node_id[:8]}:{self.slot.index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """A flight's worker reported (`measured`): a measurement or the worker's own error as data."""
+
+    worker: PoolWorker
+    flight: Flight
+    measured: Measured
+
+
+@dataclasses.dataclass(frozen=True)
+class Crashed:
+    """A worker died under its flights (`lost`: the first was on the device); `node_alive` False when
+    its node left the cluster."""
+
+    lost: list[Flight]
+    node_alive: bool
+    error: str
+
+
+class WorkerPool:
+    """The sweep's actors; `submit` a flight to a worker with room, `wait` for events."""
+
+    def __init__(self, task_pool: dict[str, str], *, interpret: bool, emulate: str | None, depth: int | None,
+                 measure: MeasureSettings) -> None:
+        self.task_pool = task_pool          # task key -> the pool that runs it
+        self.interpret = interpret
+        self.emulate = emulate
+        self._depth = depth
+        self.measure = measure
+        self.workers: list[PoolWorker] = []
+        self.retry: dict[str, deque[Flight]] = {}
+        self._refs: dict[Any, PoolWorker] = {}
+
+    def depth(self, pool: str) -> int:
+        """Trials in flight per worker: the setting, else 2 on accelerators and 1 on CPU."""
+        return self._depth or (1 if pool == "cpu" else 2)
+
+    def start(self, pool: str, nodes: Sequence[dict[str, Any]], labels: dict[str, str],
+              limit: int | None) -> None:
+        """One worker per slot of `pool` on the (labelled) nodes."""
+        for slot in placement.slots(pool, nodes, labels, limit):
+            self._start(slot)
+
+    def _start(self, slot: placement.Slot) -> PoolWorker:
+        env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        options: dict[str, Any] = {"num_cpus": 1}
+        if slot.pool == "gpu":
+            options["num_gpus"] = 1
+        elif slot.pool == "tpu":
+            options["resources"] = {"TPU": 1}
+        if self.interpret or slot.pool == "cpu":
+            env["JAX_PLATFORMS"] = "cpu"
+        actor = Worker.options(
+            **options, max_concurrency=self.depth(slot.pool), runtime_env={"env_vars": env},
+            scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False),
+        ).remote(interpret=self.interpret or slot.pool == "cpu", emulate=self.emulate)
+        worker = PoolWorker(actor, slot)
+        self.workers.append(worker)
+        return worker
+
+    def info(self, pool: str, target: str) -> dict[str, Any]:
+        """A worker's `info()` (host, software, device kind, capacity for `target`) for the pool."""
+        worker = next(w for w in self.workers if w.slot.pool == pool)
+        return ray.get(worker.actor.info.remote(target))
+
+    def has_room(self, worker: PoolWorker) -> bool:
+        """Whether a live worker holds fewer than `depth` trials."""
+        return worker in self.workers and len(worker.in_flight) < self.depth(worker.slot.pool)
+
+    def submit(self, worker: PoolWorker, flight: Flight) -> None:
+        """Send a flight to a worker (it must have room)."""
+        if not worker.in_flight:
+            worker.progress = time.monotonic()
+        p = flight.proposal
+        ref = worker.actor.run.remote(flight.task, p.config, p.trial, self.measure)
+        worker.in_flight[ref] = flight
+        self._refs[ref] = worker
+
+    @property
+    def busy(self) -> bool:
+        """Whether any trial is in flight."""
+        return bool(self._refs)
+
+    def wait(self, timeout: float = 1.0) -> list[Done | Crashed]:
+        """What finished within `timeout`: results, and crashes (their workers already replaced)."""
+        ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=timeout)
+        return [event for ref in ready if (event := self._collect(ref)) is not None]
+
+    def _collect(self, ref: Any) -> Done | Crashed | None:
+        worker = self._refs.pop(ref, None)
+        if worker is None:
+            return None
+        flight = worker.in_flight.pop(ref)
+        try:
+            measured: Measured = ray.get(ref)
+        except (RayActorError, WorkerCrashedError) as err:
+            node_alive = self.node_alive(worker.slot.node_id)
+            lost = [flight, *worker.in_flight.values()]
+            self.retire(worker, replace=True)
+            return Crashed(lost, node_alive, str(err)[:300])
+        except RayTaskError as err:  # a bug in the worker itself: data, not a crash
+            measured = Measured(Measurement(outcomes.RUN_ERROR, error=str(err)[:outcomes.ERROR_CHARS]))
+        worker.progress = time.monotonic()
+        return Done(worker, flight, measured)
+
+    def restart(self, worker: PoolWorker) -> list[Flight]:
+        """Replace a worker that asked for it; returns the flights it still held."""
+        held = list(worker.in_flight.values())
+        self.retire(worker, replace=True)
+        return held
+
+    def node_alive(self, node_id: str) -> bool:
+        """Whether a node is still in the cluster."""
+        return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
+
+    def retire(self, worker: PoolWorker, *, replace: bool) -> None:
+        """Kill a worker, forget its in-flight refs, start a replacement on its node if alive."""
+        if worker not in self.workers:
+            return
+        self.workers.remove(worker)
+        for ref in worker.in_flight:
+            self._refs.pop(ref, None)
+        try:
+            ray.kill(worker.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
+        if replace and self.node_alive(worker.slot.node_id):
+            self._start(worker.slot)
+
+    def hung(self, limit_s: float) -> list[list[Flight]]:
+        """Kill and replace every worker without progress for `limit_s` seconds; their flights, the
+        one on the device first."""
+        now = time.monotonic()
+        found = []
+        for worker in list(self.workers):
+            if worker.in_flight and now - worker.progress >= limit_s:
+                found.append(list(worker.in_flight.values()))
+                self.retire(worker, replace=True)
+        return found
+
+    def requeue(self, flight: Flight) -> None:
+        """Run a flight again on the next worker of its pool with room."""
+        flight.requeued += 1
+        self.retry.setdefault(self.pool_of(flight), deque()).append(flight)
+
+    def pool_of(self, flight: Flight) -> str:
+        """The pool a flight's task runs on."""
+        return self.task_pool[flight.task.key]
+
+    def next_retry(self, pool: str) -> Flight | None:
+        """The oldest requeued flight of a pool, if any."""
+        queue = self.retry.get(pool)
+        return queue.popleft() if queue else None
+
+    def duty(self) -> dict[str, float]:
+        """Share of its lifetime each live worker's device spent validating and timing."""
+        duty = {}
+        for worker in self.workers:
+            try:
+                d = ray.get(worker.actor.duty.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - a worker lost at the end is not fatal
+                continue
+            duty[worker.name] = d["busy_s"] / d["alive_s"] if d["alive_s"] else 0.0
+        return duty
+
+    def shutdown(self) -> None:
+        """Kill every worker."""
+        for worker in list(self.workers):
+            self.retire(worker, replace=False)

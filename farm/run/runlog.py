@@ -1,0 +1,115 @@
+"""The run folder's own records: the trial log, the saved spaces and settings, run.json.
+
+Every finished trial is appended to `trials.jsonl` (and flushed) before Optuna hears of it, so
+a killed driver loses nothing it logged; `replay` reads the log back for `--resume` (a torn last
+line is skipped). `save_run` copies the spaces and the settings into the run folder, so that
+`load_run` repeats the sweep exactly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from farm.bundle.artifacts import now
+from farm.bundle.records import TrialRecord
+from farm.errors import FarmError
+from farm.search import plan, spaces
+from farm.search.plan import PlannedTask
+
+TRIALS_LOG = "trials.jsonl"
+RUN_INFO = "run.json"
+SPACES_DIR = "spaces"
+SWEEP_FILE = "sweep.json"
+
+
+class RunLog:
+    """Append-only trial log of a run folder; use as a context manager."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / TRIALS_LOG
+        self._file: IO[str] | None = None
+
+    def __enter__(self) -> RunLog:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def append(self, record: TrialRecord) -> None:
+        """Write one record and flush it to the OS before anyone is told."""
+        assert self._file is not None, "RunLog used outside `with`"
+        self._file.write(json.dumps(record.to_dict()) + "\n")
+        self._file.flush()
+
+
+def replay(run_dir: Path) -> list[TrialRecord]:
+    """Every record of a run folder's log, in order (none when there is no log yet)."""
+    path = Path(run_dir) / TRIALS_LOG
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(TrialRecord.from_dict(json.loads(line)))
+        except json.JSONDecodeError:   # the driver died mid-line: that trial was never told
+            continue
+    return records
+
+
+def _settings_json(settings: Any) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()}
+
+
+def save_run(run_dir: Path, planned: Sequence[PlannedTask], settings: Any) -> None:
+    """Copy the spaces and write the tasks, budgets and settings, so `load_run` repeats the sweep."""
+    folder = Path(run_dir) / SPACES_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = sorted({p.space.path for p in planned}, key=[p.space.path for p in planned].index)
+    copies = {}
+    for i, path in enumerate(paths):
+        copies[path] = f"{i:02d}-{Path(path).name}"
+        shutil.copyfile(path, folder / copies[path])
+    saved = {k: v for k, v in _settings_json(settings).items() if k not in ("run_dir", "address")}
+    _write_json(Path(run_dir) / SWEEP_FILE, {
+        "tasks": {p.task.key: p.trials for p in planned}, "settings": saved,
+        "spaces": {copies[path]: path for path in paths}})
+
+
+def load_run(run_dir: Path) -> tuple[list[PlannedTask], dict[str, Any]]:
+    """The planned tasks (with their budgets) and the settings (a dict) `save_run` wrote."""
+    try:
+        saved = json.loads((Path(run_dir) / SWEEP_FILE).read_text())
+        budgets, settings, copies = saved["tasks"], saved["settings"], saved["spaces"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise FarmError(f"--resume {run_dir}: expected a run folder with {SWEEP_FILE} ({err!r})") from None
+    loaded = spaces.load_spaces([Path(run_dir) / SPACES_DIR / name for name in copies])
+    planned = [dataclasses.replace(p, trials=budgets[p.task.key]) for p in plan.expand(loaded)
+               if p.task.key in budgets]
+    return planned, settings
+
+
+def write_run_info(run_dir: Path, planned: Iterable[PlannedTask], settings: Any,
+                   pools: dict[str, Any], summary: dict[str, Any]) -> None:
+    """run.json: the tasks, spaces, settings, each pool's worker info and the summary (atomically)."""
+    planned = list(planned)
+    _write_json(Path(run_dir) / RUN_INFO, {
+        "run_id": Path(run_dir).name, "updated": now(), "tasks": [p.task.key for p in planned],
+        "spaces": sorted({p.space.path for p in planned}), "settings": _settings_json(settings),
+        "pools": pools, "summary": summary})
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)

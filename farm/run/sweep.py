@@ -1,0 +1,295 @@
+"""One sweep path: `run_sweep` measures planned tasks on Ray workers, picks winners, writes the bundle.
+
+Asynchronous ask/tell: whenever a worker has room (`depth` trials in flight), the next task of
+its pool (round robin) asks its searcher (`farm.search.searcher`) for a config; the searcher
+answers invalid, pruned and cached configs itself. Faults are data: a worker that stops making
+progress is killed and replaced (its trial `timeout`), a trial whose worker died is re-queued up
+to `max_attempts` runs and then recorded `worker_lost` (its config quarantined), and a trial on
+a node that left the cluster is re-queued elsewhere without penalty. Every finished trial is
+appended to `trials.jsonl` (`farm.run.runlog`) before its searcher tells Optuna, so a killed
+driver resumes (`resume=True`) without measuring anything twice.
+
+Used by `farm sweep`, `farm retune` (its probe and its sweeps), the benchmarks and the tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from farm.bundle import artifacts, select
+from farm.bundle.records import TrialRecord
+from farm.measure import capacity, outcomes
+from farm.measure.device import MeasureSettings
+from farm.measure.outcomes import Measurement
+from farm.run import placement, runlog
+from farm.run.pool import Crashed, Done, Flight, WorkerPool, connect
+from farm.search import studies
+from farm.search.plan import PlannedTask
+from farm.search.searcher import Answer, Searcher
+
+BUNDLE_DIR = "bundle"
+OnRecord = Callable[[TrialRecord], None]
+
+
+@dataclasses.dataclass
+class SweepSettings:
+    """How a sweep runs (what it tunes comes from the planned tasks)."""
+
+    run_dir: Path
+    interpret: bool = False            # run kernels in interpret mode (accelerator targets emulated)
+    emulate: str | None = None         # capacity profile for interpret runs (v5e, v6e, v7, h200, ...)
+    workers: int | None = None         # workers per pool; default one per chip, GPU or CPU
+    depth: int | None = None           # trials in flight per worker; default 2 on accelerators, 1 on CPU
+    node_labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    sampler: str | None = None         # override the spaces' samplers
+    seed: int | None = None            # override the spaces' sampler seeds
+    repetitions: int = 10
+    input_sets: int = 1                # rotating input sets for timing (beat the cache)
+    compile_timeout_s: float = 600.0
+    timing_timeout_s: float = 300.0    # validation and timing of one config
+    max_attempts: int = 2              # a trial whose worker died is re-queued up to this many runs
+    static_pruning: bool = True        # False: compile even what the footprint model says cannot fit
+    address: str | None = None         # Ray address; None starts an embedded local Ray
+    time_budget_s: float | None = None  # once workers are up, stop asking for trials after this long
+    # task key -> configs queued first, in order, in a new study (farm retune: previous winners)
+    warm_start: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+
+    def measure(self) -> MeasureSettings:
+        """What every worker needs to know to measure a config."""
+        return MeasureSettings(self.repetitions, self.input_sets, self.compile_timeout_s)
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a sweep measured, chose and wrote."""
+
+    run_dir: Path
+    run_id: str
+    records: list[TrialRecord]                   # every trial, resumed ones included
+    rows: list[dict[str, Any]]                   # one configs.parquet row per task (the winner)
+    bundle: Path | None                          # None when no signing key was given
+    summary: dict[str, Any]                      # wall time, trials/s, duty cycle, placement, ...
+    environment: dict[str, dict[str, Any]]       # task key -> the Worker.info() of its pool
+
+
+def run_sweep(planned: Sequence[PlannedTask], settings: SweepSettings, key: Ed25519PrivateKey | None, *,
+              resume: bool = False, on_record: OnRecord | None = None) -> RunResult:
+    """Run (or resume) the sweep, select each task's winner and, given a key, write the signed bundle.
+
+    A new run saves its spaces and settings in the run folder first (`farm.run.runlog.save_run`).
+    """
+    run_dir = Path(settings.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        runlog.save_run(run_dir, planned, settings)
+    sweep = _Sweep(list(planned), settings, on_record or (lambda record: None))
+    records = sweep.run(resume)
+    environment = {k: sweep.pool_info.get(pool, {}) for k, pool in sweep.task_pool.items()}
+    rows = select.winner_rows([p.task for p in planned], records, run_id=sweep.run_id, created=artifacts.now(),
+                              environment=environment)
+    bundle = None
+    if key is not None:
+        bundle = artifacts.write_bundle(run_dir / BUNDLE_DIR, rows, records, key, {"run_ids": [sweep.run_id]})
+    return RunResult(run_dir, sweep.run_id, records, rows, bundle, sweep.summary, environment)
+
+
+class _Sweep:
+    """The loop: searchers propose, the pool measures, the log records, the searchers are told."""
+
+    def __init__(self, planned: list[PlannedTask], settings: SweepSettings, on_record: OnRecord) -> None:
+        self.planned = planned
+        self.settings = settings
+        self.on_record = on_record
+        self.run_dir = Path(settings.run_dir)
+        self.run_id = self.run_dir.name
+        self.records: list[TrialRecord] = []
+        self.pool_info: dict[str, dict[str, Any]] = {}   # pool -> a worker's info()
+        self.task_pool: dict[str, str] = {}              # task key -> pool
+        self.summary: dict[str, Any] = {}
+        self.searchers: dict[str, Searcher] = {}
+        self.deaths: Counter = Counter()                 # (task key, config) -> workers killed under it
+        self.stopped_early = False
+        self.placed: list[str] = []                      # node of each worker started first
+        self._t0 = time.monotonic()
+        self._log: runlog.RunLog | None = None
+
+    # -- records ---------------------------------------------------------------------------------
+    def _keep(self, record: TrialRecord) -> TrialRecord:
+        assert self._log is not None
+        self._log.append(record)          # logged before anyone is told
+        self.records.append(record)
+        self.on_record(record)
+        return record
+
+    def _stamp(self) -> dict[str, Any]:
+        return {"finished": artifacts.now(), "elapsed_s": time.monotonic() - self._t0, "run_id": self.run_id}
+
+    def _answered(self, planned: PlannedTask, answer: Answer) -> TrialRecord:
+        """The record of a trial a searcher answered itself (invalid, pruned, cached)."""
+        fields: dict[str, Any] = {"error": answer.error, "footprint_bytes": answer.footprint_bytes,
+                                  "capacity_bytes": answer.capacity_bytes}
+        if answer.source is not None:
+            source: TrialRecord = answer.source
+            fields.update(median_s=source.median_s, spread=source.spread, min_s=source.min_s,
+                          numerics_error=source.numerics_error)
+        return self._keep(TrialRecord.for_task(planned.task, answer.trial, answer.config, answer.outcome,
+                                               **fields, **self._stamp()))
+
+    def _finish(self, flight: Flight, measurement: Measurement, device_s: float | None = None) -> None:
+        searcher = self.searchers[flight.task.key]
+        p = flight.proposal
+        record = TrialRecord.measured(flight.task, p.trial, p.key, measurement, device_s=device_s,
+                                      attempt=flight.attempt, requeued=flight.requeued, started=flight.started_at,
+                                      footprint_bytes=p.footprint_bytes,
+                                      capacity_bytes=searcher.capacity.onchip_bytes, **self._stamp())
+        searcher.tell(self._keep(record))
+
+    # -- faults ----------------------------------------------------------------------------------
+    def _requeue(self, flight: Flight, *, penalize: bool, reason: str) -> None:
+        """Run a trial again elsewhere, or record it `worker_lost` once its attempts are spent."""
+        if penalize:
+            key = (flight.task.key, flight.proposal.key)
+            self.deaths[key] += 1
+            if flight.attempt >= self.settings.max_attempts:
+                flight.requeued += 1
+                self._finish(flight, Measurement(outcomes.WORKER_LOST, error=f"{reason}; quarantined after killing "
+                                                                             f"{self.deaths[key]} workers"))
+                return
+            flight.attempt += 1
+        self.pool.requeue(flight)
+
+    def _handle(self, event: Done | Crashed) -> None:
+        if isinstance(event, Crashed):
+            reason = "its worker died" if event.node_alive else "its node left the cluster"
+            for victim in event.lost:
+                # Only the trial that was on the device is blamed for a crash; node loss blames nobody.
+                self._requeue(victim, penalize=event.node_alive and victim is event.lost[0],
+                              reason=f"{reason}: {event.error}")
+            return
+        self._finish(event.flight, event.measured.measurement, event.measured.device_s)
+        if event.measured.restart:
+            for victim in self.pool.restart(event.worker):
+                self._requeue(victim, penalize=False, reason="worker restarted")
+
+    def _reap_hung(self) -> None:
+        limit = self.settings.compile_timeout_s + self.settings.timing_timeout_s
+        for flights in self.pool.hung(limit):
+            self._finish(flights[0], Measurement(outcomes.TIMEOUT, error=f"no progress for {limit:.0f} s (compile "
+                                                                         f"+ timing limits); worker killed and "
+                                                                         f"replaced"))
+            for victim in flights[1:]:
+                self._requeue(victim, penalize=False, reason="worker killed for a hung trial")
+
+    # -- the loop --------------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Start the workers, learn each pool's capacity per target, open the searchers."""
+        s = self.settings
+        nodes = ray.nodes()
+        for pool in sorted(set(self.task_pool.values())):
+            self.pool.start(pool, nodes, s.node_labels, s.workers)
+        self.placed = [w.slot.node_id for w in self.pool.workers]
+        capacities: dict[tuple[str, str], capacity.Capacity] = {}
+        for pool, target in sorted({(self.task_pool[p.task.key], p.task.target) for p in self.planned}):
+            info = self.pool.info(pool, target)
+            self.pool_info.setdefault(pool, info)
+            capacities[pool, target] = capacity.Capacity(**info["capacity"])
+        store = studies.storage(self.run_dir)
+        for p in self.planned:
+            self.searchers[p.task.key] = Searcher.open(
+                p, store, sampler=s.sampler, seed=s.seed, warm_start=s.warm_start.get(p.task.key, ()),
+                capacity=capacities[self.task_pool[p.task.key], p.task.target], static_pruning=s.static_pruning,
+                on_answer=functools.partial(self._answered, p))
+
+    def _resume(self) -> None:
+        """Replay the log: every logged record counts, and each searcher settles its study."""
+        by_task: dict[str, list[TrialRecord]] = {}
+        for record in runlog.replay(self.run_dir):
+            if record.task_key in self.searchers:
+                self.records.append(record)
+                self.on_record(record)
+                by_task.setdefault(record.task_key, []).append(record)
+        for key, searcher in self.searchers.items():
+            searcher.replay(by_task.get(key, []))
+
+    def run(self, resume: bool) -> list[TrialRecord]:
+        """Measure every task's trial budget; returns all trial records."""
+        s = self.settings
+        connect(s.address)
+        started = self._t0 = time.monotonic()
+        cluster = ray.cluster_resources()
+        self.task_pool = {p.task.key: placement.pool_for(p.task.target, cluster, s.interpret) for p in self.planned}
+        self.pool = WorkerPool(self.task_pool, interpret=s.interpret, emulate=s.emulate, depth=s.depth,
+                               measure=s.measure())
+        try:
+            self._start()
+            runlog.write_run_info(self.run_dir, self.planned, s, self.pool_info, self.summary)
+            with runlog.RunLog(self.run_dir) as self._log:
+                if resume:
+                    self._resume()
+                self._loop()
+            self.summary = self._summarize(time.monotonic() - started)
+        finally:
+            self.pool.shutdown()
+        runlog.write_run_info(self.run_dir, self.planned, s, self.pool_info, self.summary)
+        return self.records
+
+    def _loop(self) -> None:
+        """Dispatch and collect until no task wants trials and nothing is in flight."""
+        measuring_since = time.monotonic()   # the time budget starts once the workers are up
+        queues = {pool: deque(searcher for k, searcher in self.searchers.items() if self.task_pool[k] == pool)
+                  for pool in self.pool_info}
+        budget = self.settings.time_budget_s
+        while True:
+            if budget is not None and time.monotonic() - measuring_since > budget:
+                self._stop_asking()
+            self._dispatch(queues)
+            if not self.pool.busy:
+                if any(self.pool.retry.values()) and not self.pool.workers:
+                    raise RuntimeError("every worker is gone; the cluster has no slots left")
+                return
+            for event in self.pool.wait(timeout=1.0):
+                self._handle(event)
+            self._reap_hung()
+
+    def _summarize(self, wall: float) -> dict[str, Any]:
+        measured = sum(1 for r in self.records if r.outcome in outcomes.MEASURED)
+        return {"wall_s": wall, "measured_trials": measured, "trials_per_s": measured / wall if wall else 0,
+                "workers": len(self.pool.workers), "duty_cycle": self.pool.duty(),
+                "stopped_by_time_budget": self.stopped_early,
+                "placement": {"initial": self.placed, "final": [w.slot.node_id for w in self.pool.workers]}}
+
+    def _stop_asking(self) -> None:
+        """The time budget is spent: no task asks for another trial (retries and trials in flight finish)."""
+        for searcher in self.searchers.values():
+            if searcher.wants_trials:
+                searcher.stop()
+                self.stopped_early = True
+
+    def _dispatch(self, queues: dict[str, deque[Searcher]]) -> None:
+        for worker in list(self.pool.workers):
+            pool = worker.slot.pool
+            while self.pool.has_room(worker):
+                flight = self.pool.next_retry(pool) or self._next_flight(queues[pool])
+                if flight is None:
+                    break
+                flight.started_at = flight.started_at or artifacts.now()
+                self.pool.submit(worker, flight)
+
+    def _next_flight(self, queue: deque[Searcher]) -> Flight | None:
+        """The next proposal of the pool's tasks, round robin."""
+        for _ in range(len(queue)):
+            searcher = queue[0]
+            queue.rotate(-1)
+            if searcher.wants_trials:
+                proposal = searcher.ask()
+                if proposal is not None:
+                    return Flight(searcher.planned.task, proposal)
+        return None

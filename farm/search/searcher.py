@@ -1,0 +1,280 @@
+"""One task's searcher: asks Optuna for configs and proposes only those that need measuring.
+
+`ask()` draws from the task's study until a config needs measuring. On the way it answers the
+draws that need no device: a config that breaks a constraint is `invalid`, one whose footprint
+exceeds the target's memory or that is at least as large as a known `oom` config is `pruned`
+(`farm.search.pruning`), one the task already measured is `cached`, and one already in flight
+waits for that measurement and is then answered from it. `tell(result)` hands back a measured
+result. The searcher owns the study, the cache of measured configs, the dominance pruning and
+the budget (measured + cached trials; invalid and pruned draws are capped separately).
+
+It knows nothing of Ray or of how results are logged: every answer goes through `on_answer`,
+which returns the result to keep (the run layer logs a `TrialRecord` there, before Optuna is
+told). Failures are told to Optuna as PRUNED, so TPE counts them as regions to avoid.
+
+    >>> import optuna
+    >>> from farm.search import plan, spaces
+    >>> planned = plan.expand([spaces.load_space("search_spaces/softmax.yaml")], ["interpret"], 4)[0]
+    >>> searcher = Searcher.open(planned, optuna.storages.InMemoryStorage())
+    >>> first = searcher.ask()                 # the kernel's default config comes first
+    >>> first.config
+    {'block_rows': 8, 'strategy': 'one_pass', 'block_cols': 128}
+    >>> searcher.tell(Answer(first.trial, first.key, "ok", median_s=1e-4))   # what a worker measured
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+import kernels
+from farm.measure import capacity as capacity_
+from farm.measure import outcomes
+from farm.search import pruning, studies
+from farm.search.plan import PlannedTask
+from farm.tasks import config_json
+
+# How many invalid or pruned configs a task may draw per trial of budget before it stops.
+SKIPPED_DRAWS_PER_TRIAL = 50
+# After this many constraint-breaking draws in a row, a random valid config is queued instead.
+INVALID_STREAK = 4
+VALID_DRAWS = 5000
+
+
+class Result(Protocol):
+    """What the searcher reads of a finished trial (`farm.bundle.records.TrialRecord` is one)."""
+
+    @property
+    def trial(self) -> int:
+        """The Optuna trial number."""
+
+    @property
+    def config(self) -> str:
+        """The config's canonical JSON."""
+
+    @property
+    def outcome(self) -> str:
+        """One of `farm.measure.outcomes.ALL`."""
+
+    @property
+    def median_s(self) -> float | None:
+        """The measured time, if any."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    """A config that needs measuring: its Optuna trial number, the config and its canonical JSON."""
+
+    trial: int
+    config: dict[str, Any]
+    key: str
+    footprint_bytes: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """A trial the searcher answered without a worker: `invalid`, `pruned` or `cached` (or the
+    failure of the measurement it repeats); `source` is the result a cached answer repeats."""
+
+    trial: int
+    config: str
+    outcome: str
+    error: str | None = None
+    footprint_bytes: int | None = None
+    capacity_bytes: int | None = None
+    source: Result | None = None
+    median_s: float | None = None
+
+
+class Searcher:
+    """Proposes one task's configs (Optuna ask/tell), answering what needs no measurement."""
+
+    def __init__(self, planned: PlannedTask, study: optuna.Study, module: Any, *,
+                 capacity: capacity_.Capacity = capacity_.NONE, static_pruning: bool = True,
+                 on_answer: Callable[[Answer], Result] | None = None) -> None:
+        self.planned = planned
+        self.study = study
+        self.module = module
+        self.capacity = capacity
+        self.static_pruning = static_pruning
+        self.on_answer: Callable[[Answer], Result] = on_answer or (lambda answer: answer)
+        self.params = planned.space.params_for(planned.task.target)
+        self.dominance = pruning.Dominance(module)
+        self.measured: dict[str, Result] = {}        # config json -> its measured result
+        self.asked = 0                                # trials counted against the budget
+        self.skipped = 0                              # invalid and pruned draws
+        self.exhausted = False
+        self._invalid_streak = 0
+        self._running: dict[int, optuna.Trial] = {}   # proposals not yet told
+        self._waiting: dict[str, list[optuna.Trial]] = {}   # config json -> duplicates of a proposal in flight
+
+    @classmethod
+    def open(cls, planned: PlannedTask, storage: optuna.storages.BaseStorage, *, sampler: str | None = None,
+             seed: int | None = None, warm_start: Sequence[dict[str, Any]] = (), **options: Any) -> Searcher:
+        """The task's searcher over its study in `storage` (created, or loaded when it exists).
+
+        A new study measures `warm_start` first, in order, then the kernel's default config.
+        `options` go to the constructor (capacity, static_pruning, on_answer).
+        """
+        study = studies.open_study(planned, storage, studies.make_sampler(planned, sampler, seed))
+        module = kernels.load(planned.task.kernel)
+        searcher = cls(planned, study, module, **options)
+        default = module.default_config(planned.task.shape, planned.task.target)
+        if not studies.enqueue_warm_start(study, searcher.params, list(warm_start), default):
+            studies.enqueue_default(study, searcher.params, default)
+        return searcher
+
+    @property
+    def key(self) -> str:
+        """The task key (also the study name)."""
+        return self.planned.task.key
+
+    @property
+    def wants_trials(self) -> bool:
+        """Whether the budget has room for another trial."""
+        return not self.exhausted and self.asked < self.planned.trials
+
+    def stop(self) -> None:
+        """Ask for nothing more (the time budget is spent); proposals in flight may still be told."""
+        self.exhausted = True
+
+    # -- asking ----------------------------------------------------------------------------------
+    def ask(self) -> Proposal | None:
+        """The next config that needs measuring, or None when the budget is spent (or what is left of
+        it waits for configs already in flight)."""
+        task, space = self.planned.task, self.planned.space
+        while self.wants_trials:
+            trial = self.study.ask()
+            config = studies.suggest(trial, self.params)
+            key = config_json(config)
+            broken = space.violated(config, task.shape, task.dtype, task.target)
+            if broken is not None:
+                self._skip(trial, key, outcomes.INVALID, f"breaks constraint: {broken}")
+                self._invalid_streak += 1
+                if self._invalid_streak >= INVALID_STREAK:
+                    self._enqueue_valid()
+                continue
+            self._invalid_streak = 0
+            if key in self.measured:
+                self.asked += 1
+                self._answer_cached(trial, key, self.measured[key])
+                continue
+            footprint, verdict = pruning.static_verdict(self.module, config, task.shape, task.dtype, task.target,
+                                                        self.capacity)
+            if verdict is not None and self.static_pruning:
+                self._skip(trial, key, outcomes.PRUNED, verdict.reason, footprint_bytes=verdict.footprint_bytes,
+                           capacity_bytes=verdict.capacity_bytes)
+                continue
+            dominating = self.dominance.dominating(config)
+            if dominating is not None:
+                self._skip(trial, key, outcomes.PRUNED,
+                           f"at least as large as trial {dominating}, which ran out of memory",
+                           footprint_bytes=footprint, capacity_bytes=self.capacity.onchip_bytes)
+                continue
+            self.asked += 1
+            if key in self._waiting:
+                self._waiting[key].append(trial)
+                continue
+            self._waiting[key] = []
+            self._running[trial.number] = trial
+            return Proposal(trial.number, config, key, footprint)
+        return None
+
+    def _skip(self, trial: optuna.Trial, key: str, outcome: str, error: str, **extra: Any) -> None:
+        self.skipped += 1
+        self._tell(trial, self.on_answer(Answer(trial.number, key, outcome, error, **extra)))
+        if self.skipped >= SKIPPED_DRAWS_PER_TRIAL * self.planned.trials:
+            self.exhausted = True
+
+    def _answer_cached(self, trial: optuna.Trial, key: str, source: Result) -> None:
+        outcome = outcomes.CACHED if source.outcome == outcomes.OK else source.outcome
+        error = getattr(source, "error", None)
+        text = f"cached from trial {source.trial}" + (f": {error}" if error else "")
+        self._tell(trial, self.on_answer(Answer(trial.number, key, outcome, text, source=source,
+                                                median_s=source.median_s)))
+
+    def _enqueue_valid(self) -> None:
+        """After a run of constraint-breaking draws, queue a random config that satisfies them.
+
+        The sampler still hears about every invalid draw (told PRUNED), but a space whose
+        constraints reject most of its product no longer stalls the sweep.
+        """
+        space, task = self.planned.space, self.planned.task
+        rng = random.Random(f"{task.key}/{self.skipped}")
+        for _ in range(VALID_DRAWS):
+            config = {p.name: rng.choice(p.choices) for p in self.params}
+            if space.violated(config, task.shape, task.dtype, task.target) is None \
+                    and config_json(config) not in self.measured:
+                self.study.enqueue_trial(studies.to_optuna(config, self.params))
+                self._invalid_streak = 0
+                return
+
+    # -- telling ---------------------------------------------------------------------------------
+    def tell(self, result: Result) -> None:
+        """The measured result of a proposal; duplicates that waited for it are answered from it."""
+        trial = self._running.pop(result.trial)
+        self._tell(trial, result)
+        self._remember(result)
+        for waiting in self._waiting.pop(result.config, []):
+            self._answer_cached(waiting, result.config, result)
+
+    def _remember(self, result: Result) -> None:
+        self.measured[result.config] = result
+        if result.outcome == outcomes.OOM:
+            self.dominance.add(result.trial, json.loads(result.config))
+
+    def _tell(self, trial: optuna.Trial | int, result: Result) -> None:
+        if isinstance(trial, optuna.Trial):
+            trial.set_user_attr("outcome", result.outcome)
+        if result.median_s is not None and result.outcome in (outcomes.OK, outcomes.CACHED):
+            self.study.tell(trial, result.median_s)
+        else:
+            # Failures are told PRUNED (not FAIL) so that TPE counts them as regions to avoid.
+            self.study.tell(trial, state=TrialState.PRUNED)
+
+    # -- resuming --------------------------------------------------------------------------------
+    def replay(self, results: Iterable[Result]) -> None:
+        """Resume from the task's logged results: rebuild the budget and the cache, then settle the
+        trials a killed driver left RUNNING in the study.
+
+        A running trial that was logged is told its logged result. One that was not is failed
+        (`study.tell(number, state=FAIL)`) and its parameters are queued again (`enqueue_trial`),
+        so the config is proposed again through `ask()` and nothing logged is measured twice.
+        Knobs the killed driver had not drawn yet are drawn now by the study's sampler, for that
+        trial (`sample_independent`: a grid sampler gives its grid point). Public Optuna API only.
+        """
+        logged: dict[int, Result] = {}
+        for result in results:
+            logged[result.trial] = result
+            if result.outcome in outcomes.SKIPPED:
+                self.skipped += 1
+                continue
+            self.asked += 1
+            if result.outcome in outcomes.MEASURED:
+                self._remember(result)
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if frozen.number in logged:
+                self._tell(frozen.number, logged[frozen.number])
+                continue
+            params = self._drawn(frozen)
+            self.study.tell(frozen.number, state=TrialState.FAIL)
+            if params is not None:
+                self.study.enqueue_trial(params)
+
+    def _drawn(self, frozen: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
+        """A running trial's parameters, the missing ones drawn by the sampler (None if it cannot)."""
+        params = dict(frozen.params)
+        for p in self.params:
+            name = studies.optuna_name(p)
+            if name not in params:
+                try:
+                    params[name] = self.study.sampler.sample_independent(self.study, frozen, name,
+                                                                         studies.distribution(p))
+                except ValueError:   # e.g. a grid trial killed before its grid point was assigned
+                    return None
+        return params

@@ -1,0 +1,54 @@
+"""TrialRecord is the trials.parquet schema; trials.jsonl and Parquet are its only dict edges."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pyarrow as pa
+
+from farm.bundle import artifacts, signing
+from farm.bundle.records import SCHEMA, TrialRecord
+from farm.measure import outcomes
+from farm.measure.outcomes import Measurement
+from farm.run import runlog
+from farm.tasks import TuningTask
+
+TASK = TuningTask("softmax", (64, 256), "float32", "interpret")
+
+
+def test_the_parquet_schema_is_the_records_fields():
+    assert artifacts.TRIAL_COLUMNS is SCHEMA
+    assert SCHEMA.names == [f.name for f in dataclasses.fields(TrialRecord)]
+    assert SCHEMA.field("shape").type == pa.list_(pa.int64())
+    assert SCHEMA.field("median_s").type == pa.float64() and SCHEMA.field("trial").type == pa.int64()
+    assert all(SCHEMA.field(name).nullable for name in SCHEMA.names)
+
+
+def test_every_measurement_field_is_a_record_field():
+    names = {f.name for f in dataclasses.fields(TrialRecord)}
+    assert {f.name for f in dataclasses.fields(Measurement)} <= names
+
+
+def test_records_round_trip_through_the_log_and_the_bundle(tmp_path, signing_key):
+    measured = TrialRecord.measured(TASK, 3, '{"block_rows":8}', Measurement(outcomes.OK, median_s=1e-4, n_timed=5),
+                                    device_s=0.5, attempt=2, run_id="r")
+    pruned = TrialRecord.for_task(TASK, 4, '{"block_rows":512}', outcomes.PRUNED, error="too big",
+                                  footprint_bytes=10, capacity_bytes=5)
+    with runlog.RunLog(tmp_path) as log:
+        log.append(measured)
+        log.append(pruned)
+    with (tmp_path / runlog.TRIALS_LOG).open("a") as f:
+        f.write('{"task_key": "torn')   # a driver killed mid-line
+    assert runlog.replay(tmp_path) == [measured, pruned]
+    bundle = artifacts.write_bundle(tmp_path / "bundle", [], [measured, pruned],
+                                    signing.load_private_key(signing_key[0]))
+    rows = artifacts.read_trials(bundle).to_pylist()
+    assert [TrialRecord.from_dict(r) for r in rows] == [measured, pruned]
+
+
+def test_older_log_lines_still_read():
+    line = {"task_key": TASK.key, "kernel": "softmax", "shape": [64, 256], "dtype": "float32", "target": "interpret",
+            "trial": 0, "config": "{}", "outcome": "invalid", "error": "breaks constraint", "attempt": 1,
+            "finished": "2026-01-01T00:00:00+00:00", "elapsed_s": 0.1, "run_id": "old", "unknown_field": 1}
+    record = TrialRecord.from_dict(json.loads(json.dumps(line)))
+    assert record.shape == (64, 256) and record.requeued == 0 and record.median_s is None

@@ -1,0 +1,219 @@
+"""The per-task searcher with the real Optuna (in-memory and journal storage), without Ray."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import optuna
+import pytest
+
+from farm.measure import outcomes
+from farm.search import studies
+from farm.search.plan import PlannedTask, expand
+from farm.search.searcher import Answer, Proposal, Searcher
+from farm.search.spaces import Param, load_space, parse_space
+
+
+def _planned(params: dict[str, Any], *, trials: int, constraints: list[str] | None = None,
+             sampler: str = "tpe", kernel: str = "matmul", shape: list[int] | None = None) -> PlannedTask:
+    space = parse_space({"kernel": kernel, "dtypes": ["float32"], "shapes": [shape or [64, 64, 64]],
+                         "targets": ["interpret"], "params": params, "constraints": constraints or [],
+                         "sampler": sampler, "trials": trials}, "inline.yaml")
+    return expand([space])[0]
+
+
+def _searcher(planned: PlannedTask, storage: Any = None, **options: Any) -> tuple[Searcher, list[Any]]:
+    answered: list[Any] = []
+
+    def on_answer(answer: Answer) -> Answer:
+        answered.append(answer)
+        return answer
+
+    storage = storage or optuna.storages.InMemoryStorage()
+    return Searcher.open(planned, storage, on_answer=on_answer, **options), answered
+
+
+def _ok(p: Proposal, median: float = 1e-3) -> Answer:
+    return Answer(p.trial, p.key, outcomes.OK, median_s=median)
+
+
+MATMUL = {"block_m": {"pow2": [8, 64]}, "block_n": {"pow2": [8, 64]}, "block_k": {"pow2": [8, 64]},
+          "group_m": {"values": [1]}}
+
+
+def test_the_default_config_comes_first_then_only_valid_unmeasured_configs():
+    planned = _planned(MATMUL, trials=12, constraints=["block_m * block_n <= 32 * 64"])
+    searcher, answered = _searcher(planned)
+    proposals = []
+    while (p := searcher.ask()) is not None:
+        proposals.append(p)
+        searcher.tell(_ok(p))
+    # The default (trial 0) breaks this constraint: it is answered invalid, never proposed.
+    assert (answered[0].trial, answered[0].outcome) == (0, outcomes.INVALID)
+    assert json.loads(answered[0].config) == {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1}
+    assert all(p.config["block_m"] * p.config["block_n"] <= 32 * 64 for p in proposals)
+    assert len({p.key for p in proposals}) == len(proposals)               # nothing proposed twice
+    invalid = [a for a in answered if a.outcome == outcomes.INVALID]
+    assert all(json.loads(a.config)["block_m"] * json.loads(a.config)["block_n"] > 32 * 64 for a in invalid)
+    counted = len(proposals) + sum(a.outcome == outcomes.CACHED for a in answered)
+    assert counted == searcher.asked == 12 and not searcher.wants_trials   # the budget ends asking
+    states = Counter(t.state for t in searcher.study.trials)
+    assert states[optuna.trial.TrialState.PRUNED] == len(invalid)
+    assert not states[optuna.trial.TrialState.RUNNING]
+
+
+def test_default_config_is_trial_zero():
+    searcher, _ = _searcher(_planned(MATMUL, trials=3))
+    first = searcher.ask()
+    assert first.trial == 0 and first.config == {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1}
+
+
+def test_repeats_are_answered_from_the_cache():
+    searcher, answered = _searcher(_planned({"block_m": {"values": [32, 64]}, "block_n": {"values": [64]},
+                                             "block_k": {"values": [32]}, "group_m": {"values": [1]}}, trials=6,
+                                            sampler="random"))
+    proposals = []
+    while (p := searcher.ask()) is not None:
+        proposals.append(p)
+        searcher.tell(_ok(p, median=p.config["block_m"] * 1e-5))
+    assert sorted(p.config["block_m"] for p in proposals) == [32, 64]
+    cached = [a for a in answered if a.outcome == outcomes.CACHED]
+    assert len(cached) == 4 and all(a.error.startswith("cached from trial") for a in cached)
+    assert all(a.median_s == json.loads(a.config)["block_m"] * 1e-5 for a in cached)
+    complete = [t for t in searcher.study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 6
+
+
+def test_a_duplicate_of_a_config_in_flight_waits_for_its_measurement():
+    searcher, answered = _searcher(_planned({"block_m": {"values": [64]}, "block_n": {"values": [64]},
+                                             "block_k": {"values": [32]}, "group_m": {"values": [1]}}, trials=3))
+    first = searcher.ask()
+    assert searcher.ask() is None and searcher.asked == 3        # the two repeats wait for the first
+    assert not answered
+    searcher.tell(Answer(first.trial, first.key, outcomes.COMPILE_ERROR, error="boom"))
+    assert [a.outcome for a in answered] == [outcomes.COMPILE_ERROR] * 2   # a failure is repeated, not cached
+    assert all("cached from trial 0: boom" == a.error for a in answered)
+
+
+def test_an_oom_prunes_every_config_at_least_as_large():
+    searcher, answered = _searcher(_planned({"block_rows": {"values": [16, 8, 32, 64]}, "fault": {"values": ["oom"]}},
+                                            trials=4, sampler="grid", kernel="tests.fixtures.faulty_softmax",
+                                            shape=[64, 128]))
+    measured = {}
+    while (p := searcher.ask()) is not None:
+        outcome = outcomes.OOM if p.config["block_rows"] >= 16 else outcomes.OK
+        measured[p.config["block_rows"]] = outcome
+        searcher.tell(Answer(p.trial, p.key, outcome, median_s=1e-4 if outcome == outcomes.OK else None))
+    pruned = sorted(json.loads(a.config)["block_rows"] for a in answered if a.outcome == outcomes.PRUNED)
+    assert measured[8] == outcomes.OK and pruned and sorted(pruned + [r for r in measured if r != 8]) == [16, 32, 64]
+    ooms = [r for r, o in measured.items() if o == outcomes.OOM]
+    assert all(r >= min(ooms) for r in pruned)
+    assert all("ran out of memory" in a.error for a in answered if a.outcome == outcomes.PRUNED)
+
+
+def test_static_pruning_never_proposes_what_cannot_fit():
+    from farm.measure import capacity
+
+    planned = _planned(MATMUL, trials=20, sampler="grid")
+    tiny = capacity.Capacity(onchip_bytes=3 * 32 * 32 * 4, hbm_bytes=None, memory="vmem", source="test")
+    searcher, answered = _searcher(planned, capacity=tiny)
+    while (p := searcher.ask()) is not None:
+        assert p.footprint_bytes is not None and p.footprint_bytes <= tiny.onchip_bytes
+        searcher.tell(_ok(p))
+    pruned = [a for a in answered if a.outcome == outcomes.PRUNED]
+    assert pruned and all(a.footprint_bytes > a.capacity_bytes == tiny.onchip_bytes for a in pruned)
+
+
+def test_powers_of_two_are_ordered_integers_for_the_sampler():
+    planned = _planned(MATMUL, trials=2)
+    searcher, _ = _searcher(planned)
+    p = searcher.ask()
+    frozen = searcher.study.trials[p.trial]
+    assert frozen.params == {"log2_block_m": 6, "log2_block_n": 6, "log2_block_k": 5, "group_m": 1}
+    assert isinstance(frozen.distributions["log2_block_m"], optuna.distributions.IntDistribution)
+    assert (frozen.distributions["log2_block_m"].low, frozen.distributions["log2_block_m"].high) == (3, 6)
+    assert p.config == {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1}   # real values
+    grid = studies.make_sampler(_planned(MATMUL, trials=2, sampler="grid"))
+    assert grid._search_space["log2_block_m"] == [3, 4, 5, 6]   # noqa: SLF001 - the grid Optuna builds
+
+
+def test_warm_start_is_queued_first_in_order():
+    params = (Param("v", (1, 2, 3, 4), "values"),)
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
+    assert studies.enqueue_warm_start(study, params, [{"v": 3}, {"v": 9}, {"v": 1}, {"v": 3}], {"v": 2})
+    asked = [study.ask() for _ in range(3)]
+    assert [(t.number, studies.suggest(t, params)) for t in asked] == [(0, {"v": 3}), (1, {"v": 1}), (2, {"v": 2})]
+    assert not studies.enqueue_warm_start(study, params, [{"v": 4}], {"v": 2})  # not in a study that has trials
+
+
+def test_a_searcher_warm_starts_in_order_then_the_default():
+    warm = [{"block_m": 16, "block_n": 32, "block_k": 8, "group_m": 1},
+            {"block_m": 8, "block_n": 8, "block_k": 8, "group_m": 1}]
+    searcher, _ = _searcher(_planned(MATMUL, trials=5), warm_start=warm)
+    first = [searcher.ask() for _ in range(3)]
+    assert [p.config for p in first] == [*warm, {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1}]
+    assert [p.trial for p in first] == [0, 1, 2]
+
+
+def test_resume_from_the_log_measures_nothing_twice(tmp_path):
+    planned = _planned(MATMUL, trials=6, sampler="grid")
+    searcher, answered = _searcher(planned, studies.storage(tmp_path))
+    a, b, c = searcher.ask(), searcher.ask(), searcher.ask()
+    log = [_ok(a)]                       # a was logged and told; b was logged, the driver died before telling
+    searcher.tell(log[0])
+    log.append(_ok(b))
+    # c was in flight: not logged. A new driver opens the same journal and replays the log.
+    resumed, answered = _searcher(planned, studies.storage(tmp_path))
+    resumed.replay(log)
+    states = {t.number: t.state for t in resumed.study.trials}
+    assert states[b.trial] == optuna.trial.TrialState.COMPLETE and states[c.trial] == optuna.trial.TrialState.FAIL
+    assert resumed.asked == 2 and set(resumed.measured) == {a.key, b.key}
+    proposals = []
+    while (p := resumed.ask()) is not None:
+        proposals.append(p)
+        resumed.tell(_ok(p))
+    assert proposals[0].config == c.config              # the lost trial's config comes back first
+    assert not {p.key for p in proposals} & {a.key, b.key}
+    assert len({p.key for p in proposals}) == len(proposals) == 4
+    assert resumed.asked == 6 and not answered
+
+
+def test_pow2_spaces_load_as_in_the_repository():
+    planned = expand([load_space("search_spaces/softmax.yaml")], ["interpret"], 3)[0]
+    searcher, _ = _searcher(planned)
+    p = searcher.ask()
+    assert p.config == {"block_rows": 8, "strategy": "one_pass", "block_cols": 128}
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])
+def test_every_sampler_spends_the_budget(sampler):
+    searcher, answered = _searcher(_planned(MATMUL, trials=8, sampler=sampler))
+    count = 0
+    while (p := searcher.ask()) is not None:
+        count += 1
+        searcher.tell(_ok(p))
+    assert count + sum(a.outcome == outcomes.CACHED for a in answered) == 8
+
+
+@pytest.mark.parametrize("sampler", ["grid", "tpe"])
+def test_resume_completes_a_trial_killed_while_its_knobs_were_drawn(tmp_path, sampler):
+    planned = _planned({"block_m": {"pow2": [32, 64]}, "block_n": {"pow2": [32, 64]}, "block_k": {"values": [32]},
+                        "group_m": {"values": [1]}}, trials=4, sampler=sampler)
+    searcher, _ = _searcher(planned, studies.storage(tmp_path))
+    first = searcher.ask()
+    searcher.tell(_ok(first))
+    torn = searcher.study.ask()                       # the driver died after drawing one knob of four
+    drawn = torn.suggest_int("log2_block_m", 5, 6)
+    resumed, answered = _searcher(planned, studies.storage(tmp_path))
+    resumed.replay([_ok(first)])
+    assert resumed.study.trials[torn.number].state == optuna.trial.TrialState.FAIL
+    proposals = []
+    while (p := resumed.ask()) is not None:
+        proposals.append(p)
+        resumed.tell(_ok(p))
+    assert proposals[0].config["block_m"] == 1 << drawn
+    keys = [first.key, *(p.key for p in proposals)]
+    assert len(keys) == len(set(keys))
+    if sampler == "grid":   # the grid point of the torn trial is measured, so the whole grid is
+        assert len(keys) == 4 and not answered
