@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -196,3 +196,30 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
         out_shape=jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)), grid=(batch, heads, seq // bq),
         in_specs=[q_spec, kv_spec, kv_spec], out_specs=q_spec, name="flash_attention",
     )
+
+
+class Variant(NamedTuple):
+    """The entry points that differ between the causal and the non-causal kernel."""
+
+    reference: Callable[..., jax.Array]
+    flops: Callable[[tuple[int, ...]], int]
+    build: Callable[..., Callable[..., jax.Array]]
+
+
+def variant(causal: bool) -> Variant:
+    """`reference`, `flops` and `build` of the causal or the non-causal kernel module."""
+    kind = "causal" if causal else "non-causal"
+
+    def reference_(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return attention_reference(q, k, v, causal=causal)
+
+    def flops_(shape: tuple[int, ...]) -> int:
+        return attention_flops(shape, causal=causal)
+
+    def build_(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
+        return build(config, shape, dtype, platform, causal=causal)
+
+    reference_.__doc__ = f"{kind.capitalize()} attention in plain jax.numpy, computed in float32."
+    flops_.__doc__ = "2 b h s^2 d: half of the non-causal count." if causal else "4 b h s^2 d for Q K^T and P V."
+    build_.__doc__ = f"The Pallas {kind} attention for `config`: a function of (q, k, v)."
+    return Variant(reference_, flops_, build_)

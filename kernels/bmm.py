@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 
 from kernels import matmul_core
-from kernels.lowering import Platform
 
 NAME = "bmm"
 SHAPE_NAMES = ("batch", "m", "n", "k")
@@ -54,21 +53,4 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
     return batch * (m * k + k * n + m * n) * jnp.dtype(dtype).itemsize
 
 
-def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
-    """On-chip bytes of one program (VMEM on TPU, shared memory on GPU); see matmul_core."""
-    return matmul_core.footprint(_problem(shape), config, dtype, target)
-
-
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """Tiles that divide the matrices and fit every target's on-chip memory."""
-    return matmul_core.default_config(_problem(shape), target)
-
-
-def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
-    """None when `build` accepts the config, else why not."""
-    return matmul_core.check_config(_problem(shape), config, dtype, target)
-
-
-def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
-    """The Pallas batched matmul for `config` on `platform`: a function of (a, b)."""
-    return matmul_core.build(_problem(shape), config, dtype, platform)
+footprint, default_config, check_config, build = matmul_core.entry_points(_problem, "batched matmul")

@@ -40,7 +40,7 @@ sub-tiles of epi_n output columns, each loaded, transformed, cast and stored on 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -110,6 +110,38 @@ def build(problem: Problem, config: AnyConfig, dtype: Any, platform: Platform) -
 
         return matmul_mgpu.build(problem, typed, dtype, platform)
     return _generic_matmul(problem, typed, dtype, platform)
+
+
+class EntryPoints(NamedTuple):
+    """A matmul-family kernel module's config entry points, for a problem read off its shape."""
+
+    footprint: Callable[..., int]
+    default_config: Callable[..., dict[str, Any]]
+    check_config: Callable[..., str | None]
+    build: Callable[..., Callable[..., jax.Array]]
+
+
+def entry_points(problem_of: Callable[[tuple[int, ...]], Problem], what: str) -> EntryPoints:
+    """`footprint`, `default_config`, `check_config` and `build` of a kernel whose task shape maps
+    to a `Problem` by `problem_of` (`what` names the product in `build`'s docstring)."""
+
+    def footprint_(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+        """On-chip bytes of one program (VMEM on TPU, shared memory on GPU); see matmul_core."""
+        return footprint(problem_of(shape), config, dtype, target)
+
+    def default_config_(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+        """Tiles that divide the matrices and fit every target's on-chip memory."""
+        return default_config(problem_of(shape), target)
+
+    def check_config_(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
+        """None when `build` accepts the config, else why not."""
+        return check_config(problem_of(shape), config, dtype, target)
+
+    def build_(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
+        return build(problem_of(shape), config, dtype, platform)
+
+    build_.__doc__ = f"The Pallas {what} for `config` on `platform`: a function of (a, b)."
+    return EntryPoints(footprint_, default_config_, check_config_, build_)
 
 
 # ------------------------------------------------------------------ Triton and plain interpret

@@ -13,8 +13,16 @@ import jax.numpy as jnp
 
 from kernels import glu
 from kernels.glu import (  # noqa: F401 - protocol names shared by every gated unit
-    MEMORY_PARAMS, SHAPE_NAMES, TARGETS, bytes_moved, check_config, default_config, footprint,
-    make_inputs, shape_of)
+    MEMORY_PARAMS,
+    SHAPE_NAMES,
+    TARGETS,
+    bytes_moved,
+    check_config,
+    default_config,
+    footprint,
+    make_inputs,
+    shape_of,
+)
 from kernels.lowering import Platform
 
 NAME = "swiglu"

@@ -127,9 +127,28 @@ def test_failures_do_not_stop_the_sweep(ray_local, tmp_path, signing_key):
         sampler: grid
         trials: 3
     """)
-    assert Counter(t["outcome"] for t in trials) == {outcomes.OK: 2, outcomes.COMPILE_ERROR: 1}
+    # block_m = 48 does not divide m: the kernel's check_config refuses it, so it is never compiled.
+    counts = Counter(t["outcome"] for t in trials)
+    assert counts[outcomes.OK] == 2 and counts[outcomes.COMPILE_ERROR] == 0
+    refused = next(t for t in trials if t["outcome"] == outcomes.INVALID)
+    assert json.loads(refused["config"])["block_m"] == 48 and "must divide" in refused["error"]
+
+
+def test_a_compile_error_is_data_and_the_sweep_goes_on(ray_local, tmp_path, signing_key):
+    _, trials = run_sweep(tmp_path, signing_key, """\
+        kernel: tests.fixtures.faulty_softmax
+        dtypes: [float32]
+        shapes: [[16, 128]]
+        targets: [interpret]
+        params:
+          block_rows: {values: [8]}
+          fault: {values: [compile_error, none]}
+        sampler: grid
+        trials: 2
+    """)
+    assert Counter(t["outcome"] for t in trials) == {outcomes.OK: 1, outcomes.COMPILE_ERROR: 1}
     failed = next(t for t in trials if t["outcome"] == outcomes.COMPILE_ERROR)
-    assert json.loads(failed["config"])["block_m"] == 48 and "must divide" in failed["error"]
+    assert json.loads(failed["config"])["fault"] == "compile_error" and "compiler rejects it" in failed["error"]
 
 
 def test_a_space_that_rejects_almost_every_config_still_makes_progress(ray_local, tmp_path, signing_key):

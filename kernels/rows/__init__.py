@@ -38,12 +38,25 @@ sums over rows); Triton masks any shape. Each knob's default is written once, in
 """
 from __future__ import annotations
 
-from kernels.rows.config import (CONFIG_TYPES, LANES, MEMORY_PARAMS, STRATEGIES, STREAMED,
-                                 SUBLANES, Plan, RowConfig, RowConfigInterpret, RowConfigTPU,
-                                 RowConfigTriton, from_dict, is_pow2, split_shape, vmem_limit)
+from kernels.rows.config import (
+                                 CONFIG_TYPES,
+                                 LANES,
+                                 MEMORY_PARAMS,
+                                 STRATEGIES,
+                                 STREAMED,
+                                 SUBLANES,
+                                 Plan,
+                                 RowConfig,
+                                 RowConfigInterpret,
+                                 RowConfigTPU,
+                                 RowConfigTriton,
+                                 from_dict,
+                                 is_pow2,
+                                 split_shape,
+                                 vmem_limit,
+)
 from kernels.rows.contract import RowMath, RowReduction, Stats, reduction_math
 from kernels.rows.kernel import RowKernel, build
-
 
 __all__ = ["CONFIG_TYPES", "LANES", "MEMORY_PARAMS", "STRATEGIES", "STREAMED", "SUBLANES", "Plan",
            "RowConfig", "RowConfigInterpret", "RowConfigTPU", "RowConfigTriton", "RowKernel",

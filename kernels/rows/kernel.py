@@ -18,8 +18,7 @@ from kernels import tpu_mesh
 from kernels.lowering import Platform
 from kernels.rows import footprint as footprint_
 from kernels.rows.blocked import build_blocked, vector_layout
-from kernels.rows.config import (CONFIG_TYPES, LANES, SUBLANES, STRATEGIES, Plan, RowConfig,
-                                 from_dict, split_shape)
+from kernels.rows.config import CONFIG_TYPES, LANES, STRATEGIES, SUBLANES, Plan, RowConfig, from_dict, split_shape
 from kernels.rows.contract import RowMath
 from kernels.rows.triton import build_triton
 
