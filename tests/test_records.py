@@ -17,8 +17,11 @@ TASK = TuningTask("softmax", (64, 256), "float32", "interpret")
 
 
 def test_the_parquet_schema_is_the_records_fields():
-    assert artifacts.TRIAL_COLUMNS is SCHEMA
+    # trials.parquet: the record's fields, then the typed knobs derived from its config
+    assert artifacts.TRIAL_COLUMNS.names == [*SCHEMA.names, "knobs"]
+    assert artifacts.TRIAL_COLUMNS.remove(artifacts.TRIAL_COLUMNS.get_field_index("knobs")) == SCHEMA
     assert SCHEMA.names == [f.name for f in dataclasses.fields(TrialRecord)]
+    assert SCHEMA.field("started").type == SCHEMA.field("finished").type == pa.timestamp("us", tz="UTC")
     assert SCHEMA.field("shape").type == pa.list_(pa.int64())
     assert SCHEMA.field("median_s").type == pa.float64() and SCHEMA.field("trial").type == pa.int64()
     assert all(SCHEMA.field(name).nullable for name in SCHEMA.names)
@@ -52,3 +55,21 @@ def test_older_log_lines_still_read():
             "finished": "2026-01-01T00:00:00+00:00", "elapsed_s": 0.1, "run_id": "old", "unknown_field": 1}
     record = TrialRecord.from_dict(json.loads(json.dumps(line)))
     assert record.shape == (64, 256) and record.requeued == 0 and record.median_s is None
+
+
+def test_bundle_tables_are_typed_for_sql_and_dataframes(tmp_path):
+    """DuckDB (as pandas and Polars would) reads knobs and times with the types Parquet carries."""
+    import duckdb
+
+    from tests import bundles as B
+
+    row = B.row("softmax", (64, 256), {"block_rows": 16, "strategy": "one_pass"})
+    private, _ = B.keypair(tmp_path / "keys", "ci")
+    folder = B.write(tmp_path / "bundle", [row], private)
+    knobs = duckdb.sql(f"SELECT k.name, k.int, k.string FROM '{folder / artifacts.CONFIGS}', "
+                       f"UNNEST(knobs) AS t(k) ORDER BY k.name").fetchall()
+    assert knobs == [("block_rows", 16, None), ("strategy", None, "one_pass")]
+    created = duckdb.sql(f"SELECT created FROM '{folder / artifacts.CONFIGS}'").fetchall()[0][0]
+    assert created.year == 2025 and created.tzinfo is not None
+    started = duckdb.sql(f"SELECT typeof(started), typeof(knobs) FROM '{folder / artifacts.TRIALS}'").fetchall()[0]
+    assert started[0].startswith("TIMESTAMP") and started[1].startswith("STRUCT")

@@ -29,6 +29,12 @@ TRIALS = "trials.parquet"
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
 
+# A config's knobs as typed values, so that pandas, Polars and DuckDB read them without a JSON
+# parser or hand-written types: one struct per knob, its value in the field of its type.
+KNOB = pa.struct([("name", pa.string()), ("int", pa.int64()), ("float", pa.float64()),
+                  ("bool", pa.bool_()), ("string", pa.string())])
+KNOBS = pa.list_(KNOB)
+
 CONFIG_COLUMNS = pa.schema([
     ("task_key", pa.string()), ("kernel", pa.string()), ("shape", pa.list_(pa.int64())),
     ("dtype", pa.string()), ("target", pa.string()), ("device_kind", pa.string()),
@@ -38,10 +44,12 @@ CONFIG_COLUMNS = pa.schema([
     ("min_s", pa.float64()), ("n_timed", pa.int64()), ("numerics_error", pa.float64()),
     ("default_config", pa.string()), ("default_median_s", pa.float64()),
     ("trials", pa.int64()), ("pruned", pa.int64()), ("oom", pa.int64()), ("outcome_counts", pa.string()),
-    ("run_id", pa.string()), ("created", pa.string()),
+    ("run_id", pa.string()), ("created", records.TIMESTAMP),
+    ("knobs", KNOBS),
 ])
 
-TRIAL_COLUMNS = records.SCHEMA   # derived from TrialRecord
+# derived from TrialRecord, plus the typed knobs of each trial's config
+TRIAL_COLUMNS = records.SCHEMA.append(pa.field("knobs", KNOBS))
 
 
 def now() -> str:
@@ -58,8 +66,34 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def knob_values(config: str | None) -> list[dict[str, Any]] | None:
+    """The KNOBS value of a config's canonical JSON (None for no config)."""
+    if not config:
+        return None
+    knobs = []
+    for name, value in json.loads(config).items():
+        kind = ("bool" if isinstance(value, bool) else "int" if isinstance(value, int)
+                else "float" if isinstance(value, float) else "string")
+        knobs.append({"name": name, kind: value if kind != "string" else str(value)})
+    return knobs
+
+
+def _cell(value: Any, type_: pa.DataType) -> Any:
+    """A row value as its column stores it: ISO 8601 text becomes a timestamp."""
+    if pa.types.is_timestamp(type_) and isinstance(value, str):
+        parsed = datetime.fromisoformat(value)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return value
+
+
 def _table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows], schema=schema)
+    cells = []
+    for row in rows:
+        cell = {f.name: _cell(row.get(f.name), f.type) for f in schema}
+        if "knobs" in schema.names and row.get("knobs") is None:
+            cell["knobs"] = knob_values(row.get("config"))
+        cells.append(cell)
+    return pa.Table.from_pylist(cells, schema=schema)
 
 
 def fsync_dir(path: Path) -> None:

@@ -10,6 +10,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -93,6 +94,9 @@ class TrialRecord:
                 values[f.name] = None
         if values.get("shape") is not None:
             values["shape"] = tuple(values["shape"])
+        for name in TIMESTAMP_FIELDS:   # a Parquet row holds datetimes
+            if isinstance(values.get(name), datetime):
+                values[name] = values[name].isoformat()
         for name in ("attempt", "requeued"):   # null in Parquet rows of skipped trials from older runs
             if name in values and values[name] is None:
                 values.pop(name)
@@ -100,6 +104,9 @@ class TrialRecord:
 
 
 _ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+# Fields held as ISO 8601 text in memory and in trials.jsonl, stored as Parquet timestamps.
+TIMESTAMP_FIELDS = ("started", "finished")
 
 
 def _arrow_type(hint: Any) -> pa.DataType:
@@ -112,9 +119,11 @@ def _arrow_type(hint: Any) -> pa.DataType:
 
 
 def arrow_schema(cls: type) -> pa.Schema:
-    """The Parquet schema of a record dataclass: one typed, nullable column per field, in order."""
+    """The Parquet schema of a record dataclass: one typed, nullable column per field, in order
+    (TIMESTAMP_FIELDS as UTC timestamps)."""
     hints = typing.get_type_hints(cls)
-    return pa.schema([(f.name, _arrow_type(hints[f.name])) for f in dataclasses.fields(cls)])
+    return pa.schema([(f.name, TIMESTAMP if f.name in TIMESTAMP_FIELDS else _arrow_type(hints[f.name]))
+                      for f in dataclasses.fields(cls)])
 
 
 SCHEMA = arrow_schema(TrialRecord)

@@ -41,6 +41,7 @@ import math
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -168,7 +169,7 @@ class Registry:
                 if status != "ok" or not config:
                     continue
                 rows.append(_Row(task_key, kernel, tuple(shape), dtype, target, device_kind, config, median_s,
-                                 created or ""))
+                                 created.isoformat() if isinstance(created, datetime) else created or ""))
                 fingerprints.setdefault(fingerprint, []).append(task_key)
             registry = cls(rows, source=opened.where, manifest=opened.manifest, signed=opened.signed, spaces=spaces)
         finally:

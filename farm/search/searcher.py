@@ -44,6 +44,8 @@ SKIPPED_DRAWS_PER_TRIAL = 50
 # After this many constraint-breaking draws in a row, a random valid config is queued instead.
 INVALID_STREAK = 4
 VALID_DRAWS = 5000
+# How much of a failure's text a trial's Optuna user attributes keep.
+ERROR_ATTR_CHARS = 500
 
 
 class Result(Protocol):
@@ -64,6 +66,18 @@ class Result(Protocol):
     @property
     def median_s(self) -> float | None:
         """The measured time, if any."""
+
+    @property
+    def error(self) -> str | None:
+        """Why it failed (or where a cached answer came from), if it says."""
+
+    @property
+    def compile_s(self) -> float | None:
+        """Seconds the compile took, if it was compiled."""
+
+    @property
+    def numerics_error(self) -> float | None:
+        """Relative error against the reference, if it was validated."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +103,8 @@ class Answer:
     capacity_bytes: int | None = None
     source: Result | None = None
     median_s: float | None = None
+    compile_s: float | None = None
+    numerics_error: float | None = None
 
 
 class Searcher:
@@ -230,7 +246,13 @@ class Searcher:
 
     def _tell(self, trial: optuna.Trial | int, result: Result) -> None:
         if isinstance(trial, optuna.Trial):
-            trial.set_user_attr("outcome", result.outcome)
+            # What Optuna's own tools (optuna-dashboard) show of a trial: why it failed, how long
+            # it compiled, how far its numerics were from the reference.
+            for name, value in (("outcome", result.outcome), ("error", (result.error or "")[:ERROR_ATTR_CHARS]),
+                                ("compile_s", result.compile_s), ("numerics_error", result.numerics_error),
+                                ("median_s", result.median_s)):
+                if value not in (None, ""):
+                    trial.set_user_attr(name, value)
         if result.median_s is not None and result.outcome in (outcomes.OK, outcomes.CACHED):
             self.study.tell(trial, result.median_s)
         else:
