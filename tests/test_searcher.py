@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from farm.measure import outcomes
-from farm.search import studies
+from farm.search import studies, valid_set
 from farm.search.plan import PlannedTask, expand
 from farm.search.searcher import Answer, Proposal, Searcher
 from farm.search.spaces import Param, load_space, parse_space
@@ -32,6 +32,13 @@ def _searcher(planned: PlannedTask, storage: Any = None, **options: Any) -> tupl
 
     storage = storage or optuna.storages.InMemoryStorage()
     return Searcher.open(planned, storage, on_answer=on_answer, **options), answered
+
+
+@pytest.fixture
+def rejection_sampling(monkeypatch):
+    """Spaces too large to enumerate: the sampler draws from the product and the searcher answers
+    what needs no measuring (invalid, pruned, cached) itself."""
+    monkeypatch.setattr(valid_set, "ENUMERATION_LIMIT", 0)
 
 
 def _ok(p: Proposal, median: float = 1e-3) -> Answer:
@@ -69,7 +76,7 @@ def test_default_config_is_trial_zero():
     assert first.trial == 0 and first.config == {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1}
 
 
-def test_repeats_are_answered_from_the_cache():
+def test_repeats_are_answered_from_the_cache(rejection_sampling):
     searcher, answered = _searcher(_planned({"block_m": {"values": [32, 64]}, "block_n": {"values": [64]},
                                              "block_k": {"values": [32]}, "group_m": {"values": [1]}}, trials=6,
                                             sampler="random"))
@@ -85,7 +92,7 @@ def test_repeats_are_answered_from_the_cache():
     assert len(complete) == 6
 
 
-def test_a_duplicate_of_a_config_in_flight_waits_for_its_measurement():
+def test_a_duplicate_of_a_config_in_flight_waits_for_its_measurement(rejection_sampling):
     searcher, answered = _searcher(_planned({"block_m": {"values": [64]}, "block_n": {"values": [64]},
                                              "block_k": {"values": [32]}, "group_m": {"values": [1]}}, trials=3))
     first = searcher.ask()
@@ -96,7 +103,7 @@ def test_a_duplicate_of_a_config_in_flight_waits_for_its_measurement():
     assert all("cached from trial 0: boom" == a.error for a in answered)
 
 
-def test_an_oom_prunes_every_config_at_least_as_large():
+def test_an_oom_prunes_every_config_at_least_as_large(rejection_sampling):
     searcher, answered = _searcher(_planned({"block_rows": {"values": [16, 8, 32, 64]}, "fault": {"values": ["oom"]}},
                                             trials=4, sampler="grid", kernel="tests.fixtures.faulty_softmax",
                                             shape=[64, 128]))
@@ -217,3 +224,49 @@ def test_resume_completes_a_trial_killed_while_its_knobs_were_drawn(tmp_path, sa
     assert len(keys) == len(set(keys))
     if sampler == "grid":   # the grid point of the torn trial is measured, so the whole grid is
         assert len(keys) == 4 and not answered
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])
+def test_an_enumerable_space_wastes_no_draw(sampler):
+    """Every ask is a valid config not yet measured (no invalid, pruned or cached answers), until
+    every valid config is measured; then the searcher stops, whatever budget is left."""
+    planned = _planned(MATMUL, trials=200, constraints=["block_m * block_n <= 32 * 64"], sampler=sampler)
+    searcher, answered = _searcher(planned)
+    assert searcher.valid_set is not None
+    proposals = []
+    while (p := searcher.ask()) is not None:
+        proposals.append(p)
+        searcher.tell(_ok(p, median=1e-6 * (p.config["block_m"] + p.config["block_k"])))
+    wasted = [a for a in answered if a.outcome in (outcomes.INVALID, outcomes.PRUNED, outcomes.CACHED)]
+    # The kernel's default (trial 0, queued) breaks this space's constraint: the only wasted draw.
+    assert [json.loads(a.config) for a in wasted] == [{"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1}]
+    keys = [p.key for p in proposals]
+    assert len(set(keys)) == len(keys) == len(searcher.valid_set) and searcher.exhausted
+    assert all(p.config["block_m"] * p.config["block_n"] <= 32 * 64 for p in proposals)
+
+
+def test_shipped_space_tasks_waste_at_most_a_tenth_of_their_asks():
+    """A real task of a shipped space, TPE, a budget smaller than its valid set."""
+    planned = expand([load_space("search_spaces/softmax.yaml")], ["interpret"], 15)[0]
+    searcher, answered = _searcher(planned)
+    asks = 0
+    while (p := searcher.ask()) is not None:
+        asks += 1
+        searcher.tell(_ok(p, median=1e-6 * p.config["block_rows"]))
+    wasted = [a for a in answered if a.outcome in (outcomes.INVALID, outcomes.PRUNED, outcomes.CACHED)]
+    assert asks == 15 and len(wasted) <= 0.1 * (asks + len(wasted))
+
+
+def test_an_oom_prunes_larger_configs_once_each():
+    searcher, answered = _searcher(_planned({"block_rows": {"values": [16, 8, 32, 64]}, "fault": {"values": ["oom"]}},
+                                            trials=4, sampler="grid", kernel="tests.fixtures.faulty_softmax",
+                                            shape=[64, 128]))
+    measured = {}
+    while (p := searcher.ask()) is not None:
+        outcome = outcomes.OOM if p.config["block_rows"] >= 16 else outcomes.OK
+        measured[p.config["block_rows"]] = outcome
+        searcher.tell(Answer(p.trial, p.key, outcome, median_s=1e-4 if outcome == outcomes.OK else None))
+    # 16 ran out of memory first: 32 and 64 are never compiled, each answered pruned once.
+    assert measured == {16: outcomes.OOM, 8: outcomes.OK}
+    assert sorted(json.loads(a.config)["block_rows"] for a in answered) == [32, 64]
+    assert all(a.outcome == outcomes.PRUNED for a in answered)

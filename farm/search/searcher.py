@@ -37,6 +37,7 @@ from farm.measure import capacity as capacity_
 from farm.measure import outcomes
 from farm.search import pruning, studies
 from farm.search.plan import PlannedTask
+from farm.search.valid_set import ValidSet, ValidSetSampler
 from farm.tasks import config_json
 
 # How many invalid or pruned configs a task may draw per trial of budget before it stops.
@@ -112,7 +113,7 @@ class Searcher:
 
     def __init__(self, planned: PlannedTask, study: optuna.Study, module: Any, *,
                  capacity: capacity_.Capacity = capacity_.NONE, static_pruning: bool = True,
-                 on_answer: Callable[[Answer], Result] | None = None) -> None:
+                 on_answer: Callable[[Answer], Result] | None = None, valid_set: ValidSet | None = None) -> None:
         self.planned = planned
         self.study = study
         self.module = module
@@ -121,6 +122,7 @@ class Searcher:
         self.on_answer: Callable[[Answer], Result] = on_answer or (lambda answer: answer)
         self.params = planned.space.params_for(planned.task.target)
         self.dominance = pruning.Dominance(module)
+        self.valid_set = valid_set                    # the task's valid configs, when enumerable
         self.measured: dict[str, Result] = {}        # config json -> its measured result
         self.asked = 0                                # trials counted against the budget
         self.skipped = 0                              # invalid and pruned draws
@@ -137,9 +139,17 @@ class Searcher:
         A new study measures `warm_start` first, in order, then the kernel's default config.
         `options` go to the constructor (capacity, static_pruning, on_answer).
         """
-        study = studies.open_study(planned, storage, studies.make_sampler(planned, sampler, seed))
         module = kernels.load(planned.task.kernel)
-        searcher = cls(planned, study, module, **options)
+        task, space = planned.task, planned.space
+        params = space.params_for(task.target)
+        candidates = ValidSet.enumerate(
+            params, lambda config: space.violated(config, task.shape, task.dtype, task.target) is None)
+        name = studies.sampler_name(planned, sampler)
+        base = studies.make_sampler(planned, sampler, seed, multivariate=candidates is not None)
+        chosen = base if candidates is None else ValidSetSampler(base, candidates, mode=name,
+                                                                 seed=studies.task_seed(planned, seed))
+        study = studies.open_study(planned, storage, chosen)
+        searcher = cls(planned, study, module, valid_set=candidates, **options)
         default = module.default_config(planned.task.shape, planned.task.target)
         if not studies.enqueue_warm_start(study, searcher.params, list(warm_start), default):
             studies.enqueue_default(study, searcher.params, default)
@@ -165,6 +175,9 @@ class Searcher:
         it waits for configs already in flight)."""
         task, space = self.planned.task, self.planned.space
         while self.wants_trials:
+            if self.valid_set is not None and not self.valid_set.remaining and not self._queued():
+                self.exhausted = True   # every valid config is measured or in flight
+                break
             trial = self.study.ask()
             config = studies.suggest(trial, self.params)
             key = config_json(config)
@@ -198,11 +211,15 @@ class Searcher:
                 continue
             self._waiting[key] = []
             self._running[trial.number] = trial
+            if self.valid_set is not None:   # a queued config (the default, a warm start) bypassed the sampler
+                self.valid_set.close(key)
             return Proposal(trial.number, config, key, footprint)
         return None
 
     def _skip(self, trial: optuna.Trial, key: str, outcome: str, error: str, **extra: Any) -> None:
         self.skipped += 1
+        if self.valid_set is not None:   # a pruned config is answered once, then never drawn again
+            self.valid_set.close(key)
         self._tell(trial, self.on_answer(Answer(trial.number, key, outcome, error, **extra)))
         if self.skipped >= SKIPPED_DRAWS_PER_TRIAL * self.planned.trials:
             self.exhausted = True
@@ -241,8 +258,14 @@ class Searcher:
 
     def _remember(self, result: Result) -> None:
         self.measured[result.config] = result
+        if self.valid_set is not None:
+            self.valid_set.close(result.config)
         if result.outcome == outcomes.OOM:
             self.dominance.add(result.trial, json.loads(result.config))
+
+    def _queued(self) -> bool:
+        """Whether the study holds trials queued with `enqueue_trial` (warm starts, the default)."""
+        return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     def _tell(self, trial: optuna.Trial | int, result: Result) -> None:
         if isinstance(trial, optuna.Trial):

@@ -7,6 +7,7 @@ module are always in real values (`suggest`, `to_optuna`).
 """
 from __future__ import annotations
 
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -37,18 +38,32 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
         """Nothing to do: the driver decides when a study ends."""
 
 
-def make_sampler(planned: PlannedTask, name: str | None = None, seed: int | None = None) -> optuna.samplers.BaseSampler:
-    """The space's sampler (or `name`), seeded per task so studies differ but runs repeat."""
-    spec = planned.space.sampler
-    name = name or spec.name
-    task_seed = ((spec.seed if seed is None else seed) + zlib.crc32(planned.task.key.encode())) % 2**31
+def sampler_name(planned: PlannedTask, name: str | None = None) -> str:
+    """The sampler a task's study uses: `name`, else its space's."""
+    return name or planned.space.sampler.name
+
+
+def task_seed(planned: PlannedTask, seed: int | None = None) -> int:
+    """The task's sampler seed: the space's (or `seed`) mixed with the task key, so studies differ
+    but runs repeat."""
+    return ((planned.space.sampler.seed if seed is None else seed) + zlib.crc32(planned.task.key.encode())) % 2**31
+
+
+def make_sampler(planned: PlannedTask, name: str | None = None, seed: int | None = None, *,
+                 multivariate: bool = False) -> optuna.samplers.BaseSampler:
+    """The space's sampler (or `name`), seeded per task. `multivariate`: TPE models the knobs
+    jointly (what `farm.search.valid_set.ValidSetSampler` steers by)."""
+    name, task_seed_ = sampler_name(planned, name), task_seed(planned, seed)
     if name == "random":
-        return optuna.samplers.RandomSampler(seed=task_seed)
+        return optuna.samplers.RandomSampler(seed=task_seed_)
     if name == "grid":
         params = planned.space.params_for(planned.task.target)
-        return AskTellGridSampler({optuna_name(p): optuna_choices(p) for p in params}, seed=task_seed)
+        return AskTellGridSampler({optuna_name(p): optuna_choices(p) for p in params}, seed=task_seed_)
     startup = max(3, min(10, planned.trials // 3))
-    return optuna.samplers.TPESampler(seed=task_seed, n_startup_trials=startup, constant_liar=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)   # multivariate is stable in use
+        return optuna.samplers.TPESampler(seed=task_seed_, n_startup_trials=startup, constant_liar=True,
+                                          multivariate=multivariate)
 
 
 def open_study(planned: PlannedTask, store: JournalStorage, sampler: optuna.samplers.BaseSampler) -> optuna.Study:

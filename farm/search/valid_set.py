@@ -1,0 +1,166 @@
+"""No wasted draws: a task's valid configs, enumerated once, and a sampler that proposes only them.
+
+A space's product holds many configs that break its constraints or that the kernel refuses
+(`SearchSpace.violated`). Drawing from the product and answering those draws as `invalid` wastes
+most asks (63% on a real user space), and samplers also redraw configs already measured (18%).
+When a task's product is small enough to enumerate (ENUMERATION_LIMIT), the searcher enumerates
+its valid configs once and `ValidSetSampler` proposes only those still open: not measured, not
+in flight, not already answered `pruned` (a config that cannot fit is drawn at most once, and
+its record says why it was never compiled).
+
+The wrapped sampler keeps its model: its proposal (TPE's, multivariate, over the knobs as
+ordered integers; a uniform draw for `random`) is moved to the nearest open valid config, with
+ordered knobs compared by their position in their choices and categorical knobs by equality.
+`grid` walks the open configs in enumeration order.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import optuna
+
+from farm.search import studies
+from farm.search.spaces import Param
+from farm.tasks import config_json
+
+# Products larger than this are sampled with rejection instead (the searcher's fallback).
+ENUMERATION_LIMIT = 50_000
+
+
+class ValidSet:
+    """The valid configs of one task and which of them are still open to propose."""
+
+    def __init__(self, configs: Sequence[dict[str, Any]], params: tuple[Param, ...]) -> None:
+        self.configs = list(configs)
+        self.params = params
+        self.keys = [config_json(c) for c in self.configs]
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        self.open = np.ones(len(self.configs), dtype=bool)
+        # Each knob as a coordinate in [0, 1]: its position among its choices.
+        self._ordered = np.array([p.kind != "values" or all(isinstance(c, (int, float)) and not isinstance(c, bool)
+                                                          for c in p.choices) for p in params], dtype=bool)
+        self._coords = np.array([[_position(p, c[p.name]) for p in params] for c in self.configs],
+                                dtype=np.float64).reshape(len(self.configs), len(params))
+
+    @classmethod
+    def enumerate(cls, params: tuple[Param, ...], valid: Callable[[dict[str, Any]], bool]) -> ValidSet | None:
+        """Every config of `params` that `valid` accepts; None when the product exceeds the limit."""
+        size = 1
+        for p in params:
+            size *= len(p.choices)
+        if size > ENUMERATION_LIMIT:
+            return None
+        configs = []
+        for index in np.ndindex(*(len(p.choices) for p in params)):
+            config = {p.name: p.choices[i] for p, i in zip(params, index)}
+            if valid(config):
+                configs.append(config)
+        return cls(configs, params)
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    @property
+    def remaining(self) -> int:
+        """How many configs are still open."""
+        return int(self.open.sum())
+
+    def close(self, key: str) -> None:
+        """Take a config out (measured, in flight, or known not to fit)."""
+        i = self.index.get(key)
+        if i is not None:
+            self.open[i] = False
+
+    def nearest(self, proposal: dict[str, Any]) -> dict[str, Any] | None:
+        """The open config nearest to `proposal` (a point of the product), or None when none is open."""
+        candidates = np.flatnonzero(self.open)
+        if not len(candidates):
+            return None
+        target = np.array([_position(p, proposal[p.name]) if p.name in proposal else np.nan for p in self.params])
+        coords = self._coords[candidates]
+        gap = np.abs(coords - target)
+        gap = np.where(self._ordered, gap, (gap > 0).astype(np.float64))
+        gap = np.nan_to_num(gap, nan=0.0)
+        return self.configs[candidates[int(np.argmin(gap.sum(axis=1)))]]
+
+    def pick(self, rng: random.Random) -> dict[str, Any] | None:
+        """A uniformly random open config, or None."""
+        candidates = np.flatnonzero(self.open)
+        return self.configs[candidates[rng.randrange(len(candidates))]] if len(candidates) else None
+
+    def first(self) -> dict[str, Any] | None:
+        """The first open config in enumeration order, or None."""
+        candidates = np.flatnonzero(self.open)
+        return self.configs[candidates[0]] if len(candidates) else None
+
+
+def _position(p: Param, value: Any) -> float:
+    """A knob value's position among its choices, in [0, 1]."""
+    try:
+        i = p.choices.index(value)
+    except ValueError:
+        return float("nan")
+    return i / (len(p.choices) - 1) if len(p.choices) > 1 else 0.0
+
+
+class ValidSetSampler(optuna.samplers.BaseSampler):
+    """Proposes only open configs of a `ValidSet`, steered by a wrapped sampler (see the module docstring).
+
+    Every parameter is sampled jointly (Optuna's relative sampling); configs queued with
+    `enqueue_trial` (the default, warm starts) pass through unchanged.
+    """
+
+    def __init__(self, base: optuna.samplers.BaseSampler, valid: ValidSet, *, mode: str, seed: int) -> None:
+        self.base, self.valid, self.mode = base, valid, mode
+        self._rng = random.Random(seed)
+        self._space = {studies.optuna_name(p): studies.distribution(p) for p in valid.params}
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: optuna.trial.FrozenTrial
+                                    ) -> dict[str, optuna.distributions.BaseDistribution]:
+        """Every knob: the sampler proposes whole configs."""
+        return dict(self._space)
+
+    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                        search_space: dict[str, optuna.distributions.BaseDistribution]) -> dict[str, Any]:
+        """An open valid config, in Optuna's parameter values ({} when none is open)."""
+        if self.mode == "grid":
+            chosen = self.valid.first()
+        elif self.mode == "tpe":
+            proposal = self.base.sample_relative(study, trial, self.base.infer_relative_search_space(study, trial))
+            if len(proposal) == len(self._space):
+                chosen = self.valid.nearest(_from_optuna(proposal, self.valid.params))
+            else:   # the model's start-up trials: uniform over what is open
+                chosen = self.valid.pick(self._rng)
+        else:
+            chosen = self.valid.pick(self._rng)
+        if chosen is None:
+            return {}
+        self.valid.close(config_json(chosen))   # in flight: never proposed twice
+        return studies.to_optuna(chosen, self.valid.params)
+
+    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, param_name: str,
+                           param_distribution: optuna.distributions.BaseDistribution) -> Any:
+        """Only when nothing is open: the wrapped sampler's draw (the searcher answers it)."""
+        return self.base.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """The wrapped sampler's hook."""
+        self.base.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                    state: optuna.trial.TrialState, values: Sequence[float] | None) -> None:
+        """The wrapped sampler's hook (the grid's stop is the searcher's budget, not the sampler's)."""
+        if not isinstance(self.base, optuna.samplers.GridSampler):
+            self.base.after_trial(study, trial, state, values)
+
+
+def _from_optuna(values: dict[str, Any], params: tuple[Param, ...]) -> dict[str, Any]:
+    """A config in real values from Optuna's parameter values."""
+    config = {}
+    for p in params:
+        value = values[studies.optuna_name(p)]
+        config[p.name] = 1 << int(value) if p.kind == "pow2" else value
+    return config
