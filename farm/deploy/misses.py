@@ -7,7 +7,8 @@ A serving process appends (`record_miss`, from `runtime.record(path)` or FARM_RE
 `farm sweep --tasks FILE` reads (`read_misses`) and tunes exactly those tasks. The promises:
 - one line per task (kernel, shape, dtype, target): a task already in the file is never
   written again, also across processes (the file is locked while it is read and appended);
-- each line is appended whole and flushed, so a crash loses at most the line being written;
+- each line is appended whole and flushed, so a crash loses at most the line being written (a
+  torn last line is skipped by the reader and cut off by the next writer);
 - bounded: a file over MAX_BYTES is refused, by the writer and by the reader.
 "distance" is the log2 distance to the tuned shape used ("nearest"), or null ("default").
 This module imports neither JAX nor anything of the tuning install.
@@ -25,6 +26,7 @@ from typing import Any
 from farm.errors import FarmError
 
 MAX_BYTES = 10 * 1024 * 1024
+TORN_LIMIT = 64 * 1024  # longest unterminated last line the writer cuts off (a miss line is ~150 bytes)
 RULES = ("exact", "nearest", "default")
 _FIELDS = ("kernel", "shape", "dtype", "target", "rule", "distance")
 
@@ -82,6 +84,14 @@ def _parse(line: str, where: str) -> Miss:
                 None if distance is None else float(distance))
 
 
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_size(path: Path) -> None:
     size = path.stat().st_size
     if size > MAX_BYTES:
@@ -92,7 +102,7 @@ def read_misses(path: str | Path) -> list[Miss]:
     """The misses in a file, in file order, one per task (a repeated task keeps its first line).
 
     Raises MissFileError naming the file, line and field for a line that is not a miss, and for a
-    file over MAX_BYTES. Blank lines are skipped.
+    file over MAX_BYTES. Blank lines are skipped, and so is a torn last line (no newline, not JSON).
     """
     path = Path(path)
     try:
@@ -102,8 +112,11 @@ def read_misses(path: str | Path) -> list[Miss]:
         raise MissFileError(f"{path}: not found; expected a misses file (JSON lines)") from None
     except (OSError, UnicodeDecodeError) as err:
         raise MissFileError(f"{path}: cannot be read: {err}") from None
+    lines = text.splitlines()
+    if lines and not text.endswith("\n") and not _is_json(lines[-1]):
+        lines.pop()
     found: dict[tuple, Miss] = {}
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if line.strip():
             miss = _parse(line, f"{path}:{number}")
             found.setdefault(miss.task, miss)
@@ -137,19 +150,25 @@ def record_miss(path: str | Path, miss: Miss) -> bool:
                 _lock_file(file)
                 inode, size = os.fstat(file.fileno()).st_ino, file.seek(0, os.SEEK_END)
                 known_inode, offset, tasks = _seen.get(path, (inode, 0, set()))
+                if size > MAX_BYTES:
+                    raise MissFileError(f"{path}: {size} bytes; a misses file is refused over {MAX_BYTES} bytes")
                 if known_inode != inode or size < offset:  # replaced or truncated: read it all again
                     offset, tasks = 0, set()
                 file.seek(offset)
                 new = file.read()
-                complete = new.rfind(b"\n") + 1  # a torn last line is read again next time
+                complete = new.rfind(b"\n") + 1
                 _tasks_in(new[:complete], tasks)
-                _seen[path] = (inode, offset + complete, tasks)
+                if complete < len(new):  # a line torn by a writer that crashed (it held the lock): cut it
+                    if len(new) - complete > TORN_LIMIT:
+                        raise MissFileError(f"{path}: ends in {len(new) - complete} bytes without a newline; "
+                                            "expected a misses file (JSON lines)")
+                    size = offset + complete
+                    file.truncate(size)
+                _seen[path] = (inode, size, tasks)
                 if miss.task in tasks:
                     return False
                 if size + len(line) > MAX_BYTES:
                     raise MissFileError(f"{path}: {size} bytes; a misses file is refused over {MAX_BYTES} bytes")
-                if complete < len(new):
-                    line = b"\n" + line  # a torn last line stays a line of its own
                 file.write(line)
                 file.flush()
                 tasks.add(miss.task)
