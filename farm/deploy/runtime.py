@@ -4,8 +4,13 @@
     registry = runtime.Registry.load("/srv/kernels", ["/etc/farm/trust"])   # verified, or an error
     choice = registry.lookup("matmul", (4096, 4096, 4096), "bfloat16", "tpu", device_kind="TPU v6 lite")
     choice.config, choice.rule                # e.g. {'block_m': 256, ...}, 'nearest'
-    matmul = runtime.tuned("matmul", target="tpu", registry=registry)
-    c = matmul(a, b)                          # built (and jitted) once per (shape, dtype)
+    matmul = runtime.tuned("matmul", registry=registry)   # target from jax.devices()[0]
+    c = jax.jit(lambda a, b: matmul(a, b))(a, b)           # built once per input shapes and dtypes
+    norm = runtime.tuned("rms_norm", registry=registry)
+    jax.grad(loss)(x)                         # through the tuned rms_norm_bwd (the kernel's BACKWARD)
+    registry.lookups()                        # every task asked for: rule and distance
+    with runtime.record("misses.jsonl"):      # or FARM_RECORD_MISSES=misses.jsonl
+        model(batch)                          # tasks without an exact row -> `farm sweep --tasks`
 
 `Registry.load` takes a bundle folder, a run folder, a bundle archive (.tar.gz) or a deployment
 folder made by `farm pull` (its `current` version), and opens it with
@@ -23,6 +28,19 @@ A config is valid for a task when the kernel's own `check_config` accepts it (th
 config is stated once, with the kernel) and, when search spaces are given (`spaces=`, loaded
 `farm.search.spaces.SearchSpace` objects), the kernel's space admits it too.
 Rows with status `no_valid_config` are never chosen.
+
+Misses: each distinct task a registry resolves is kept in `lookups()` (kernel, shape, dtype,
+target, rule, distance). A "default", or a "nearest" farther than NEAREST_WARN_DISTANCE, warns
+once per task (TuningMissWarning). While `record(path)` is active, or FARM_RECORD_MISSES names a
+file, every task without an exact row is appended to that file once (farm.deploy.misses).
+
+Targets: `tuned(kernel)` without a target follows `jax.devices()[0]`: "interpret" (Pallas
+interpret mode) on CPU, "tpu" on TPU, and on a GPU, per task, whichever of gpu-triton and
+gpu-mosaic has an exact row with the faster median (else gpu-triton).
+
+Gradients: a kernel whose module declares BACKWARD (kernels.protocol.Backward) is wrapped in a
+`jax.custom_vjp` that runs its backward kernel, itself looked up and tuned; any other kernel
+raises NoBackwardKernel when differentiated.
 
 Software fingerprints: each row records the versions it was tuned with (`software`). The
 components in FINGERPRINT_KEYS that both the row and this process have are compared (plus a
