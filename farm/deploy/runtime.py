@@ -371,7 +371,7 @@ def _choice(row: _Row, rule: str, distance: float, config: dict[str, Any] | None
     return Choice(MappingProxyType(config), rule, row.task_key, row.shape, row.device_kind, distance, row.median_s)
 
 
-_INTERNAL = tuple(str(Path(m.__file__).parent) for m in (kernels,)) + (str(Path(__file__).parent),)
+_INTERNAL = (str(Path(kernels.__file__).parent) + os.sep, str(Path(__file__).parent) + os.sep)
 
 
 def _caller_level() -> int:
@@ -492,7 +492,9 @@ class TunedKernel:
         backward = kernels.protocol.hook(self._module, "BACKWARD")
         self._backward = None if backward is None else TunedKernel(
             registry, backward.kernel, target=target, device_kind=device_kind, interpret=interpret)
-        self._call = self._differentiable(backward)
+        import jax
+
+        self._call = jax.jit(self._differentiable(backward))  # jit: eager calls skip the rule's dispatch
 
     def _entry(self, inputs: Sequence[Any]) -> tuple[Choice, Callable[..., Any], Lookup]:
         key = (*(tuple(x.shape) for x in inputs), *(x.dtype for x in inputs))
