@@ -217,6 +217,11 @@ def test_record_writes_each_missing_task_once(tmp_path, registry):
          "distance": pytest.approx(math.log2(3))}]
     assert len({(l["kernel"], tuple(l["shape"]), l["dtype"], l["target"]) for l in lines}) == len(lines)
     assert misses.Miss("softmax", (8, 96), "float16", "interpret", "default", None) in misses.read_misses(path)
+    started = runtime.record(tmp_path / "plain.jsonl")  # as a plain call, until stop()
+    assert runtime.recording_path() == tmp_path / "plain.jsonl"
+    started.stop()
+    started.stop()  # twice: harmless
+    assert runtime.recording_path() is None
 
 
 def _bundle_of(registry: runtime.Registry) -> tuple[str, Path]:

@@ -426,14 +426,13 @@ class Recording:
     """An active `record(path)`: a context manager, or `stop()` it."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
+        self.path, self.active = path, True
 
     def stop(self) -> None:
         """Stop recording to this path (an outer `record` or $FARM_RECORD_MISSES takes over)."""
-        if self.path in _recording:
-            _recording.reverse()
-            _recording.remove(self.path)  # the latest entry of this path
-            _recording.reverse()
+        if self.active:
+            self.active = False
+            del _recording[len(_recording) - 1 - _recording[::-1].index(self.path)]  # its latest entry
 
     def __enter__(self) -> Recording:
         return self
