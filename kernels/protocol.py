@@ -12,6 +12,8 @@ raises (a `kernels.knobs.ConfigError`) for exactly the configs it refuses.
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -58,6 +60,39 @@ class Kernel(Protocol):
         """None when `build` accepts the config, else a short reason it refuses it."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Backward:
+    """How another kernel of the suite computes a kernel's vector-Jacobian product.
+
+    kernel: the backward kernel's registered name.
+    inputs: the backward kernel's inputs, in order, each "input<i>" (the forward kernel's input i),
+        "output<i>" (its output i; a kernel returning one array has output 0) or "cotangent<i>"
+        (the cotangent of output i).
+    grads: for each output of the backward kernel, in order, the forward input it is the gradient
+        of; forward inputs not listed get zero gradients (integer labels, say).
+
+    rms_norm(x, weight) -> y has rms_norm_bwd(x, weight, dy) -> (dx, dweight):
+
+        BACKWARD = Backward("rms_norm_bwd", inputs=("input0", "input1", "cotangent0"), grads=(0, 1))
+    """
+
+    kernel: str
+    inputs: tuple[str, ...]
+    grads: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for name in self.inputs:
+            if not re.fullmatch(r"(input|output|cotangent)\d+", name):
+                raise ValueError(f"Backward({self.kernel!r}).inputs: {name!r}; expected input<i>, output<i> or "
+                                 "cotangent<i>")
+        if len(set(self.grads)) != len(self.grads) or any(i < 0 for i in self.grads):
+            raise ValueError(f"Backward({self.kernel!r}).grads: {self.grads}; expected distinct input indices")
+
+    def sources(self) -> tuple[tuple[str, int], ...]:
+        """The inputs as (kind, index) pairs: ("input", 0), ("cotangent", 0), ..."""
+        return tuple((m.group(1), int(m.group(2))) for m in (re.fullmatch(r"([a-z]+)(\d+)", n) for n in self.inputs))
+
+
 class OptionalHooks(Protocol):
     """Names a kernel module may define; `hook(module, name)` reads them with their defaults."""
 
@@ -67,6 +102,10 @@ class OptionalHooks(Protocol):
     # The knobs whose growth never shrinks the footprint, for OOM dominance pruning
     # (farm.pruning). Default None: every integer knob.
     MEMORY_PARAMS: tuple[str, ...] | None
+    # The kernel computing this kernel's gradients (see Backward), so that a deployment can
+    # differentiate through the tuned kernel. Default None: the kernel has no backward kernel,
+    # and differentiating through it is refused with an error naming it.
+    BACKWARD: Backward | None
 
     def hbm_bytes(self, shape: Shape, dtype: Any) -> int:
         """Device-memory bytes a call needs (inputs, outputs, temporaries), for pruning tasks that
@@ -76,7 +115,7 @@ class OptionalHooks(Protocol):
 REQUIRED = ("NAME", "SHAPE_NAMES", "TARGETS", "build", "reference", "make_inputs", "shape_of", "flops",
             "bytes_moved", "footprint", "default_config", "check_config")
 OPTIONAL: Mapping[str, Any] = MappingProxyType({"TOLERANCE": MappingProxyType({}), "MEMORY_PARAMS": None,
-                                                "hbm_bytes": None})
+                                                "BACKWARD": None, "hbm_bytes": None})
 
 def check_module(module: ModuleType) -> list[str]:
     """The names of the protocol that `module` lacks (empty when it is a complete kernel)."""

@@ -1,6 +1,7 @@
 """RMS norm over the last axis: y = x / sqrt(mean(x^2) + eps) * weight.
 
 Config knobs: those of the row engine (`kernels.rows`). Streamed rows fold the sum of squares.
+Gradients: the `rms_norm_bwd` kernel (BACKWARD), so a tuned rms_norm is differentiable.
 """
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import jax
 import jax.numpy as jnp
 
 from kernels import rows
+from kernels.protocol import Backward
 
 NAME = "rms_norm"
 SHAPE_NAMES = ("rows", "cols")
 TARGETS = ("interpret", "tpu", "gpu-triton")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 EPS = 1e-6
+# rms_norm_bwd(x, weight, dy) -> (dx, dweight)
+BACKWARD = Backward("rms_norm_bwd", inputs=("input0", "input1", "cotangent0"), grads=(0, 1))
 
 
 def reference(x: jax.Array, weight: jax.Array) -> jax.Array:

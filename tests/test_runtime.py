@@ -15,6 +15,9 @@ from farm.errors import BundleError, FarmError
 from farm.search.spaces import load_space
 from tests import bundles as B
 
+# The lookup-rule tests ask for untuned tasks on purpose; warnings are tested in test_tuned_kernels.py.
+pytestmark = pytest.mark.filterwarnings("ignore::farm.deploy.runtime.TuningMissWarning")
+
 ROWS = [
     *B.SOFTMAX_ROWS,
     *B.MATMUL_ROWS,

@@ -4,8 +4,13 @@
     registry = runtime.Registry.load("/srv/kernels", ["/etc/farm/trust"])   # verified, or an error
     choice = registry.lookup("matmul", (4096, 4096, 4096), "bfloat16", "tpu", device_kind="TPU v6 lite")
     choice.config, choice.rule                # e.g. {'block_m': 256, ...}, 'nearest'
-    matmul = runtime.tuned("matmul", target="tpu", registry=registry)
-    c = matmul(a, b)                          # built (and jitted) once per (shape, dtype)
+    matmul = runtime.tuned("matmul", registry=registry)   # target from jax.devices()[0]
+    c = jax.jit(lambda a, b: matmul(a, b))(a, b)           # built once per input shapes and dtypes
+    norm = runtime.tuned("rms_norm", registry=registry)
+    jax.grad(loss)(x)                         # through the tuned rms_norm_bwd (the kernel's BACKWARD)
+    registry.lookups()                        # every task asked for: rule and distance
+    with runtime.record("misses.jsonl"):      # or FARM_RECORD_MISSES=misses.jsonl
+        model(batch)                          # tasks without an exact row -> `farm sweep --tasks`
 
 `Registry.load` takes a bundle folder, a run folder, a bundle archive (.tar.gz) or a deployment
 folder made by `farm pull` (its `current` version), and opens it with
@@ -24,6 +29,19 @@ config is stated once, with the kernel) and, when search spaces are given (`spac
 `farm.search.spaces.SearchSpace` objects), the kernel's space admits it too.
 Rows with status `no_valid_config` are never chosen.
 
+Misses: each distinct task a registry resolves is kept in `lookups()` (kernel, shape, dtype,
+target, rule, distance). A "default", or a "nearest" farther than NEAREST_WARN_DISTANCE, warns
+once per task (TuningMissWarning). While `record(path)` is active, or FARM_RECORD_MISSES names a
+file, every task without an exact row is appended to that file once (farm.deploy.misses).
+
+Targets: `tuned(kernel)` without a target follows `jax.devices()[0]`: "interpret" (Pallas
+interpret mode) on CPU, "tpu" on TPU, and on a GPU, per task, whichever of gpu-triton and
+gpu-mosaic has an exact row with the faster median (else gpu-triton).
+
+Gradients: a kernel whose module declares BACKWARD (kernels.protocol.Backward) is wrapped in a
+`jax.custom_vjp` that runs its backward kernel, itself looked up and tuned; any other kernel
+raises NoBackwardKernel when differentiated.
+
 Software fingerprints: each row records the versions it was tuned with (`software`). The
 components in FINGERPRINT_KEYS that both the row and this process have are compared (plus a
 row with no fingerprint at all); on a difference the policy decides: "warn" (default: load and
@@ -38,8 +56,10 @@ import dataclasses
 import gc
 import json
 import math
+import os
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -47,14 +67,22 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import kernels
+import kernels.protocol
 from farm.bundle.locate import OpenedBundle, open_bundle
 from farm.bundle.trust import TrustLike
+from farm.deploy.misses import Miss, MissFileError, record_miss
 from farm.errors import BundleError, FarmError
 
 POLICIES = ("warn", "refuse", "accept")
 CACHE_LIMIT = 100_000  # cached lookups per registry
 FINGERPRINT_KEYS = ("jax", "jaxlib", "pallas_farm", "libtpu", "jax-cuda12-plugin", "jax-cuda13-plugin", "triton")
 EXACT, NEAREST, DEFAULT = "exact", "nearest", "default"
+# A "nearest" farther than this (sum of |log2| ratios: 1.0 is one dimension twice or half the
+# tuned one) warns, as a "default" always does: the config was tuned for a rather different task.
+NEAREST_WARN_DISTANCE = 1.0
+HISTORY_LIMIT = 100_000  # distinct lookups remembered (and warned about, and recorded) per registry
+RECORD_ENV = "FARM_RECORD_MISSES"  # a path: record misses there (as runtime.record(path) does)
+GPU_TARGETS = ("gpu-triton", "gpu-mosaic")  # in order of preference when the bundle has neither
 _COLUMNS = ("task_key", "kernel", "shape", "dtype", "target", "device_kind", "status", "config", "software",
             "median_s", "created")
 class SoftwareMismatch(BundleError):
@@ -63,6 +91,14 @@ class SoftwareMismatch(BundleError):
 
 class SoftwareMismatchWarning(UserWarning):
     """The bundle was tuned with other software versions (policy "warn")."""
+
+
+class TuningMissWarning(UserWarning):
+    """A task ran with the default config, or a nearest one tuned for a distant shape."""
+
+
+class NoBackwardKernel(FarmError):
+    """A tuned kernel was differentiated, but its kernel declares no backward kernel (BACKWARD)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,6 +112,35 @@ class Choice:
     device_kind: str | None = None
     distance: float = 0.0
     median_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lookup:
+    """One distinct task a registry was asked for, and how its config was chosen.
+
+    distance: the log2 distance to the tuned shape (0.0 for "exact"), None for "default".
+    """
+
+    kernel: str
+    shape: tuple[int, ...]
+    dtype: str
+    target: str
+    rule: str
+    distance: float | None
+    device_kind: str | None = None
+    tuned_shape: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, kernel: str, shape: Sequence[int], dtype: str, target: str, device_kind: str | None,
+           choice: Choice) -> Lookup:
+        """The lookup of a task that `choice` answered."""
+        return cls(kernel, tuple(int(d) for d in shape), dtype, target, choice.rule,
+                   None if choice.rule == DEFAULT else choice.distance, device_kind, choice.tuned_shape)
+
+    @property
+    def miss(self) -> Miss:
+        """This lookup as a line of the misses file."""
+        return Miss(self.kernel, self.shape, self.dtype, self.target, self.rule, self.distance)
 
 
 class _Row(NamedTuple):  # a NamedTuple: 10,000 of them build several times faster than frozen dataclasses
@@ -137,6 +202,9 @@ class Registry:
         self._rows = len(rows)
         self._cache: dict[tuple, Choice] = {}
         self._lock = threading.Lock()
+        self._history: dict[tuple, Lookup] = {}
+        self._warned: set[tuple] = set()
+        _registries.add(self)
 
     def __len__(self) -> int:
         return self._rows
@@ -211,13 +279,57 @@ class Registry:
                dtype if type(dtype) is str else _dtype_name(dtype), target, device_kind)
         choice = self._cache.get(key)
         if choice is None:
+            noticed = None
             with self._lock:
                 choice = self._cache.get(key)
                 if choice is None:
                     if len(self._cache) >= CACHE_LIMIT:  # many distinct shapes: start over, stay bounded
                         self._cache.clear()
                     choice = self._cache[key] = self._resolve(*key)
+                    noticed = self._remember(key, choice)
+            if noticed is not None:
+                self._report(noticed)
         return choice
+
+    def lookups(self) -> list[Lookup]:
+        """Every distinct task looked up so far, in order (the first HISTORY_LIMIT of them)."""
+        with self._lock:
+            return list(self._history.values())
+
+    def misses(self) -> list[Lookup]:
+        """The lookups without an exact tuned config (rule "nearest" or "default")."""
+        return [lookup for lookup in self.lookups() if lookup.rule != EXACT]
+
+    def _remember(self, key: tuple, choice: Choice) -> Lookup | None:
+        """Add a newly resolved task to the history; the Lookup when it is new (call under the lock)."""
+        if key in self._history or len(self._history) >= HISTORY_LIMIT:
+            return None
+        lookup = self._history[key] = Lookup.of(*key, choice)
+        return lookup
+
+    def _report(self, lookup: Lookup) -> None:
+        """Warn once per task about a default or a distant nearest; record a miss when recording."""
+        if lookup.rule == EXACT:
+            return
+        task = (lookup.kernel, lookup.shape, lookup.dtype, lookup.target)
+        if lookup.rule == DEFAULT or lookup.distance > NEAREST_WARN_DISTANCE:
+            with self._lock:
+                new = task not in self._warned
+                self._warned.add(task)
+            if new:
+                warnings.warn(_miss_message(lookup, self.source), TuningMissWarning, stacklevel=_caller_level())
+        path = recording_path()
+        if path is not None:
+            _record(path, [lookup])
+
+    def gpu_target(self, kernel: str, shape: Sequence[int], dtype: Any, device_kind: str | None = None,
+                   targets: Sequence[str] = GPU_TARGETS) -> str:
+        """Of `targets`, the one with an exact row for this task and the fastest median; else the first."""
+        shape, dtype = tuple(int(d) for d in shape), _dtype_name(dtype)
+        timed = [(row.median_s, target) for target in targets
+                 if (row := self._exact.get((kernel, shape, dtype, target, device_kind))) is not None
+                 and row.median_s is not None]
+        return min(timed)[1] if timed else targets[0]
 
     def _resolve(self, kernel: str, shape: tuple[int, ...], dtype: str, target: str,
                  device_kind: str | None) -> Choice:
@@ -248,7 +360,7 @@ class Registry:
         space = self._spaces.get(kernel)
         return space is None or space.violated(config, shape, dtype, target) is None
 
-    def tuned(self, kernel: str, *, target: str, device_kind: str | None = None, interpret: bool = False,
+    def tuned(self, kernel: str, *, target: str | None = None, device_kind: str | None = None, interpret: bool = False,
               shape_of: Callable[..., tuple[int, ...]] | None = None) -> TunedKernel:
         """A function that runs `kernel` on JAX arrays with the looked-up config."""
         return TunedKernel(self, kernel, target=target, device_kind=device_kind, interpret=interpret,
@@ -260,23 +372,132 @@ def _choice(row: _Row, rule: str, distance: float, config: dict[str, Any] | None
     return Choice(MappingProxyType(config), rule, row.task_key, row.shape, row.device_kind, distance, row.median_s)
 
 
-class TunedKernel:
-    """A kernel bound to a registry: called on JAX arrays, it runs the looked-up config.
+_INTERNAL = (str(Path(kernels.__file__).parent) + os.sep, str(Path(__file__).parent) + os.sep)
 
-    The Pallas call is built and jitted once per (input shapes, dtype) and cached.
+
+def _caller_level() -> int:
+    """The stacklevel of the first frame outside the farm, the kernels and JAX: the user's call."""
+    import inspect
+
+    frame, level = inspect.currentframe().f_back.f_back, 2  # the caller of warnings.warn's caller
+    while frame is not None and (frame.f_code.co_filename.startswith(_INTERNAL)
+                                 or f"{os.sep}jax{os.sep}" in frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 1
+
+
+def _miss_message(lookup: Lookup, source: str) -> str:
+    task = f"{lookup.kernel} {lookup.shape} {lookup.dtype} on {lookup.target}"
+    if lookup.rule == DEFAULT:
+        why = "rule 'default': no tuned config is valid for it, the kernel's default config runs"
+    else:
+        why = (f"rule 'nearest' at log2 distance {lookup.distance:.2f} > {NEAREST_WARN_DISTANCE} (the config "
+               f"was tuned for {lookup.tuned_shape})")
+    return (f"{task}: not tuned in {source}; {why}. Record such tasks with {RECORD_ENV}=misses.jsonl (or "
+            "runtime.record(path)) and tune them with `farm sweep --tasks misses.jsonl`")
+
+
+# Registries alive in this process: record(path) writes the misses they already resolved.
+_registries: weakref.WeakSet[Registry] = weakref.WeakSet()
+_recording: list[Path] = []  # the paths of active record() calls; the latest wins
+_unwritable: set[Path] = set()
+
+
+def recording_path() -> Path | None:
+    """Where misses are recorded now: the latest active `record(path)`, else $FARM_RECORD_MISSES."""
+    if _recording:
+        return _recording[-1]
+    env = os.environ.get(RECORD_ENV)
+    return Path(env) if env else None
+
+
+def _record(path: Path, lookups: Sequence[Lookup]) -> None:
+    """Append the misses to `path`; a file that cannot take them warns once, and the program runs on."""
+    try:
+        for lookup in lookups:
+            if lookup.rule != EXACT:
+                record_miss(path, lookup.miss)
+    except MissFileError as err:
+        if path not in _unwritable:
+            _unwritable.add(path)
+            warnings.warn(f"misses not recorded: {err}", RuntimeWarning, stacklevel=_caller_level())
+
+
+class Recording:
+    """An active `record(path)`: a context manager, or `stop()` it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.active = path, True
+
+    def stop(self) -> None:
+        """Stop recording to this path (an outer `record` or $FARM_RECORD_MISSES takes over)."""
+        if self.active:
+            self.active = False
+            del _recording[len(_recording) - 1 - _recording[::-1].index(self.path)]  # its latest entry
+
+    def __enter__(self) -> Recording:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def record(path: str | Path) -> Recording:
+    """Record, to the JSON-lines file `path`, every task run without an exact tuned config.
+
+    One line per task (farm.deploy.misses): the misses already looked up by live registries are
+    written at once, later ones as they are looked up. `farm sweep --tasks path` tunes them.
+
+        with runtime.record("misses.jsonl"):
+            model(batch)
+    """
+    path = Path(path)
+    _recording.append(path)
+    for registry in list(_registries):
+        _record(path, registry.misses())
+    return Recording(path)
+
+
+def _device_target(platform: str) -> tuple[str | None, bool]:
+    """(target, interpret) for a JAX platform name; target None: a GPU, chosen per task."""
+    if platform == "cpu":
+        return "interpret", True
+    if platform == "tpu":
+        return "tpu", False
+    if platform in ("gpu", "cuda", "rocm"):
+        return None, False
+    raise FarmError(f"tuned(): no kernel target for JAX platform {platform!r}; expected cpu, tpu or gpu, "
+                    "or pass target=")
+
+
+class TunedKernel:
+    """A kernel bound to a registry: called on JAX arrays (or tracers, under `jax.jit`), it runs
+    the looked-up config.
+
+    The Pallas call is built and jitted once per input shapes and dtypes, and cached. With
+    target=None the target follows `jax.devices()[0]`: "interpret" on CPU, "tpu" on TPU, and on
+    a GPU, per task, the GPU target with the faster tuned median in the registry (else
+    "gpu-triton"). Differentiable when the kernel declares a backward kernel (its BACKWARD hook:
+    the backward kernel is tuned too); otherwise differentiating raises NoBackwardKernel.
     """
 
-    def __init__(self, registry: Registry, kernel: str, *, target: str, device_kind: str | None = None,
+    def __init__(self, registry: Registry, kernel: str, *, target: str | None = None, device_kind: str | None = None,
                  interpret: bool = False, shape_of: Callable[..., tuple[int, ...]] | None = None) -> None:
         self.registry, self.kernel, self.target, self.device_kind = registry, kernel, target, device_kind
         self.interpret = interpret
         self._module = kernels.load(kernel)
         self._shape_of = shape_of or self._module.shape_of
-        self._built: dict[tuple, tuple[Choice, Callable[..., Any]]] = {}
+        self._built: dict[tuple, tuple[Choice, Callable[..., Any], Lookup]] = {}
         self._lock = threading.Lock()
+        backward = kernels.protocol.hook(self._module, "BACKWARD")
+        self._backward = None if backward is None else TunedKernel(
+            registry, backward.kernel, target=target, device_kind=device_kind, interpret=interpret)
+        import jax
 
-    def _entry(self, inputs: Sequence[Any]) -> tuple[Choice, Callable[..., Any]]:
-        key = (*(tuple(x.shape) for x in inputs), inputs[0].dtype)
+        self._call = jax.jit(self._differentiable(backward))  # jit: eager calls skip the rule's dispatch
+
+    def _entry(self, inputs: Sequence[Any]) -> tuple[Choice, Callable[..., Any], Lookup]:
+        key = (*(tuple(x.shape) for x in inputs), *(x.dtype for x in inputs))
         entry = self._built.get(key)
         if entry is None:
             with self._lock:
@@ -285,24 +506,95 @@ class TunedKernel:
                     entry = self._built[key] = self._build(inputs)
         return entry
 
-    def _build(self, inputs: Sequence[Any]) -> tuple[Choice, Callable[..., Any]]:
+    def _platform(self, shape: tuple[int, ...], dtype: str) -> tuple[str, bool]:
+        """(target, interpret) for a task: the given target, or the one of the device."""
+        if self.target is not None:
+            return self.target, self.interpret
+        import jax
+
+        target, interpret = _device_target(jax.devices()[0].platform)
+        if target is None:
+            gpu = [t for t in GPU_TARGETS if t in self._module.TARGETS]
+            target = self.registry.gpu_target(self.kernel, shape, dtype, self.device_kind, gpu or GPU_TARGETS)
+        return target, interpret or self.interpret
+
+    def _build(self, inputs: Sequence[Any]) -> tuple[Choice, Callable[..., Any], Lookup]:
         import jax
 
         from kernels.lowering import Platform
 
         shape = tuple(int(d) for d in self._shape_of(*inputs))
         dtype = _dtype_name(inputs[0].dtype)
-        choice = self.registry.lookup(self.kernel, shape, dtype, self.target, self.device_kind)
-        platform = Platform(self.target, interpret=self.interpret)
-        return choice, jax.jit(self._module.build(dict(choice.config), shape, dtype, platform))
+        target, interpret = self._platform(shape, dtype)
+        choice = self.registry.lookup(self.kernel, shape, dtype, target, self.device_kind)
+        lookup = Lookup.of(self.kernel, shape, dtype, target, self.device_kind, choice)
+        built = self._module.build(dict(choice.config), shape, dtype, Platform(target, interpret=interpret))
+        return choice, jax.jit(built), lookup
+
+    def _differentiable(self, backward: Any) -> Callable[..., Any]:
+        """The kernel call with its derivative rule: the backward kernel's VJP, or a clear refusal."""
+        import jax
+
+        def run(*inputs: Any) -> Any:
+            return self._entry(inputs)[1](*inputs)
+
+        if backward is None:
+            refused = jax.custom_jvp(run)
+
+            @refused.defjvp
+            def _refuse(primals: tuple, tangents: tuple) -> Any:
+                raise NoBackwardKernel(
+                    f"kernel {self.kernel!r} has no backward kernel: runtime.tuned({self.kernel!r}) cannot be "
+                    f"differentiated (jax.grad, jax.jvp, ...). Differentiate its reference "
+                    f"({self._module.__name__}.reference) instead, or declare a backward kernel in "
+                    f"{self._module.__name__} (the BACKWARD hook, kernels.protocol.Backward)")
+
+            return refused
+
+        differentiable = jax.custom_vjp(run)
+        sources = backward.sources()
+        keep_outputs = any(kind == "output" for kind, _ in sources)
+
+        def forward(*inputs: Any) -> tuple[Any, tuple]:
+            out = run(*inputs)
+            return out, (inputs, out if keep_outputs else None)
+
+        def vjp(residuals: tuple, cotangent: Any) -> tuple:
+            inputs, out = residuals
+            values = {"input": inputs, "output": _as_tuple(out), "cotangent": _as_tuple(cotangent)}
+            grads = _as_tuple(self._backward(*(values[kind][i] for kind, i in sources)))
+            by_input = dict(zip(backward.grads, grads))
+            return tuple(by_input[i].astype(x.dtype) if i in by_input else _zeros(x) for i, x in enumerate(inputs))
+
+        differentiable.defvjp(forward, vjp)
+        return differentiable
 
     def choice(self, *inputs: Any) -> Choice:
         """The config (and rule) these inputs run with."""
         return self._entry(inputs)[0]
 
+    def choices(self) -> list[Lookup]:
+        """The tasks this kernel was built for, with the rule and distance of each config."""
+        return [entry[2] for entry in list(self._built.values())]
+
     def __call__(self, *inputs: Any) -> Any:
         """Run the kernel on `inputs` with its tuned config."""
-        return self._entry(inputs)[1](*inputs)
+        return self._call(*inputs)
+
+
+def _as_tuple(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _zeros(x: Any) -> Any:
+    """The zero cotangent of an input no backward output covers (float0 for integer inputs)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
 
 
 _default: Registry | None = None
@@ -314,9 +606,14 @@ def set_default(registry: Registry | None) -> None:
     _default = registry
 
 
-def tuned(kernel_name: str, *, target: str, registry: Registry | None = None, device_kind: str | None = None,
-          interpret: bool = False, shape_of: Callable[..., tuple[int, ...]] | None = None) -> TunedKernel:
-    """A function that calls `kernel_name` on JAX arrays with the config looked up in `registry`."""
+def tuned(kernel_name: str, *, target: str | None = None, registry: Registry | None = None,
+          device_kind: str | None = None, interpret: bool = False,
+          shape_of: Callable[..., tuple[int, ...]] | None = None) -> TunedKernel:
+    """A function that calls `kernel_name` on JAX arrays with the config looked up in `registry`.
+
+    target=None follows the device (see TunedKernel); the result may be called under `jax.jit`
+    and differentiated when the kernel has a backward kernel.
+    """
     registry = registry if registry is not None else _default
     if registry is None:
         raise FarmError("tuned(): no registry; expected registry=Registry.load(...) or runtime.set_default(...)")
