@@ -199,15 +199,24 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
 
 
 class Variant(NamedTuple):
-    """The entry points that differ between the causal and the non-causal kernel."""
+    """Every protocol member of an attention kernel module but NAME, in the order a module unpacks
+    them; only `reference`, `flops` and `build` differ between the causal and the non-causal kernel."""
 
+    SHAPE_NAMES: tuple[str, ...]
+    TARGETS: tuple[str, ...]
     reference: Callable[..., jax.Array]
+    make_inputs: Callable[..., tuple[jax.Array, ...]]
+    shape_of: Callable[..., tuple[int, ...]]
     flops: Callable[[tuple[int, ...]], int]
+    bytes_moved: Callable[[tuple[int, ...], Any], int]
+    footprint: Callable[..., int]
+    default_config: Callable[..., dict[str, Any]]
+    check_config: Callable[..., str | None]
     build: Callable[..., Callable[..., jax.Array]]
 
 
 def variant(causal: bool) -> Variant:
-    """`reference`, `flops` and `build` of the causal or the non-causal kernel module."""
+    """The protocol members of the causal or the non-causal kernel module (all but NAME)."""
     kind = "causal" if causal else "non-causal"
 
     def reference_(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -222,4 +231,5 @@ def variant(causal: bool) -> Variant:
     reference_.__doc__ = f"{kind.capitalize()} attention in plain jax.numpy, computed in float32."
     flops_.__doc__ = "2 b h s^2 d: half of the non-causal count." if causal else "4 b h s^2 d for Q K^T and P V."
     build_.__doc__ = f"The Pallas {kind} attention for `config`: a function of (q, k, v)."
-    return Variant(reference_, flops_, build_)
+    return Variant(SHAPE_NAMES, TARGETS, reference_, make_inputs, shape_of, flops_, bytes_moved, footprint,
+                   default_config, check_config, build_)
