@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from kernels import glu
 
 NAME = "geglu"
+MEMORY_PARAMS = glu.MEMORY_PARAMS
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -26,7 +27,7 @@ def gelu_tanh(a: jax.Array) -> jax.Array:
 
 
 # Operations per element: cube, scale, add, scale, tanh, add, two halves, gate.
-(SHAPE_NAMES, TARGETS, MEMORY_PARAMS, reference, make_inputs, shape_of, flops, bytes_moved, footprint,
- default_config, check_config, build) = glu.gated_unit(
+(SHAPE_NAMES, TARGETS, reference, make_inputs, shape_of, flops, bytes_moved, footprint, default_config,
+ check_config, build) = glu.gated_unit(
     NAME, gelu_tanh, functools.partial(jax.nn.gelu, approximate=True), flops_per_element=11,
     formula="gelu(a) * b (tanh approximation)")

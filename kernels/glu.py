@@ -28,13 +28,14 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels.lowering import Platform, pallas_call
+from kernels.members import Members
 from kernels.rows.config import from_dict, is_pow2, vmem_limit
 
 SHAPE_NAMES = ("batch", "seq", "hidden")
@@ -289,27 +290,10 @@ def build(act: Activation, name: str, config: Mapping[str, Any], shape: tuple[in
     )
 
 
-class GatedUnit(NamedTuple):
-    """Every protocol member of a gated unit's module but NAME, in the order a module unpacks them
-    (plus the optional MEMORY_PARAMS); only `reference`, `flops` and `build` depend on the activation."""
-
-    SHAPE_NAMES: tuple[str, ...]
-    TARGETS: tuple[str, ...]
-    MEMORY_PARAMS: tuple[str, ...]
-    reference: Callable[[jax.Array, jax.Array], jax.Array]
-    make_inputs: Callable[..., tuple[jax.Array, ...]]
-    shape_of: Callable[..., tuple[int, ...]]
-    flops: Callable[[tuple[int, ...]], int]
-    bytes_moved: Callable[[tuple[int, ...], Any], int]
-    footprint: Callable[..., int]
-    default_config: Callable[..., dict[str, Any]]
-    check_config: Callable[..., str | None]
-    build: Callable[..., Callable[[jax.Array, jax.Array], jax.Array]]
-
-
 def gated_unit(name: str, act: Activation, reference_act: Activation, flops_per_element: int,
-               formula: str) -> GatedUnit:
-    """The protocol members of the gated unit `name`: out = act(a) * b.
+               formula: str) -> Members:
+    """The protocol members of the gated unit `name` (all but NAME): out = act(a) * b; only
+    `reference`, `flops` and `build` depend on the activation.
 
     Args:
       name: the registered name (the kernel's name in `build`'s errors and traces).
@@ -333,5 +317,5 @@ def gated_unit(name: str, act: Activation, reference_act: Activation, flops_per_
     reference_.__doc__ = f"{formula} in plain jax.numpy, computed in float32."
     flops_.__doc__ = f"Approximate floating-point operations: {flops_per_element} per element."
     build_.__doc__ = f"The Pallas {formula} for `config` on `platform`: a function of (a, b)."
-    return GatedUnit(SHAPE_NAMES, TARGETS, MEMORY_PARAMS, reference_, make_inputs, shape_of, flops_,
-                     bytes_moved, footprint, default_config, check_config, build_)
+    return Members(SHAPE_NAMES, TARGETS, reference_, make_inputs, shape_of, flops_, bytes_moved, footprint,
+                   default_config, check_config, build_)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from kernels import glu
 
 NAME = "swiglu"
+MEMORY_PARAMS = glu.MEMORY_PARAMS
 
 
 def silu(a: jax.Array) -> jax.Array:
@@ -19,6 +20,5 @@ def silu(a: jax.Array) -> jax.Array:
 
 
 # Operations per element: negate, exp, add, divide, multiply.
-(SHAPE_NAMES, TARGETS, MEMORY_PARAMS, reference, make_inputs, shape_of, flops, bytes_moved, footprint,
- default_config, check_config, build) = glu.gated_unit(NAME, silu, jax.nn.silu, flops_per_element=5,
-                                                       formula="silu(a) * b")
+(SHAPE_NAMES, TARGETS, reference, make_inputs, shape_of, flops, bytes_moved, footprint, default_config,
+ check_config, build) = glu.gated_unit(NAME, silu, jax.nn.silu, flops_per_element=5, formula="silu(a) * b")
