@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +55,7 @@ from jax.experimental import pallas as pl
 from kernels.attention_config import CONFIGS, AttentionConfig, as_config
 from kernels.knobs import refusal
 from kernels.lowering import Platform, pallas_call
+from kernels.members import Members
 
 SHAPE_NAMES = ("batch", "heads", "seq", "head_dim")
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
@@ -198,16 +199,9 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
     )
 
 
-class Variant(NamedTuple):
-    """The entry points that differ between the causal and the non-causal kernel."""
-
-    reference: Callable[..., jax.Array]
-    flops: Callable[[tuple[int, ...]], int]
-    build: Callable[..., Callable[..., jax.Array]]
-
-
-def variant(causal: bool) -> Variant:
-    """`reference`, `flops` and `build` of the causal or the non-causal kernel module."""
+def variant(causal: bool) -> Members:
+    """The protocol members of the causal or the non-causal kernel module (all but NAME); only
+    `reference`, `flops` and `build` differ between the two."""
     kind = "causal" if causal else "non-causal"
 
     def reference_(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -222,4 +216,5 @@ def variant(causal: bool) -> Variant:
     reference_.__doc__ = f"{kind.capitalize()} attention in plain jax.numpy, computed in float32."
     flops_.__doc__ = "2 b h s^2 d: half of the non-causal count." if causal else "4 b h s^2 d for Q K^T and P V."
     build_.__doc__ = f"The Pallas {kind} attention for `config`: a function of (q, k, v)."
-    return Variant(reference_, flops_, build_)
+    return Members(SHAPE_NAMES, TARGETS, reference_, make_inputs, shape_of, flops_, bytes_moved, footprint,
+                   default_config, check_config, build_)

@@ -6,17 +6,8 @@ the TPU VMEM model are in `kernels.attention_core`, shared with `kernels.flash_a
 from __future__ import annotations
 
 from kernels import attention_core
-from kernels.attention_core import (  # noqa: F401 - the shared protocol members
-    SHAPE_NAMES,
-    TARGETS,
-    bytes_moved,
-    check_config,
-    default_config,
-    footprint,
-    make_inputs,
-    shape_of,
-)
 
 NAME = "flash_attention"
 CAUSAL = False
-reference, flops, build = attention_core.variant(causal=CAUSAL)
+(SHAPE_NAMES, TARGETS, reference, make_inputs, shape_of, flops, bytes_moved, footprint, default_config,
+ check_config, build) = attention_core.variant(causal=CAUSAL)

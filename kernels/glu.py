@@ -1,6 +1,7 @@
 """Gated linear units, elementwise: out = act(a) * b for a, b of shape (batch, seq, hidden).
 
-Shared by `swiglu` and `geglu`, which supply `act` (float32 -> float32). Inputs are read once,
+Shared by `swiglu` and `geglu`, which supply `act` (float32 -> float32) to `gated_unit`, which
+makes every protocol member of their modules. Inputs are read once,
 the output written once, the math done in float32 and rounded to the input dtype.
 
 Not on the row engine (`kernels.rows`): a gated unit reduces nothing, so none of the engine's
@@ -34,6 +35,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels.lowering import Platform, pallas_call
+from kernels.members import Members
 from kernels.rows.config import from_dict, is_pow2, vmem_limit
 
 SHAPE_NAMES = ("batch", "seq", "hidden")
@@ -286,3 +288,34 @@ def build(act: Activation, name: str, config: Mapping[str, Any], shape: tuple[in
         grid=(batch, pl.cdiv(seq, br), pl.cdiv(hidden, bc)), in_specs=[spec, spec], out_specs=spec,
         tpu_params=tpu_params, name=name,
     )
+
+
+def gated_unit(name: str, act: Activation, reference_act: Activation, flops_per_element: int,
+               formula: str) -> Members:
+    """The protocol members of the gated unit `name` (all but NAME): out = act(a) * b; only
+    `reference`, `flops` and `build` depend on the activation.
+
+    Args:
+      name: the registered name (the kernel's name in `build`'s errors and traces).
+      act: the activation as the kernel computes it, float32 -> float32, using only operations
+        every backend lowers.
+      reference_act: the same activation from `jax.nn`, the reference's.
+      flops_per_element: floating-point operations of act(a) * b per element.
+      formula: the math in words, for the docstrings (e.g. "silu(a) * b").
+    """
+
+    def reference_(a: jax.Array, b: jax.Array) -> jax.Array:
+        return (reference_act(a.astype(jnp.float32)) * b.astype(jnp.float32)).astype(a.dtype)
+
+    def flops_(shape: tuple[int, ...]) -> int:
+        return flops_per_element * math.prod(shape)
+
+    def build_(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
+               platform: Platform) -> Callable[[jax.Array, jax.Array], jax.Array]:
+        return build(act, name, config, shape, dtype, platform)
+
+    reference_.__doc__ = f"{formula} in plain jax.numpy, computed in float32."
+    flops_.__doc__ = f"Approximate floating-point operations: {flops_per_element} per element."
+    build_.__doc__ = f"The Pallas {formula} for `config` on `platform`: a function of (a, b)."
+    return Members(SHAPE_NAMES, TARGETS, reference_, make_inputs, shape_of, flops_, bytes_moved, footprint,
+                   default_config, check_config, build_)

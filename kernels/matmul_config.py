@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, Self
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +80,9 @@ class MatmulConfig(Knobs):
     block_k: int
     epi_n: int | None = None
 
+    # (preferred, align) of block_m, block_n and block_k in `default` (see `fit`); per target.
+    DEFAULT_TILES: ClassVar[tuple[tuple[int, int], ...]] = ()
+
     def validate(self) -> None:
         """Tiles are positive."""
         if min(self.block_m, self.block_n, self.block_k, 1 if self.epi_n is None else self.epi_n) < 1:
@@ -103,6 +106,15 @@ class MatmulConfig(Knobs):
         if problem.epilogue.full_rows and epi_n != bn:
             raise ConfigError("this epilogue needs whole rows: epi_n must equal block_n")
 
+    @classmethod
+    def default(cls, problem: Problem) -> Self:
+        """Tiles that divide the problem, as large as DEFAULT_TILES prefers (all of n when the
+        epilogue needs whole rows); every other knob at its default."""
+        (m, m_align), (n, n_align), (k, k_align) = cls.DEFAULT_TILES
+        full = problem.epilogue.full_rows
+        return cls(fit(problem.m, m, m_align), problem.n if full else fit(problem.n, n, n_align),
+                   fit(problem.k, k, k_align))
+
 
 @dataclasses.dataclass(frozen=True)
 class TpuMatmulConfig(MatmulConfig):
@@ -112,6 +124,8 @@ class TpuMatmulConfig(MatmulConfig):
     buffers: int = 2
     epi_m: int | None = None
 
+    # The default: the K loop as a grid axis (k_strategy's default), tiles up to 256 x 256 x 512.
+    DEFAULT_TILES = ((256, 8), (256, 128), (512, 128))
     # Mosaic's own pipeline takes 1 or 2 buffers; emit_pipeline 2 or 3.
     BUFFERS = {"grid": (1, 2), "resident": (1, 2), "emit_pipeline": (2, 3)}
 
@@ -144,12 +158,6 @@ class TpuMatmulConfig(MatmulConfig):
         return (self.buffers * (bm * depth + depth * bn) * item + 2 * bm * bn * out_item + bm * bn * 4
                 + 2 * epi_m * epi_n * 4 + 2 * problem.epilogue.vectors * 8 * bn * 4)
 
-    @classmethod
-    def default(cls, problem: Problem) -> TpuMatmulConfig:
-        """The K loop as a grid axis, with tiles that divide the problem."""
-        full = problem.epilogue.full_rows
-        return cls(fit(problem.m, 256, 8), problem.n if full else fit(problem.n, 256, 128),
-                   fit(problem.k, 512, 128))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +165,9 @@ class InterpretMatmulConfig(MatmulConfig):
     """Plain Pallas (the Triton kernel without compiler params): group_m row tiles per column sweep."""
 
     group_m: int = 1
+
+    # The default: small tiles, up to 64 x 64 x 32.
+    DEFAULT_TILES = ((64, 16), (64, 16), (32, 16))
 
     def validate(self) -> None:
         """group_m is positive."""
@@ -177,12 +188,6 @@ class InterpretMatmulConfig(MatmulConfig):
         bm, bn = self.block_m, self.block_n
         return (bm * problem.k + problem.k * bn) * item + bm * bn * 4
 
-    @classmethod
-    def default(cls, problem: Problem) -> InterpretMatmulConfig:
-        """Small tiles that divide the problem."""
-        full = problem.epilogue.full_rows
-        return cls(fit(problem.m, 64, 16), problem.n if full else fit(problem.n, 64, 16),
-                   fit(problem.k, 32, 16))
 
 
 @dataclasses.dataclass(frozen=True)

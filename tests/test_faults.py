@@ -14,19 +14,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from farm.measure import outcomes
-from tests.sweeps import run_sweep
+from tests.sweeps import run_sweep, space
 
-FAULTS = """\
-kernel: tests.fixtures.faulty_softmax
-dtypes: [float32]
-shapes: [[16, 128]]
-targets: [interpret]
-params:
-  block_rows: {values: [8]}
-  fault: {values: [none, hang_compile, hang_device, crash]}
-sampler: grid
-trials: 4
-"""
+FAULTS = space("tests.fixtures.faulty_softmax", [[16, 128]], trials=4, block_rows=[8],
+               fault=["none", "hang_compile", "hang_device", "crash"])
 
 
 def test_hangs_and_crashes_are_recorded_and_the_sweep_finishes(ray_local, tmp_path, signing_key):
@@ -47,17 +38,9 @@ def test_hangs_and_crashes_are_recorded_and_the_sweep_finishes(ray_local, tmp_pa
 
 def test_a_trial_whose_worker_died_once_is_requeued(ray_local, tmp_path, signing_key):
     marker = tmp_path / "crashed-once"
-    _, trials = run_sweep(tmp_path, signing_key, f"""\
-        kernel: tests.fixtures.faulty_softmax
-        dtypes: [float32]
-        shapes: [[16, 128]]
-        targets: [interpret]
-        params:
-          block_rows: {{values: [8]}}
-          fault: {{values: [crash_once]}}
-          marker: {{values: ["{marker}"]}}
-        trials: 1
-    """)
+    _, trials = run_sweep(tmp_path, signing_key, space("tests.fixtures.faulty_softmax", [[16, 128]], trials=1,
+                                                       sampler=None, block_rows=[8], fault=["crash_once"],
+                                                       marker=[str(marker)]))
     assert marker.exists()
     assert [(t["outcome"], t["attempt"]) for t in trials] == [(outcomes.OK, 2)]
 
@@ -89,18 +72,8 @@ def test_killing_worker_processes_loses_no_trial(ray_local, tmp_path, signing_ke
 
     killer = threading.Thread(target=kill_workers_mid_sweep)
     killer.start()
-    _, trials = run_sweep(tmp_path, signing_key, """\
-        kernel: matmul
-        dtypes: [float32]
-        shapes: [[64, 64, 64]]
-        targets: [interpret]
-        params:
-          block_m: {values: [8, 16, 32, 64]}
-          block_n: {values: [16, 32, 64]}
-          block_k: {values: [64]}
-        sampler: grid
-        trials: 12
-    """)
+    _, trials = run_sweep(tmp_path, signing_key, space("matmul", [[64, 64, 64]], trials=12, block_m=[8, 16, 32, 64],
+                                                       block_n=[16, 32, 64], block_k=[64]))
     killer.join()
     assert killed, "no worker process was found to kill"
     measured = [t for t in trials if t["outcome"] in outcomes.MEASURED]
@@ -108,18 +81,8 @@ def test_killing_worker_processes_loses_no_trial(ray_local, tmp_path, signing_ke
     assert len({t["config"] for t in measured}) == 12
 
 
-RESUME_SPACE = """\
-kernel: tests.fixtures.faulty_softmax
-dtypes: [float32]
-shapes: [[16, 128], [32, 128]]
-targets: [interpret]
-params:
-  block_rows: {values: [8, 16]}
-  fault: {values: [slow]}
-  delay_ms: {values: [0, 10, 20, 40]}
-sampler: grid
-trials: 8
-"""
+RESUME_SPACE = space("tests.fixtures.faulty_softmax", [[16, 128], [32, 128]], trials=8, block_rows=[8, 16],
+                     fault=["slow"], delay_ms=[0, 10, 20, 40])
 
 
 def _farm(args, repo, **kwargs):

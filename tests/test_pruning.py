@@ -12,7 +12,7 @@ import pytest
 from farm.measure import capacity, outcomes
 from farm.search import pruning, studies
 from kernels import softmax
-from tests.sweeps import run_sweep
+from tests.sweeps import run_sweep, space
 
 MIB = 1 << 20
 
@@ -124,20 +124,9 @@ def test_configs_over_shared_memory_are_pruned_never_compiled(ray_local, tmp_pat
     fits = {rows: softmax.footprint({"block_rows": rows, **cfg}, shape, jnp.float32, "gpu-triton") <= 232448
             for rows in (1, 2, 4, 8, 16)}
     assert any(fits.values()) and not all(fits.values())
-    out, trials = run_sweep(tmp_path, signing_key, """\
-        kernel: softmax
-        dtypes: [float32]
-        shapes: [[16, 8192]]
-        targets: [gpu-triton]
-        params:
-          block_rows: {values: [1, 2, 4, 8, 16]}
-          num_warps: {values: [4]}
-          num_stages: {values: [3]}
-          strategy: {values: [fori_loop]}
-          block_cols: {values: [4096]}
-        sampler: grid
-        trials: 5
-    """, "--interpret")
+    out, trials = run_sweep(tmp_path, signing_key, space(
+        "softmax", [shape], trials=5, target="gpu-triton", block_rows=[1, 2, 4, 8, 16],
+        **{knob: [value] for knob, value in cfg.items()}), "--interpret")
     # The grid visits all five configs before repeating; repeats are answered without measuring.
     by_rows = {json.loads(t["config"])["block_rows"]: t for t in trials if t["outcome"] != outcomes.CACHED}
     assert sorted(by_rows) == [1, 2, 4, 8, 16]
@@ -160,17 +149,8 @@ def test_configs_over_shared_memory_are_pruned_never_compiled(ray_local, tmp_pat
 
 
 def test_a_real_oom_prunes_every_larger_config_of_the_same_strategy(ray_local, tmp_path, signing_key):
-    out, trials = run_sweep(tmp_path, signing_key, """\
-        kernel: tests.fixtures.faulty_softmax
-        dtypes: [float32]
-        shapes: [[64, 128]]
-        targets: [interpret]
-        params:
-          block_rows: {values: [16, 32, 64, 8]}
-          fault: {values: [oom]}
-        sampler: grid
-        trials: 4
-    """, "--workers", "1")
+    out, trials = run_sweep(tmp_path, signing_key, space("tests.fixtures.faulty_softmax", [[64, 128]], trials=4,
+                                                         block_rows=[16, 32, 64, 8], fault=["oom"]), "--workers", "1")
     outcome = {json.loads(t["config"])["block_rows"]: t for t in trials if t["outcome"] != outcomes.CACHED}
     assert outcome[8]["outcome"] == outcomes.OK
     ooms = [r for r, t in outcome.items() if t["outcome"] == outcomes.OOM]

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 from kernels import softmax_two_pass as K
-from tests.rowwise_checks import kernel_checks
+from tests.rowwise_checks import CONFIGS as ROW_CONFIGS
+from tests.rowwise_checks import RAGGED, SHAPE, kernel_checks
 
-SHAPE = (16, 384)  # three 128-column blocks; padded to 512 on Triton
-RAGGED = (13, 200)  # Triton: neither rows nor columns fill a power-of-two block
+# The shared interpret configs; TPU and Triton configs of the two-pass strategies.
 CONFIGS = {
-    "interpret": [{"block_rows": 8, "strategy": "fori_loop", "block_cols": 128},
-                  {"block_rows": 16, "strategy": "grid", "block_cols": 128}],
+    **ROW_CONFIGS,
     "tpu": [{"block_rows": 16, "strategy": "fori_loop", "block_cols": 128},
             {"block_rows": 16, "strategy": "grid", "block_cols": 128, "buffers": 1},
             {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 1},

@@ -15,7 +15,7 @@ from farm import cli
 from farm.bundle import trust
 from farm.measure import outcomes
 from farm.search import studies
-from tests.sweeps import run_sweep
+from tests.sweeps import run_sweep, space
 
 
 def _ok_configs(rows):
@@ -90,17 +90,8 @@ def test_show_prints_the_winners(demo_run, signing_key, capsys):
     assert "matmul/256x128x256/float32/interpret" in shown and "block_m=" in shown
 
 
-WRONG_SPACE = """\
-kernel: tests.fixtures.wrong_softmax
-dtypes: [float32]
-shapes: [[32, 128], [64, 128]]
-targets: [interpret]
-params:
-  block_rows: {values: [8, 16]}
-  variant: {values: [correct, copy, partial]}
-sampler: grid
-trials: 6
-"""
+WRONG_SPACE = space("tests.fixtures.wrong_softmax", [[32, 128], [64, 128]], trials=6, block_rows=[8, 16],
+                    variant=["correct", "copy", "partial"])
 
 
 def test_wrong_config_is_recorded_and_never_wins(ray_local, tmp_path, signing_key):
@@ -115,18 +106,8 @@ def test_wrong_config_is_recorded_and_never_wins(ray_local, tmp_path, signing_ke
 
 
 def test_failures_do_not_stop_the_sweep(ray_local, tmp_path, signing_key):
-    _, trials = run_sweep(tmp_path, signing_key, """\
-        kernel: matmul
-        dtypes: [float32]
-        shapes: [[64, 64, 64]]
-        targets: [interpret]
-        params:
-          block_m: {values: [32, 48, 64]}
-          block_n: {values: [64]}
-          block_k: {values: [64]}
-        sampler: grid
-        trials: 3
-    """)
+    _, trials = run_sweep(tmp_path, signing_key, space("matmul", [[64, 64, 64]], trials=3, block_m=[32, 48, 64],
+                                                       block_n=[64], block_k=[64]))
     # block_m = 48 does not divide m: the kernel's check_config refuses it, so it is never drawn
     # (the task's valid set holds the two legal configs) and never compiled.
     assert Counter(t["outcome"] for t in trials) == {outcomes.OK: 2}
@@ -134,41 +115,21 @@ def test_failures_do_not_stop_the_sweep(ray_local, tmp_path, signing_key):
 
 
 def test_a_compile_error_is_data_and_the_sweep_goes_on(ray_local, tmp_path, signing_key):
-    _, trials = run_sweep(tmp_path, signing_key, """\
-        kernel: tests.fixtures.faulty_softmax
-        dtypes: [float32]
-        shapes: [[16, 128]]
-        targets: [interpret]
-        params:
-          block_rows: {values: [8]}
-          fault: {values: [compile_error, none]}
-        sampler: grid
-        trials: 2
-    """)
+    _, trials = run_sweep(tmp_path, signing_key, space("tests.fixtures.faulty_softmax", [[16, 128]], trials=2,
+                                                       block_rows=[8], fault=["compile_error", "none"]))
     assert Counter(t["outcome"] for t in trials) == {outcomes.OK: 1, outcomes.COMPILE_ERROR: 1}
     failed = next(t for t in trials if t["outcome"] == outcomes.COMPILE_ERROR)
     assert json.loads(failed["config"])["fault"] == "compile_error" and "compiler rejects it" in failed["error"]
 
 
 def test_a_space_that_rejects_almost_every_config_still_makes_progress(ray_local, tmp_path, signing_key):
-    # One config of 64 satisfies the constraint; after a short run of invalid draws the driver
-    # queues a valid one instead of burning the draw limit (50 per trial) on the sampler.
-    _, trials = run_sweep(tmp_path, signing_key, """\
-        kernel: matmul
-        dtypes: [float32]
-        shapes: [[64, 64, 64]]
-        targets: [interpret]
-        params:
-          block_m: {values: [8, 16, 32, 64]}
-          block_n: {values: [8, 16, 32, 64]}
-          block_k: {values: [8, 16, 32, 64]}
-        constraints:
-          - block_m * block_n * block_k == 64 * 64 * 64
-        trials: 2
-    """)
+    # One config of 64 satisfies the constraint: the task's valid set holds it alone, so it is
+    # measured (here as the kernel's default, trial 0) and the task ends: no draw is wasted.
+    _, trials = run_sweep(tmp_path, signing_key, space(
+        "matmul", [[64, 64, 64]], trials=2, sampler=None, constraints=["block_m * block_n * block_k == 64 * 64 * 64"],
+        block_m=[8, 16, 32, 64], block_n=[8, 16, 32, 64], block_k=[8, 16, 32, 64]))
     counts = Counter(t["outcome"] for t in trials)
-    assert counts[outcomes.OK] == 1 and counts[outcomes.OK] + counts[outcomes.CACHED] == 2
-    assert counts[outcomes.INVALID] <= 12
+    assert counts == {outcomes.OK: 1}
     ok = next(t for t in trials if t["outcome"] == outcomes.OK)
     assert json.loads(ok["config"]) == {"block_m": 64, "block_n": 64, "block_k": 64}
 
@@ -176,18 +137,9 @@ def test_a_space_that_rejects_almost_every_config_still_makes_progress(ray_local
 def test_a_time_budget_stops_asking_and_still_writes_a_bundle(ray_local, tmp_path, signing_key):
     # 64 configs cannot all be compiled and timed in 2 s on CPU; the budget stops the asking, the
     # trials in flight finish and the bundle holds the best of what was measured.
-    out, trials = run_sweep(tmp_path, signing_key, """\
-        kernel: matmul
-        dtypes: [float32]
-        shapes: [[64, 64, 64]]
-        targets: [interpret]
-        params:
-          block_m: {values: [8, 16, 32, 64]}
-          block_n: {values: [8, 16, 32, 64]}
-          block_k: {values: [8, 16, 32, 64]}
-        sampler: grid
-        trials: 64
-    """, "--time-budget", "2")
+    out, trials = run_sweep(tmp_path, signing_key, space(
+        "matmul", [[64, 64, 64]], trials=64, block_m=[8, 16, 32, 64], block_n=[8, 16, 32, 64],
+        block_k=[8, 16, 32, 64]), "--time-budget", "2")
     measured = [t for t in trials if t["outcome"] in outcomes.MEASURED]
     assert 0 < len(measured) < 64
     assert json.loads((out / "run.json").read_text())["summary"]["stopped_by_time_budget"] is True
