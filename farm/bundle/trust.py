@@ -137,8 +137,9 @@ def load_trust(paths: Sequence[str | Path], *, require_keys: bool = True) -> Tru
         for file in revocations:
             revoked.update(read_revocations(file))
     if require_keys and not set(keys) - set(revoked):
+        gone = "; ".join(f"key {kid}, which is revoked ({revoked[kid]})" for kid in sorted(keys))
         raise FarmError(f"--trust: expected at least one public key file that is not revoked, found none in "
-                        f"{[str(p) for p in paths]}")
+                        f"{show([str(p) for p in paths])}" + (f": {gone}" if gone else ""))
     return Trust(keys, revoked)
 
 
