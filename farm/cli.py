@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import warnings
 from datetime import datetime, timezone
@@ -145,6 +146,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=_positive_int, default=2,
                         help="runs of a trial whose worker died before it is recorded worker_lost")
     parser.add_argument("--quiet", action="store_true", help="no live progress table")
+    parser.add_argument("--allow-kernel-module", action="store_true", help="accept a space's `kernel:` given as a "
+                        "module path (importing it runs its code); also FARM_ALLOW_KERNEL_MODULES=1")
 
 
 def _quiet_optuna() -> None:
@@ -181,6 +184,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from farm.run.sweep import SweepSettings, run_sweep
     from farm.search import plan, spaces
 
+    if args.allow_kernel_module:  # --resume reloads the run's spaces through the same switch
+        os.environ[spaces.ALLOW_KERNEL_MODULES_ENV] = "1"
     if args.resume and args.spaces:
         raise FarmError("--resume: expected no SPACE arguments (the run folder keeps its own copies)")
     if args.resume:
@@ -303,7 +308,7 @@ def cmd_retune(args: argparse.Namespace) -> int:
     from farm.run.progress import SweepProgress
     from farm.search import plan, spaces
 
-    loaded = spaces.load_spaces(args.spaces)
+    loaded = spaces.load_spaces(args.spaces, allow_kernel_modules=args.allow_kernel_module or None)
     planned = plan.expand(loaded, args.target, None)
     out = args.out or Path("artifacts") / f"retune-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     _check_out(out)

@@ -57,6 +57,12 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def now_precise() -> str:
+    """UTC time in ISO 8601, to the microsecond: a bundle's `created`, which orders bundles
+    (`farm pull`'s rollback protection; ties broken by bundle id)."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file's bytes."""
     digest = hashlib.sha256()
@@ -123,7 +129,7 @@ def write_bundle(dest: str | Path, configs: Sequence[Mapping[str, Any]],
         manifest = {
             "schema_version": SCHEMA_VERSION,
             "bundle_id": uuid.uuid4().hex,
-            "created": now(),
+            "created": now_precise(),
             "signer_key_id": signing.key_id(private_key.public_key()),
             "files": {name: {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
                       for name in (CONFIGS, TRIALS)},

@@ -7,7 +7,12 @@ a bundle folder. The deployment folder holds
 
     DIR/current -> versions/<created>-<bundle id>   a relative symbolic link, swapped by rename
     DIR/versions/<created>-<bundle id>/             verified bundles (the newest `keep` are kept)
+    DIR/.farm-installed.json                        the versions this tool installed, oldest first
     DIR/.lock                                       serialises concurrent pulls into DIR
+
+Pruning (`keep`) removes only versions named in `.farm-installed.json`, only real folders
+directly inside `DIR/versions`: never a folder the farm did not write, never a symbolic link,
+and nothing at all through a `versions` that is itself a link (such a DIR is refused).
 
 (`farm.bundle.locate` owns this layout's names and opens a deployment folder like any bundle.)
 
@@ -17,8 +22,15 @@ refuses absolute paths, `..`, symbolic and hard links, devices and other special
 archives over the size limits; it never creates anything but plain folders and files. The new
 version is renamed into `versions/`, then `current` is replaced by one atomic rename, so a
 failed, partial or tampered download leaves the installed bundle untouched. A bundle older
-(by manifest `created`) than the installed one is refused unless `allow_older` is set, so a
-replayed old bundle cannot roll a deployment back.
+than the installed one is refused unless `allow_older` is set, so a replayed old bundle cannot
+roll a deployment back: bundles are ordered by manifest `created` (to the microsecond since
+this version; to the second before) and then by bundle id, a total order, so two bundles made in
+the same second cannot replace each other back and forth.
+
+Before anything but the manifest and signature is extracted, the archive's headers are checked
+(declared sizes against the manifest and a budget) and its signer against the trust (revoked,
+untrusted or forged signers are refused unless `allow_unsigned`): a decompression bomb or a
+forged archive writes nothing. Messages name URL and --dest as given, never the staging folder.
 """
 from __future__ import annotations
 
@@ -30,19 +42,20 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from farm.bundle import artifacts
-from farm.bundle.archive import CHUNK, extract_archive, is_archive
+from farm.bundle.archive import CHUNK, MAX_EXTRACTED_BYTES, MAX_MEMBERS, extract_archive, is_archive
 from farm.bundle.locate import CURRENT, VERSIONS, installed
-from farm.bundle.trust import Trust, Verified, verify
-from farm.errors import BundleError, FarmError
+from farm.bundle.trust import Trust, Verified, check_signature, unsigned_refusal, verify
+from farm.errors import BundleError, FarmError, shorten, show
 
 LOCK = ".lock"
-MAX_DOWNLOAD_BYTES = 2 << 30
+RECORD = ".farm-installed.json"   # the version folders this tool installed, oldest first
+MAX_DOWNLOAD_BYTES = MAX_EXTRACTED_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +94,14 @@ def _is_http(fs: Any) -> bool:
 
 
 def _copy(fs: Any, path: str, target: Path, max_bytes: int, url: str) -> int:
-    """Stream one remote file into `target`; its size."""
+    """Stream one remote file into `target`, refusing it once it passes `max_bytes` (or when its
+    declared size already does, before a byte is read); its size."""
     kwargs = {"block_size": 0} if _is_http(fs) else {}  # stream, without range requests
     size = 0
     with fs.open(path, "rb", **kwargs) as source, open(target, "xb") as out:
+        declared = getattr(source, "size", None)
+        if isinstance(declared, int) and declared > max_bytes:
+            raise BundleError(f"{url}: declares {declared} bytes, more than {max_bytes}; expected a bundle")
         while block := source.read(CHUNK):
             size += len(block)
             if size > max_bytes:
@@ -106,22 +123,35 @@ def _download_error(url: str, err: Exception, timeout: float) -> str:
             (": not found" if status == 404 else "")
     if isinstance(err, FileNotFoundError):
         return f"{url}: not found; expected a bundle archive or folder"
-    return f"{url}: download failed ({type(cause).__name__}: {' '.join(str(cause).split())})"
+    if isinstance(cause, OSError) and cause.strerror:  # its filename may be the staging folder: not shown
+        return f"{url}: download failed ({type(cause).__name__}: {cause.strerror})"
+    return f"{url}: download failed ({type(cause).__name__}: {shorten(str(cause), 300)})"
 
 
 def download(url: str, staging: Path, *, timeout: float = 60.0, max_bytes: int = MAX_DOWNLOAD_BYTES,
-             storage_options: Mapping[str, Any] | None = None) -> Path:
-    """Fetch `url` (an archive or a bundle folder) into `staging`; the unverified bundle folder."""
+             storage_options: Mapping[str, Any] | None = None,
+             check_manifest: Callable[[bytes, bytes | None], None] | None = None) -> Path:
+    """Fetch `url` (an archive or a bundle folder) into `staging`; the unverified bundle folder.
+
+    At most `max_bytes` are downloaded in all (a folder: at most MAX_MEMBERS files); an archive is
+    extracted only after its headers, declared sizes and `check_manifest` passed
+    (`farm.bundle.archive.extract_archive`), so a decompression bomb writes nothing.
+    """
     fs, path = _open_source(url, timeout, storage_options or {})
     try:
         if not is_archive(path) and not _is_http(fs) and fs.isdir(path):
             folder = staging / "bundle"
             folder.mkdir()
-            for entry in fs.ls(path, detail=True):
+            entries = fs.ls(path, detail=True)
+            if len(entries) > MAX_MEMBERS:
+                raise BundleError(f"{url}: {len(entries)} entries; expected a bundle folder of at most "
+                                  f"{MAX_MEMBERS} files")
+            left = max_bytes
+            for entry in entries:
                 name = PurePosixPath(entry["name"]).name
                 if entry.get("islink") or entry.get("type") != "file":
-                    raise BundleError(f"{url}: {name!r} is not a plain file; expected a bundle folder of files")
-                _copy(fs, entry["name"], folder / name, max_bytes, url)
+                    raise BundleError(f"{url}: {show(name)} is not a plain file; expected a bundle folder of files")
+                left -= _copy(fs, entry["name"], folder / name, left, url)
             return folder
         archive = staging / "download"
         _copy(fs, path, archive, max_bytes, url)
@@ -129,7 +159,7 @@ def download(url: str, staging: Path, *, timeout: float = 60.0, max_bytes: int =
         raise
     except Exception as err:  # network and backend errors come in many types
         raise FarmError(_download_error(url, err, timeout)) from None
-    return extract_archive(archive, staging / "extracted", label=url)
+    return extract_archive(archive, staging / "extracted", label=url, check_manifest=check_manifest)
 
 
 def _fsync_tree(path: Path) -> None:
@@ -155,18 +185,54 @@ def _version_name(manifest: Mapping[str, Any]) -> str:
     return f"{created}-{bundle_id}"
 
 
-def _install(staged: Verified, dest: Path, previous: Path | None) -> tuple[Path, bool]:
+def _versions_folder(dest: Path) -> Path:
+    """DIR/versions, created when missing; FarmError when it is a link (installing or pruning through
+    it would reach outside --dest) or not a folder."""
     versions = dest / VERSIONS
+    if versions.is_symlink() or (versions.exists() and not versions.is_dir()):
+        raise FarmError(f"--dest {dest}: {VERSIONS} is a symbolic link or not a folder; expected the folder "
+                        f"`farm pull` makes (nothing outside --dest is touched)")
     versions.mkdir(exist_ok=True)
+    return versions
+
+
+def read_record(dest: Path) -> list[str]:
+    """The version folders `farm pull` installed in `dest`, oldest first (DIR/.farm-installed.json)."""
+    try:
+        names = json.loads((dest / RECORD).read_bytes())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str) and n and "/" not in n and n not in (".", "..")]
+
+
+def _write_record(dest: Path, names: list[str]) -> None:
+    """Replace the record atomically (temp file, fsync, rename)."""
+    tmp = dest / f"{RECORD}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(names, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, dest / RECORD)
+    artifacts.fsync_dir(dest)
+
+
+def _install(staged: Verified, dest: Path, previous: Path | None) -> tuple[Path, bool]:
+    versions = _versions_folder(dest)
+    record = read_record(dest)
     name = _version_name(staged.manifest)
     target, reused = versions / name, False
-    if target.exists():
-        same = (target / artifacts.MANIFEST).is_file() and \
+    if os.path.lexists(target):
+        same = name in record and not target.is_symlink() and target.is_dir() and \
+            (target / artifacts.MANIFEST).is_file() and \
             (target / artifacts.MANIFEST).read_bytes() == staged.manifest_bytes
         if same:
             reused = True
         else:
             target = versions / f"{name}-{uuid.uuid4().hex[:6]}"
+    # recorded before it exists: a crash leaves a name to skip, never an unrecorded folder to keep forever
+    _write_record(dest, [n for n in record if n != target.name] + [target.name])
     if not reused:
         _fsync_tree(staged.path)
         os.rename(staged.path, target)
@@ -183,18 +249,33 @@ def _install(staged: Verified, dest: Path, previous: Path | None) -> tuple[Path,
 
 
 def _prune(dest: Path, keep: int, current: Path) -> None:
-    versions = sorted((p for p in (dest / VERSIONS).iterdir() if p.is_dir()), key=lambda p: p.name)
-    old = [p for p in versions if p.resolve() != current]
-    for folder in old[:max(0, len(old) - (keep - 1))]:
-        shutil.rmtree(folder, ignore_errors=True)
+    """Remove the oldest versions this tool installed beyond `keep` (the current one counts).
+
+    Only names in the record, only real folders directly in DIR/versions (never a link, never
+    anything the record does not name, never through a linked `versions`)."""
+    versions = dest / VERSIONS
+    if versions.is_symlink() or not versions.is_dir():
+        return
+    record = read_record(dest)
+    old = [n for n in record if n != current.name]
+    doomed = old[:max(0, len(old) - (keep - 1))]
+    for name in doomed:
+        folder = versions / name
+        if os.path.lexists(folder) and not folder.is_symlink() and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+    if doomed:
+        _write_record(dest, [n for n in record if n not in doomed])
 
 
-def _created(manifest: Mapping[str, Any]) -> datetime | None:
+def _order(manifest: Mapping[str, Any]) -> tuple[datetime, str] | None:
+    """How bundles are ordered for rollback protection: `created` (to the microsecond in bundles this
+    version writes), then bundle id, so two bundles made in the same second never both count as newer."""
     try:
         created = datetime.fromisoformat(str(manifest.get("created")))
     except ValueError:
         return None
-    return created if created.tzinfo else created.replace(tzinfo=timezone.utc)
+    created = created if created.tzinfo else created.replace(tzinfo=timezone.utc)
+    return created, str(manifest.get("bundle_id", ""))
 
 
 def pull(url: str, dest: str | Path, trust: Trust, *, allow_unsigned: bool = False, allow_older: bool = False,
@@ -209,26 +290,38 @@ def pull(url: str, dest: str | Path, trust: Trust, *, allow_unsigned: bool = Fal
     with _locked(dest):
         previous = installed(dest)
         kept = f"kept the installed bundle {previous}" if previous else "nothing was installed"
+        def check_manifest(manifest: bytes, signature: bytes | None) -> None:
+            """Before extracting: refuse a revoked, untrusted or forged signer (unless allow_unsigned)."""
+            _, problem = check_signature(manifest, signature, trust, url)
+            if problem is not None and not allow_unsigned:
+                raise unsigned_refusal(url, problem)
+
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=dest))
         try:
-            folder = download(url, staging, timeout=timeout, storage_options=storage_options)
+            folder = download(url, staging, timeout=timeout, storage_options=storage_options,
+                              check_manifest=check_manifest)
             staged = verify(folder, trust, allow_unsigned=allow_unsigned, label=url)  # named as the user gave it
             if previous is not None and not allow_older:
                 try:
                     old = json.loads((previous / artifacts.MANIFEST).read_bytes())
                 except (OSError, ValueError):
                     old = {}  # an unreadable installed bundle does not block its replacement
-                new_time, old_time = _created(staged.manifest), _created(old)
-                if new_time and old_time and new_time < old_time:
-                    raise BundleError(f"{url}: bundle created {staged.manifest['created']} is older than the "
-                                      f"installed one ({old['created']}); expected a newer bundle "
-                                      f"(--allow-older installs it anyway)")
+                new_order, old_order = _order(staged.manifest), _order(old if isinstance(old, dict) else {})
+                if new_order and old_order and new_order < old_order:
+                    same_time = " (made in the same second; the larger bundle id counts as newer)" \
+                        if new_order[0].replace(microsecond=0) == old_order[0].replace(microsecond=0) else ""
+                    raise BundleError(f"{url}: bundle {show(staged.manifest.get('bundle_id'))} created "
+                                      f"{show(staged.manifest['created'])} is older than the installed one "
+                                      f"({show(old.get('created'))}, bundle {show(old.get('bundle_id'))}){same_time}; "
+                                      f"expected a newer bundle (--allow-older installs it anyway)")
             target, reused = _install(staged, dest, previous)
         except BundleError as err:
             raise BundleError(f"{err}; {kept}") from None
         except FarmError as err:
             raise FarmError(f"{err}; {kept}") from None
+        except OSError as err:  # its filename would name the staging folder, not what the user gave
+            raise FarmError(f"--dest {dest}: cannot install {url} ({err.strerror}); {kept}") from None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        _prune(dest, keep, target.resolve())
+        _prune(dest, keep, target)
     return PullResult(target, staged.manifest, previous, staged.signed, reused, staged.warning)

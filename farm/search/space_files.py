@@ -12,16 +12,24 @@
 """
 from __future__ import annotations
 
+import os
+import re
+import stat
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from farm.errors import SpaceError
+from farm.errors import SpaceError, shorten
 
 # How many spaces one `extends` chain may hold.
 MAX_EXTENDS = 8
+# Bounds on one space file: its size, nesting depth, aliases (*name) and values (aliases expanded).
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_ALIASES = 256
+MAX_VALUES = 100_000
 
 
 def shipped_spaces_dir() -> Path:
@@ -31,23 +39,111 @@ def shipped_spaces_dir() -> Path:
 
 def shipped_space(kernel: str) -> Path | None:
     """The shipped search space of a kernel, or None when it has none."""
+    if not re.fullmatch(r"[A-Za-z0-9_]{1,100}", kernel):
+        return None  # a module path or anything else is not a shipped space's name
     path = shipped_spaces_dir() / f"{kernel}.yaml"
     return path if path.is_file() else None
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with bounded nesting and alias use (no recursion errors, no alias bombs)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+        self.aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        """Compose one node, counting aliases and nesting depth."""
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise _TooLarge(f"at most {MAX_ALIASES} aliases (*name)")
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise _TooLarge(f"nesting at most {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def flatten_mapping(self, node: Any) -> None:
+        """Merge keys (`<<: *base`), bounded: nested merges copy entries and could multiply them."""
+        super().flatten_mapping(node)
+        if len(node.value) > MAX_VALUES:
+            raise _TooLarge(f"at most {MAX_VALUES} entries in a mapping after merge keys (<<)")
+
+
+class _TooLarge(Exception):
+    """A document over one of the bounds; the text says which."""
+
+
+def _expanded_size(document: Any, limit: int) -> int:
+    """How many values `document` holds with aliases expanded (shared parts counted each time they
+    appear), counting no further than just past `limit`."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = limit + 1  # a node that holds itself (a recursive alias) is over any limit
+        items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        total = 1
+        for item in items:
+            total += size(item)
+            if total > limit:
+                break
+        sizes[id(node)] = total
+        return total
+
+    return size(document)
+
+
 def read_yaml(path: str) -> Any:
-    """The parsed YAML document of a space file; SpaceError when unreadable or malformed."""
+    """The parsed YAML document of a space file; SpaceError when unreadable, malformed or too large.
+
+    Bounds (each a one-line SpaceError): MAX_FILE_BYTES, UTF-8 text, MAX_DEPTH levels of nesting,
+    MAX_ALIASES aliases and MAX_VALUES values once aliases are expanded, integers of at most 4300
+    digits (Python's own limit on converting text to int).
+    """
     try:
-        text = Path(path).read_text()
+        # O_NONBLOCK: a FIFO named as a space must not block the loader forever
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise SpaceError(path, "file", "a regular YAML file (not a folder, device or FIFO)")
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as err:
         raise SpaceError(path, "file", "a readable YAML file", err.strerror) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpaceError(path, "file", f"a search space of at most {MAX_FILE_BYTES} bytes")
     try:
-        return yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpaceError(path, "file", f"UTF-8 text (byte {err.start} is not)") from None
+    loader = None
+    try:
+        loader = _BoundedLoader(text)
+        document = loader.get_single_data()
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpaceError(path, where, f"well-formed YAML ({problem})") from None
+        raise SpaceError(path, where, f"well-formed YAML ({shorten(str(problem), 200)})") from None
+    except _TooLarge as err:
+        mark = loader.get_mark() if loader is not None else None
+        where = f"line {mark.line + 1}" if mark else "document"
+        raise SpaceError(path, where, f"a YAML document with {err}") from None
+    except (ValueError, RecursionError, MemoryError) as err:  # e.g. an integer of 5000 digits
+        raise SpaceError(path, "document", f"YAML values of bounded size ({shorten(str(err), 200)})") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    if _expanded_size(document, MAX_VALUES) > MAX_VALUES:
+        raise SpaceError(path, "document", f"at most {MAX_VALUES} values with aliases expanded (alias bomb?)")
+    return document
 
 
 def _base_path(data: dict[str, Any], path: str) -> str | None:
@@ -141,9 +237,14 @@ def resolve(data: Any, path: str) -> Any:
             return merged
         if len(chain) >= MAX_EXTENDS:
             raise SpaceError(path, "extends", f"a chain of at most {MAX_EXTENDS} spaces", " -> ".join(chain))
-        if any(Path(base_path).resolve() == Path(p).resolve() for p in chain):
+        try:
+            cycle = any(Path(base_path).resolve() == Path(p).resolve() for p in chain)
+            readable = Path(base_path).is_file()
+        except (OSError, RuntimeError):  # a name too long, a symlink loop
+            cycle, readable = False, False
+        if cycle:
             raise SpaceError(path, "extends", "no cycle of spaces", " -> ".join([*chain, base_path]))
-        if not Path(base_path).is_file():
+        if not readable:
             raise SpaceError(current, "extends", "a readable YAML file", base_path)
         base = read_yaml(base_path)
         if not isinstance(base, dict):
