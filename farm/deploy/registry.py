@@ -1,0 +1,346 @@
+"""The registry: which config to run a kernel with, from a verified bundle.
+
+`Registry.load` takes a bundle folder, a run folder, a bundle archive (.tar.gz) or a deployment
+folder made by `farm pull` (its `current` version), and opens it with
+`farm.bundle.locate.open_bundle`, which verifies it before a row is read. The lookup rules, the
+miss warnings and the software policies are documented in `farm.deploy.runtime`, the public
+face of this package.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import math
+import threading
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import kernels
+import kernels.protocol
+from farm.bundle.locate import OpenedBundle, open_bundle
+from farm.bundle.trust import TrustLike
+from farm.deploy import recording
+from farm.deploy.misses import Miss
+from farm.errors import BundleError, FarmError
+
+if TYPE_CHECKING:
+    from farm.deploy.tuned import TunedKernel
+
+POLICIES = ("warn", "refuse", "accept")
+CACHE_LIMIT = 100_000  # cached lookups per registry
+FINGERPRINT_KEYS = ("jax", "jaxlib", "pallas_farm", "libtpu", "jax-cuda12-plugin", "jax-cuda13-plugin", "triton")
+EXACT, NEAREST, DEFAULT = "exact", "nearest", "default"
+# A "nearest" farther than this (sum of |log2| ratios: 1.0 is one dimension twice or half the
+# tuned one) warns, as a "default" always does: the config was tuned for a rather different task.
+NEAREST_WARN_DISTANCE = 1.0
+HISTORY_LIMIT = 100_000  # distinct lookups remembered (and warned about, and recorded) per registry
+GPU_TARGETS = ("gpu-triton", "gpu-mosaic")  # in order of preference when the bundle has neither
+_COLUMNS = ("task_key", "kernel", "shape", "dtype", "target", "device_kind", "status", "config", "software",
+            "median_s", "created")
+class SoftwareMismatch(BundleError):
+    """The bundle was tuned with other software versions and the policy is "refuse"."""
+
+
+class SoftwareMismatchWarning(UserWarning):
+    """The bundle was tuned with other software versions (policy "warn")."""
+
+
+class TuningMissWarning(UserWarning):
+    """A task ran with the default config, or a nearest one tuned for a distant shape."""
+
+
+class NoBackwardKernel(FarmError):
+    """A tuned kernel was differentiated, but its kernel declares no backward kernel (BACKWARD)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Choice:
+    """A looked-up config and how it was chosen (rule: exact, nearest or default)."""
+
+    config: Mapping[str, Any]
+    rule: str
+    task_key: str | None = None
+    tuned_shape: tuple[int, ...] | None = None
+    device_kind: str | None = None
+    distance: float = 0.0
+    median_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lookup:
+    """One distinct task a registry was asked for, and how its config was chosen.
+
+    distance: the log2 distance to the tuned shape (0.0 for "exact"), None for "default".
+    """
+
+    kernel: str
+    shape: tuple[int, ...]
+    dtype: str
+    target: str
+    rule: str
+    distance: float | None
+    device_kind: str | None = None
+    tuned_shape: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, kernel: str, shape: Sequence[int], dtype: str, target: str, device_kind: str | None,
+           choice: Choice) -> Lookup:
+        """The lookup of a task that `choice` answered."""
+        return cls(kernel, tuple(int(d) for d in shape), dtype, target, choice.rule,
+                   None if choice.rule == DEFAULT else choice.distance, device_kind, choice.tuned_shape)
+
+    @property
+    def miss(self) -> Miss:
+        """This lookup as a line of the misses file."""
+        return Miss(self.kernel, self.shape, self.dtype, self.target, self.rule, self.distance)
+
+
+class _Row(NamedTuple):  # a NamedTuple: 10,000 of them build several times faster than frozen dataclasses
+    task_key: str
+    kernel: str
+    shape: tuple[int, ...]
+    dtype: str
+    target: str
+    device_kind: str | None
+    config_json: str
+    median_s: float | None
+    created: str
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    """'float32' for a dtype name, NumPy dtype or JAX scalar type (memoised: `dtype.name` is slow)."""
+    if isinstance(dtype, str):
+        return dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        import numpy as np
+
+        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+    return name
+
+
+def log_distance(tuned: Sequence[int], asked: Sequence[int]) -> float:
+    """sum_i |log2(tuned_i) - log2(asked_i)| for shapes of positive dimensions."""
+    return sum(abs(math.log2(t) - math.log2(a)) for t, a in zip(tuned, asked))
+
+
+def fingerprint_diff(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{component: (recorded, current)} for the FINGERPRINT_KEYS that both have and that differ."""
+    if not recorded:
+        return {"software": (None, "a recorded fingerprint")}
+    return {k: (recorded[k], current[k]) for k in FINGERPRINT_KEYS
+            if k in recorded and k in current and recorded[k] != current[k]}
+
+
+class Registry:
+    """Tuned configs of a verified bundle, indexed for fast lookups; see the module docstring."""
+
+    def __init__(self, rows: Sequence[_Row] = (), *, source: str = "<empty>", manifest: Mapping[str, Any] | None = None,
+                 signed: bool = False, spaces: Sequence[Any] | None = None) -> None:
+        self.source, self.manifest, self.signed = source, dict(manifest or {}), signed
+        self.software_mismatches: list[tuple[str, dict[str, tuple[Any, Any]]]] = []
+        self._spaces = {space.kernel: space for space in spaces or ()}
+        self._exact: dict[tuple, _Row] = {}
+        self._groups: dict[tuple[str, str, str], list[_Row]] = {}
+        for row in rows:
+            for key in ((row.kernel, row.shape, row.dtype, row.target, row.device_kind),
+                        (row.kernel, row.shape, row.dtype, row.target, None)):
+                if key not in self._exact or row.created >= self._exact[key].created:
+                    self._exact[key] = row
+            self._groups.setdefault((row.kernel, row.dtype, row.target), []).append(row)
+        self._rows = len(rows)
+        self._cache: dict[tuple, Choice] = {}
+        self._lock = threading.Lock()
+        self._history: dict[tuple, Lookup] = {}
+        self._warned: set[tuple] = set()
+        recording.track(self)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __repr__(self) -> str:
+        return f"Registry({self.source!r}, {self._rows} tuned tasks, signed={self.signed})"
+
+    @classmethod
+    def load(cls, path: str | Path, trusted_keys: TrustLike, *, allow_unsigned: bool = False,
+             software_policy: str = "warn", software: Mapping[str, Any] | None = None,
+             spaces: Sequence[Any] | None = None) -> Registry:
+        """A registry from a verified bundle, run, deployment folder or archive (farm.bundle.locate)."""
+        if software_policy not in POLICIES:
+            raise FarmError(f"software_policy: expected one of {POLICIES}, got {software_policy!r}")
+        with open_bundle(path, trusted_keys, allow_unsigned=allow_unsigned) as opened:
+            return cls._from_opened(opened, software_policy, software, spaces)
+
+    @classmethod
+    def _from_opened(cls, opened: OpenedBundle, policy: str, software: Mapping[str, Any] | None,
+                     spaces: Sequence[Any] | None) -> Registry:
+        table = opened.configs(columns=_COLUMNS)
+        columns = [table.column(name).to_pylist() for name in _COLUMNS]
+        rows: list[_Row] = []
+        fingerprints: dict[str | None, list[str]] = {}
+        collecting = gc.isenabled()
+        gc.disable()  # tens of thousands of small objects: no collector passes while they are built
+        try:
+            for (task_key, kernel, shape, dtype, target, device_kind, status, config, fingerprint, median_s,
+                 created) in zip(*columns):
+                if status != "ok" or not config:
+                    continue
+                rows.append(_Row(task_key, kernel, tuple(shape), dtype, target, device_kind, config, median_s,
+                                 created.isoformat() if isinstance(created, datetime) else created or ""))
+                fingerprints.setdefault(fingerprint, []).append(task_key)
+            registry = cls(rows, source=opened.where, manifest=opened.manifest, signed=opened.signed, spaces=spaces)
+        finally:
+            if collecting:
+                gc.enable()
+        registry._check_software(fingerprints, policy, software)
+        return registry
+
+    def _check_software(self, fingerprints: Mapping[str | None, list[str]], policy: str,
+                        software: Mapping[str, Any] | None) -> None:
+        if policy == "accept":
+            return
+        if software is None:
+            from farm.measure.software import versions
+
+            software = versions()
+        problems = []
+        for text, task_keys in fingerprints.items():
+            try:
+                recorded = json.loads(text) if text else None
+            except ValueError:
+                recorded = None
+            diff = fingerprint_diff(recorded, software)
+            if diff:
+                self.software_mismatches.append((task_keys[0], diff))
+                shown = ", ".join(f"{k} {a} (bundle) vs {b} (here)" for k, (a, b) in diff.items())
+                problems.append(f"{len(task_keys)} task(s) such as {task_keys[0]}: {shown}")
+        if not problems:
+            return
+        message = f"{self.source}: tuned with other software: " + "; ".join(problems)
+        if policy == "refuse":
+            raise SoftwareMismatch(message + "; expected the same versions (software_policy='refuse')")
+        warnings.warn(message, SoftwareMismatchWarning, stacklevel=3)
+
+    def lookup(self, kernel: str, shape: Sequence[int], dtype: Any, target: str,
+               device_kind: str | None = None) -> Choice:
+        """The config for a task and the rule that chose it (exact, nearest or default)."""
+        key = (kernel, shape if type(shape) is tuple else tuple(shape),
+               dtype if type(dtype) is str else _dtype_name(dtype), target, device_kind)
+        choice = self._cache.get(key)
+        if choice is None:
+            noticed = None
+            with self._lock:
+                choice = self._cache.get(key)
+                if choice is None:
+                    if len(self._cache) >= CACHE_LIMIT:  # many distinct shapes: start over, stay bounded
+                        self._cache.clear()
+                    choice = self._cache[key] = self._resolve(*key)
+                    noticed = self._remember(key, choice)
+            if noticed is not None:
+                self._report(noticed)
+        return choice
+
+    def lookups(self) -> list[Lookup]:
+        """Every distinct task looked up so far, in order (the first HISTORY_LIMIT of them)."""
+        with self._lock:
+            return list(self._history.values())
+
+    def misses(self) -> list[Lookup]:
+        """The lookups without an exact tuned config (rule "nearest" or "default")."""
+        return [lookup for lookup in self.lookups() if lookup.rule != EXACT]
+
+    def recorded_misses(self) -> list[Miss]:
+        """The misses as the record file holds them (farm.deploy.recording)."""
+        return [lookup.miss for lookup in self.misses()]
+
+    def _remember(self, key: tuple, choice: Choice) -> Lookup | None:
+        """Add a newly resolved task to the history; the Lookup when it is new (call under the lock)."""
+        if key in self._history or len(self._history) >= HISTORY_LIMIT:
+            return None
+        lookup = self._history[key] = Lookup.of(*key, choice)
+        return lookup
+
+    def _report(self, lookup: Lookup) -> None:
+        """Warn once per task about a default or a distant nearest; record a miss when recording."""
+        if lookup.rule == EXACT:
+            return
+        task = (lookup.kernel, lookup.shape, lookup.dtype, lookup.target)
+        if lookup.rule == DEFAULT or lookup.distance > NEAREST_WARN_DISTANCE:
+            with self._lock:
+                new = task not in self._warned
+                self._warned.add(task)
+            if new:
+                warnings.warn(_miss_message(lookup, self.source), TuningMissWarning, stacklevel=recording.caller_level())
+        path = recording.recording_path()
+        if path is not None:
+            recording.write(path, [lookup.miss])
+
+    def gpu_target(self, kernel: str, shape: Sequence[int], dtype: Any, device_kind: str | None = None,
+                   targets: Sequence[str] = GPU_TARGETS) -> str:
+        """Of `targets`, the one with an exact row for this task and the fastest median; else the first."""
+        shape, dtype = tuple(int(d) for d in shape), _dtype_name(dtype)
+        timed = [(row.median_s, target) for target in targets
+                 if (row := self._exact.get((kernel, shape, dtype, target, device_kind))) is not None
+                 and row.median_s is not None]
+        return min(timed)[1] if timed else targets[0]
+
+    def _resolve(self, kernel: str, shape: tuple[int, ...], dtype: str, target: str,
+                 device_kind: str | None) -> Choice:
+        shape = tuple(int(d) for d in shape)
+        row = self._exact.get((kernel, shape, dtype, target, device_kind))
+        if row is not None and self._valid(kernel, json.loads(row.config_json), shape, dtype, target):
+            return _choice(row, EXACT, 0.0)
+        if all(d > 0 for d in shape):
+            candidates = [r for r in self._groups.get((kernel, dtype, target), ())
+                          if len(r.shape) == len(shape) and (device_kind is None or r.device_kind == device_kind)]
+            candidates.sort(key=lambda r: r.created, reverse=True)
+            candidates.sort(key=lambda r: (log_distance(r.shape, shape), r.shape))
+            for row in candidates:
+                config = json.loads(row.config_json)
+                if self._valid(kernel, config, shape, dtype, target):
+                    return _choice(row, NEAREST, log_distance(row.shape, shape), config)
+        module = kernels.load(kernel)
+        return Choice(MappingProxyType(dict(module.default_config(shape, target))), DEFAULT)
+
+    def _valid(self, kernel: str, config: Mapping[str, Any], shape: tuple[int, ...], dtype: str,
+               target: str) -> bool:
+        """Whether the kernel (and its given search space) admits `config` for this task."""
+        try:
+            if kernels.load(kernel).check_config(dict(config), shape, dtype, target) is not None:
+                return False
+        except Exception:  # noqa: BLE001 - a config from another kernel version: not valid here
+            return False
+        space = self._spaces.get(kernel)
+        return space is None or space.violated(config, shape, dtype, target) is None
+
+    def tuned(self, kernel: str, *, target: str | None = None, device_kind: str | None = None, interpret: bool = False,
+              shape_of: Callable[..., tuple[int, ...]] | None = None) -> TunedKernel:
+        """A function that runs `kernel` on JAX arrays with the looked-up config."""
+        from farm.deploy.tuned import TunedKernel  # tuned builds on this module
+
+        return TunedKernel(self, kernel, target=target, device_kind=device_kind, interpret=interpret,
+                           shape_of=shape_of)
+
+
+def _choice(row: _Row, rule: str, distance: float, config: dict[str, Any] | None = None) -> Choice:
+    config = json.loads(row.config_json) if config is None else config
+    return Choice(MappingProxyType(config), rule, row.task_key, row.shape, row.device_kind, distance, row.median_s)
+
+
+def _miss_message(lookup: Lookup, source: str) -> str:
+    task = f"{lookup.kernel} {lookup.shape} {lookup.dtype} on {lookup.target}"
+    if lookup.rule == DEFAULT:
+        why = "rule 'default': no tuned config is valid for it, the kernel's default config runs"
+    else:
+        why = (f"rule 'nearest' at log2 distance {lookup.distance:.2f} > {NEAREST_WARN_DISTANCE} (the config "
+               f"was tuned for {lookup.tuned_shape})")
+    return (f"{task}: not tuned in {source}; {why}. Record such tasks with {recording.RECORD_ENV}=misses.jsonl (or "
+            "runtime.record(path)) and tune them with `farm sweep --tasks misses.jsonl`")

@@ -1,0 +1,179 @@
+"""Tuned kernels: a kernel bound to a registry, called on JAX arrays (also under `jax.jit`).
+
+The target follows the device unless given; a kernel that declares a backward kernel
+(`kernels.protocol.Backward`) is differentiable through a `jax.custom_vjp` that runs it, itself
+looked up and tuned. See `farm.deploy.runtime` for the whole story.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import kernels
+import kernels.protocol
+from farm.deploy.registry import GPU_TARGETS, Choice, Lookup, NoBackwardKernel, Registry, _dtype_name
+from farm.errors import FarmError
+
+
+def _device_target(platform: str) -> tuple[str | None, bool]:
+    """(target, interpret) for a JAX platform name; target None: a GPU, chosen per task."""
+    if platform == "cpu":
+        return "interpret", True
+    if platform == "tpu":
+        return "tpu", False
+    if platform in ("gpu", "cuda", "rocm"):
+        return None, False
+    raise FarmError(f"tuned(): no kernel target for JAX platform {platform!r}; expected cpu, tpu or gpu, "
+                    "or pass target=")
+
+
+class TunedKernel:
+    """A kernel bound to a registry: called on JAX arrays (or tracers, under `jax.jit`), it runs
+    the looked-up config.
+
+    The Pallas call is built and jitted once per input shapes and dtypes, and cached. With
+    target=None the target follows `jax.devices()[0]`: "interpret" on CPU, "tpu" on TPU, and on
+    a GPU, per task, the GPU target with the faster tuned median in the registry (else
+    "gpu-triton"). Differentiable when the kernel declares a backward kernel (its BACKWARD hook:
+    the backward kernel is tuned too); otherwise differentiating raises NoBackwardKernel.
+    """
+
+    def __init__(self, registry: Registry, kernel: str, *, target: str | None = None, device_kind: str | None = None,
+                 interpret: bool = False, shape_of: Callable[..., tuple[int, ...]] | None = None) -> None:
+        self.registry, self.kernel, self.target, self.device_kind = registry, kernel, target, device_kind
+        self.interpret = interpret
+        self._module = kernels.load(kernel)
+        self._shape_of = shape_of or self._module.shape_of
+        self._built: dict[tuple, tuple[Choice, Callable[..., Any], Lookup]] = {}
+        self._lock = threading.Lock()
+        backward = kernels.protocol.hook(self._module, "BACKWARD")
+        self._backward = None if backward is None else TunedKernel(
+            registry, backward.kernel, target=target, device_kind=device_kind, interpret=interpret)
+        import jax
+
+        self._call = jax.jit(self._differentiable(backward))  # jit: eager calls skip the rule's dispatch
+
+    def _entry(self, inputs: Sequence[Any]) -> tuple[Choice, Callable[..., Any], Lookup]:
+        key = (*(tuple(x.shape) for x in inputs), *(x.dtype for x in inputs))
+        entry = self._built.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._built.get(key)
+                if entry is None:
+                    entry = self._built[key] = self._build(inputs)
+        return entry
+
+    def _platform(self, shape: tuple[int, ...], dtype: str) -> tuple[str, bool]:
+        """(target, interpret) for a task: the given target, or the one of the device."""
+        if self.target is not None:
+            return self.target, self.interpret
+        import jax
+
+        target, interpret = _device_target(jax.devices()[0].platform)
+        if target is None:
+            gpu = [t for t in GPU_TARGETS if t in self._module.TARGETS]
+            target = self.registry.gpu_target(self.kernel, shape, dtype, self.device_kind, gpu or GPU_TARGETS)
+        return target, interpret or self.interpret
+
+    def _build(self, inputs: Sequence[Any]) -> tuple[Choice, Callable[..., Any], Lookup]:
+        import jax
+
+        from kernels.lowering import Platform
+
+        shape = tuple(int(d) for d in self._shape_of(*inputs))
+        dtype = _dtype_name(inputs[0].dtype)
+        target, interpret = self._platform(shape, dtype)
+        choice = self.registry.lookup(self.kernel, shape, dtype, target, self.device_kind)
+        lookup = Lookup.of(self.kernel, shape, dtype, target, self.device_kind, choice)
+        built = self._module.build(dict(choice.config), shape, dtype, Platform(target, interpret=interpret))
+        return choice, jax.jit(built), lookup
+
+    def _differentiable(self, backward: Any) -> Callable[..., Any]:
+        """The kernel call with its derivative rule: the backward kernel's VJP, or a clear refusal."""
+        import jax
+
+        def run(*inputs: Any) -> Any:
+            return self._entry(inputs)[1](*inputs)
+
+        if backward is None:
+            refused = jax.custom_jvp(run)
+
+            @refused.defjvp
+            def _refuse(primals: tuple, tangents: tuple) -> Any:
+                raise NoBackwardKernel(
+                    f"kernel {self.kernel!r} has no backward kernel: runtime.tuned({self.kernel!r}) cannot be "
+                    f"differentiated (jax.grad, jax.jvp, ...). Differentiate its reference "
+                    f"({self._module.__name__}.reference) instead, or declare a backward kernel in "
+                    f"{self._module.__name__} (the BACKWARD hook, kernels.protocol.Backward)")
+
+            return refused
+
+        differentiable = jax.custom_vjp(run)
+        sources = backward.sources()
+        keep_outputs = any(kind == "output" for kind, _ in sources)
+
+        def forward(*inputs: Any) -> tuple[Any, tuple]:
+            out = run(*inputs)
+            return out, (inputs, out if keep_outputs else None)
+
+        def vjp(residuals: tuple, cotangent: Any) -> tuple:
+            inputs, out = residuals
+            values = {"input": inputs, "output": _as_tuple(out), "cotangent": _as_tuple(cotangent)}
+            grads = _as_tuple(self._backward(*(values[kind][i] for kind, i in sources)))
+            by_input = dict(zip(backward.grads, grads))
+            return tuple(by_input[i].astype(x.dtype) if i in by_input else _zeros(x) for i, x in enumerate(inputs))
+
+        differentiable.defvjp(forward, vjp)
+        return differentiable
+
+    def choice(self, *inputs: Any) -> Choice:
+        """The config (and rule) these inputs run with."""
+        return self._entry(inputs)[0]
+
+    def choices(self) -> list[Lookup]:
+        """The tasks this kernel was built for, with the rule and distance of each config."""
+        return [entry[2] for entry in list(self._built.values())]
+
+    def __call__(self, *inputs: Any) -> Any:
+        """Run the kernel on `inputs` with its tuned config."""
+        return self._call(*inputs)
+
+
+def _as_tuple(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _zeros(x: Any) -> Any:
+    """The zero cotangent of an input no backward output covers (float0 for integer inputs)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+
+_default: Registry | None = None
+
+
+def set_default(registry: Registry | None) -> None:
+    """Make `registry` the one `tuned()` uses when none is passed."""
+    global _default
+    _default = registry
+
+
+def tuned(kernel_name: str, *, target: str | None = None, registry: Registry | None = None,
+          device_kind: str | None = None, interpret: bool = False,
+          shape_of: Callable[..., tuple[int, ...]] | None = None) -> TunedKernel:
+    """A function that calls `kernel_name` on JAX arrays with the config looked up in `registry`.
+
+    target=None follows the device (see TunedKernel); the result may be called under `jax.jit`
+    and differentiated when the kernel has a backward kernel.
+    """
+    registry = registry if registry is not None else _default
+    if registry is None:
+        raise FarmError("tuned(): no registry; expected registry=Registry.load(...) or runtime.set_default(...)")
+    return registry.tuned(kernel_name, target=target, device_kind=device_kind, interpret=interpret,
+                          shape_of=shape_of)
