@@ -12,7 +12,8 @@ from farm.measure import outcomes
 from farm.search import studies, valid_set
 from farm.search.plan import PlannedTask, expand
 from farm.search.searcher import Answer, Proposal, Searcher
-from farm.search.spaces import Param, load_space, parse_space
+from farm.search.space_parts import Param
+from farm.search.spaces import load_space, parse_space
 
 
 def _planned(params: dict[str, Any], *, trials: int, constraints: list[str] | None = None,

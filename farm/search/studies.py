@@ -17,7 +17,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 from farm.search.plan import PlannedTask
-from farm.search.spaces import Param
+from farm.search.space_parts import Param
 
 JOURNAL = "optuna.journal"
 

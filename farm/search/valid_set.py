@@ -23,7 +23,7 @@ import numpy as np
 import optuna
 
 from farm.search import studies
-from farm.search.spaces import Param
+from farm.search.space_parts import Param
 from farm.tasks import config_json
 
 # Products larger than this are sampled with rejection instead (the searcher's fallback).
