@@ -90,7 +90,7 @@ def save_run(run_dir: Path, planned: Sequence[PlannedTask], settings: Any) -> No
     saved = {k: v for k, v in _settings_json(settings).items() if k not in ("run_dir", "address")}
     _write_json(Path(run_dir) / SWEEP_FILE, {
         "tasks": {p.task.key: p.trials for p in planned}, "settings": saved,
-        "spaces": {copies[path]: path for path in paths}})
+        "spaces": {copies[path]: path for path in by_path}})
 
 
 def load_run(run_dir: Path) -> tuple[list[PlannedTask], dict[str, Any]]:
