@@ -476,7 +476,7 @@ def print_winners(rows: list[dict[str, Any]]) -> None:
     from farm.run.progress import format_seconds
 
     table = Table(title="winners", caption="measured: configs timed on a worker (ok or failed); skipped: draws "
-                  "never measured (invalid, pruned)")
+                  "never measured (invalid, pruned) or answered from an earlier measurement (cached)")
     for column in ("task", "status", "config", "median", "spread", "default", "vs default", "measured", "failed",
                    "skipped"):
         table.add_column(column)

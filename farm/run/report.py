@@ -112,12 +112,14 @@ def _plot(task: TaskReport, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs, ys = zip(*task.curve)
     ax.step(xs, [y * 1e6 for y in ys], where="post", label="best so far")
     if task.default and task.default.median_s:
         ax.axhline(task.default.median_s * 1e6, color="grey", linestyle="--", label="default")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("measured configs")
     ax.set_ylabel("median (us)")
     ax.set_title(task.task_key, fontsize=9)
