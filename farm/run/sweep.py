@@ -41,6 +41,7 @@ from farm.search.searcher import Answer, Searcher
 
 logger = logging.getLogger(__name__)
 BUNDLE_DIR = "bundle"
+WARM_UP_COMPILE_S = 120.0   # the least time a worker's untimed first run may take to compile
 OnRecord = Callable[[TrialRecord], None]
 
 
@@ -248,13 +249,16 @@ class _Sweep:
         by_pool = {}
         for p in self.planned:
             by_pool.setdefault(self.task_pool[p.task.key], p.task)
-        light = dataclasses.replace(self.settings.measure(), repetitions=1)
+        # A fresh worker's first compile pays for starting JAX and its compiler: the warm-up gets
+        # at least WARM_UP_COMPILE_S for it, whatever --compile-timeout says about trials.
+        compile_s = max(self.settings.compile_timeout_s, WARM_UP_COMPILE_S)
+        light = dataclasses.replace(self.settings.measure(), repetitions=1, compile_timeout_s=compile_s)
         refs = {}
         for worker in list(self.pool.workers):
             task = by_pool[worker.slot.pool]
             config = kernels.load(task.kernel).default_config(task.shape, task.target)
             refs[worker.actor.run.remote(task, config, 0, light)] = (worker, task.key)
-        limit = self.settings.compile_timeout_s + self.settings.timing_timeout_s
+        limit = compile_s + self.settings.timing_timeout_s
         warmed = {}
         try:
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=limit) if refs else ([], [])
@@ -304,10 +308,11 @@ class _Sweep:
         try:
             self._start()
             runlog.write_run_info(self.run_dir, self.planned, s, self.pool_info, self.summary)
-            self._warm_up()
             with runlog.RunLog(self.run_dir) as self._log:
                 if resume:
                     self._resume()
+                if any(searcher.wants_trials for searcher in self.searchers.values()):
+                    self._warm_up()
                 if self.on_start is not None:
                     self.on_start()
                 self._loop()
