@@ -245,9 +245,9 @@ def _sweep_spaces(args: argparse.Namespace) -> list[Any]:
         raise FarmError("farm sweep: expected SPACE files, --kernel KERNEL --shape AxB, or --tasks FILE")
     loaded = spaces.load_spaces(args.spaces) if args.spaces else []
     if args.kernel:
-        try:
-            import kernels
+        import kernels
 
+        try:
             names = kernels.load(args.kernel).SHAPE_NAMES
         except kernels.UnknownKernel as err:
             raise FarmError(f"--kernel {args.kernel}: expected a known kernel ({err})") from None
