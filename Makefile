@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[tune,test]'
 	@touch $(STAMP)
 
-# A real sweep on an embedded local Ray in CPU interpret mode, then verify and show the bundle.
+# A real sweep on an embedded local Ray in CPU interpret mode, then verify and show the bundle, and
+# write the run's report (its path is printed last).
 demo: $(STAMP)
 	@test -f $(KEY) || { echo "demo: no signing key at $(KEY); creating a local development key (not for production)"; \
 		$(FARM) keygen $(KEY); }
@@ -21,7 +22,8 @@ demo: $(STAMP)
 	$(FARM) sweep search_spaces/softmax.yaml search_spaces/matmul.yaml --target interpret --trials 8 \
 		--key $(KEY) --out $$run && \
 	$(FARM) verify $$run/bundle --trust $(KEY).pub && \
-	$(FARM) show $$run/bundle --trust $(KEY).pub
+	$(FARM) show $$run/bundle --trust $(KEY).pub && \
+	$(FARM) report $$run
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -67,12 +67,45 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
+def readme_cluster_commands(repo: Path) -> list[str]:
+    """The first sh block of README.md's "Running on a cluster", one string per command
+    (continuation lines joined, comments dropped)."""
+    text = (repo / "README.md").read_text()
+    section = text[text.index("## Running on a cluster"):]
+    block = section[section.index("```sh\n") + 6:]
+    block = block[:block.index("```")]
+    commands, current = [], ""
+    for line in block.splitlines():
+        code = re.sub(r"\s+#.*$", "", line) if "'" not in line else line   # JSON lines hold no comments
+        if not code.strip() or code.strip().startswith("#"):
+            continue
+        current += code.strip()[:-1] + " " if code.rstrip().endswith("\\") else code.strip()
+        if not code.rstrip().endswith("\\"):
+            commands.append(current)
+            current = ""
+    return commands
+
+
+def _shell(command: str, env: dict[str, str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], env=env, cwd=cwd, capture_output=True, text=True, **kwargs)
+
+
 @pytest.fixture
-def ray_head(tmp_path):
-    """A real `ray start --head` with the dashboard (the job server) on loopback, then stopped."""
+def ray_head(tmp_path, repo):
+    """README's commands up to `ray start --head`, run as printed in a fresh HOME (the start made
+    blocking, on free loopback ports), then its job server's address, environment and the rest."""
+    commands = readme_cluster_commands(repo)
+    start = commands.index("ray start --head")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "FARM_"))}
+    env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    prelude = "; ".join(commands[:start])
+    shown = _shell(f"set -e; {prelude}; env -0", env, repo, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    env = dict(item.split("=", 1) for item in shown.stdout.split("\0") if "=" in item)
+
     gcs, dashboard, agent, client, runtime_env, metrics = _free_ports(6)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     ray_cli = str(Path(sys.executable).parent / "ray")
     head = subprocess.Popen(
         [ray_cli, "start", "--head", "--block", f"--port={gcs}", "--node-ip-address=127.0.0.1",
@@ -92,28 +125,33 @@ def ray_head(tmp_path):
         time.sleep(1)
     else:
         pytest.fail("the Ray head's job server did not come up")
-    yield address, env, ray_cli
+    yield address, env, commands[start + 1:]
     os.killpg(head.pid, 9)
     head.wait(timeout=60)
 
 
-def test_ray_job_submit_runs_a_sweep(ray_head, tmp_path, signing_key, repo):
-    address, env, ray_cli = ray_head
-    out = tmp_path / "run"
-    excludes = json.dumps({"excludes": [".venv", ".git", "artifacts", ".keys", ".whl"]})
-    job = subprocess.run(
-        [ray_cli, "job", "submit", "--address", address, "--working-dir", str(repo), "--runtime-env-json",
-         excludes, "--", sys.executable, "-m", "farm", "sweep", "search_spaces/softmax.yaml",
-         "--target", "interpret", "--trials", "3", "--repetitions", "2", "--address", "auto",
-         "--out", str(out), "--key", str(signing_key[0]), "--quiet"],
-        env=env, capture_output=True, text=True, timeout=900)
+def test_readme_cluster_commands_run_as_printed(ray_head, repo):
+    """README's `ray job submit` recipe, as printed (only the job server's port differs): the
+    bundle lands at the named absolute --out, signed by the key on the head, with progress lines in
+    the job's log; then `farm report` reads it."""
+    address, env, rest = ray_head
+    submit = next(c for c in rest if c.startswith("ray job submit"))
+    assert "--address http://127.0.0.1:8265" in submit and "--key" not in submit and "--quiet" not in submit
+    job = _shell(submit.replace("http://127.0.0.1:8265", address), env, repo, timeout=900)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "succeeded" in job.stdout
-    trust.verify(out / "bundle", trust.load_trust([signing_key[1]]))
+    assert "INFO farm.run.progress: sweep done: 3/3 trials" in job.stdout, job.stdout[-3000:]
+    out = Path(_shell(f"echo {submit.split('--out ')[1].split()[0]}", env, repo).stdout.strip())
+    assert out.is_absolute() and out.parent.parent == Path(env["HOME"])
+    key = Path(env["FARM_SIGNING_KEY"])
+    assert key.parent.parent == Path(env["HOME"]), "the signing key lives on the head, not in the working dir"
+    trust.verify(out / "bundle", trust.load_trust([Path(f"{key}.pub")]))
     rows = artifacts.read_configs(out / "bundle").to_pylist()
-    assert sorted(r["task_key"] for r in rows) == ["softmax/128x512/float32/interpret",
-                                                   "softmax/64x256/float32/interpret"]
-    assert all(r["status"] == "ok" for r in rows)
+    assert [r["task_key"] for r in rows] == ["softmax/64x256/float32/interpret"] and rows[0]["status"] == "ok"
+    for command in rest[rest.index(submit) + 1:]:
+        done = _shell(command, env, repo, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "report.md").is_file()
 
 
 def test_multinode_one_worker_per_chip_and_a_node_leaving(tmp_path, repo):

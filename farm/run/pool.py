@@ -9,6 +9,7 @@ node is still alive. The pool does not decide what to try next; it knows no Optu
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections import deque
@@ -27,12 +28,17 @@ from farm.run.actor import Worker
 from farm.search.searcher import Proposal
 from farm.tasks import TuningTask
 
+logger = logging.getLogger(__name__)
+
 
 def connect(address: str | None) -> None:
-    """Join the Ray cluster at `address`, or start an embedded local Ray."""
+    """Join the Ray cluster at `address`, else at `RAY_ADDRESS` (Ray's own rule, and what a Ray
+    job's driver is given), else start an embedded local Ray."""
     if ray.is_initialized():
         return
+    address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
+        logger.info("joining the Ray cluster at %s", address)
         ray.init(address=address, log_to_driver=False)
     else:
         roots = [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]

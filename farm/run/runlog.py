@@ -3,7 +3,8 @@
 Every finished trial is appended to `trials.jsonl` (and flushed) before Optuna hears of it, so
 a killed driver loses nothing it logged; `replay` reads the log back for `--resume` (a torn last
 line is skipped). `save_run` copies the spaces and the settings into the run folder, so that
-`load_run` repeats the sweep exactly.
+`load_run` repeats the sweep exactly (a space made on the command line, by `--kernel` or
+`--tasks`, is saved as its resolved YAML document).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+import yaml
 
 from farm.bundle.artifacts import now
 from farm.bundle.records import TrialRecord
@@ -75,15 +78,19 @@ def save_run(run_dir: Path, planned: Sequence[PlannedTask], settings: Any) -> No
     """Copy the spaces and write the tasks, budgets and settings, so `load_run` repeats the sweep."""
     folder = Path(run_dir) / SPACES_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    paths = sorted({p.space.path for p in planned}, key=[p.space.path for p in planned].index)
+    by_path = {p.space.path: p.space for p in planned}
     copies = {}
-    for i, path in enumerate(paths):
-        copies[path] = f"{i:02d}-{Path(path).name}"
-        shutil.copyfile(path, folder / copies[path])
+    for i, (path, space) in enumerate(by_path.items()):
+        if Path(path).is_file():
+            copies[path] = f"{i:02d}-{Path(path).name}"
+            shutil.copyfile(path, folder / copies[path])
+        else:   # made on the command line (--kernel, --tasks): its resolved document is the space
+            copies[path] = f"{i:02d}-{space.kernel.replace('/', '_')}.yaml"
+            (folder / copies[path]).write_text(yaml.safe_dump(dict(space.document), sort_keys=False))
     saved = {k: v for k, v in _settings_json(settings).items() if k not in ("run_dir", "address")}
     _write_json(Path(run_dir) / SWEEP_FILE, {
         "tasks": {p.task.key: p.trials for p in planned}, "settings": saved,
-        "spaces": {copies[path]: path for path in paths}})
+        "spaces": {copies[path]: path for path in by_path}})
 
 
 def load_run(run_dir: Path) -> tuple[list[PlannedTask], dict[str, Any]]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
+import shutil
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -24,8 +26,10 @@ from typing import Any
 import ray
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+import kernels
 from farm.bundle import artifacts, select
 from farm.bundle.records import TrialRecord
+from farm.errors import FarmError
 from farm.measure import capacity, outcomes
 from farm.measure.device import MeasureSettings
 from farm.measure.outcomes import Measurement
@@ -35,7 +39,9 @@ from farm.search import studies
 from farm.search.plan import PlannedTask
 from farm.search.searcher import Answer, Searcher
 
+logger = logging.getLogger(__name__)
 BUNDLE_DIR = "bundle"
+WARM_UP_COMPILE_S = 120.0   # the least time a worker's untimed first run may take to compile
 OnRecord = Callable[[TrialRecord], None]
 
 
@@ -81,17 +87,29 @@ class RunResult:
 
 
 def run_sweep(planned: Sequence[PlannedTask], settings: SweepSettings, key: Ed25519PrivateKey | None, *,
-              resume: bool = False, on_record: OnRecord | None = None) -> RunResult:
+              resume: bool = False, on_record: OnRecord | None = None,
+              on_start: Callable[[], None] | None = None) -> RunResult:
     """Run (or resume) the sweep, select each task's winner and, given a key, write the signed bundle.
 
-    A new run saves its spaces and settings in the run folder first (`farm.run.runlog.save_run`).
+    A new run saves its spaces and settings in the run folder (`farm.run.runlog.save_run`) once the
+    cluster can run its tasks. Bad input found on the way (no pool for a target, no slots on the
+    labelled nodes) raises `FarmError` and leaves no trace of a new run: the folder is removed
+    (emptied, when it existed empty) as long as no trial was logged. `on_start` is called when the
+    workers are warm and measuring begins (after a resume's replay).
     """
     run_dir = Path(settings.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        runlog.save_run(run_dir, planned, settings)
-    sweep = _Sweep(list(planned), settings, on_record or (lambda record: None))
-    records = sweep.run(resume)
+    existed = run_dir.exists()
+    sweep = _Sweep(list(planned), settings, on_record or (lambda record: None), on_start)
+    try:
+        sweep.place()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            runlog.save_run(run_dir, planned, settings)
+        records = sweep.run(resume)
+    except FarmError:
+        if not resume and not (run_dir / runlog.TRIALS_LOG).exists():
+            _undo(run_dir, existed)
+        raise
     environment = {k: sweep.pool_info.get(pool, {}) for k, pool in sweep.task_pool.items()}
     rows = select.winner_rows([p.task for p in planned], records, run_id=sweep.run_id, created=artifacts.now(),
                               environment=environment)
@@ -101,11 +119,27 @@ def run_sweep(planned: Sequence[PlannedTask], settings: SweepSettings, key: Ed25
     return RunResult(run_dir, sweep.run_id, records, rows, bundle, sweep.summary, environment)
 
 
+def _undo(run_dir: Path, existed: bool) -> None:
+    """Remove what a new run wrote before it measured anything (the folder itself if it made it)."""
+    if not run_dir.is_dir():
+        return
+    if not existed:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for child in run_dir.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
 class _Sweep:
     """The loop: searchers propose, the pool measures, the log records, the searchers are told."""
 
-    def __init__(self, planned: list[PlannedTask], settings: SweepSettings, on_record: OnRecord) -> None:
+    def __init__(self, planned: list[PlannedTask], settings: SweepSettings, on_record: OnRecord,
+                 on_start: Callable[[], None] | None = None) -> None:
         self.planned = planned
+        self.on_start = on_start
         self.settings = settings
         self.on_record = on_record
         self.run_dir = Path(settings.run_dir)
@@ -117,6 +151,7 @@ class _Sweep:
         self.searchers: dict[str, Searcher] = {}
         self.deaths: Counter = Counter()                 # (task key, config) -> workers killed under it
         self.stopped_early = False
+        self.warmed: dict[str, dict[str, str]] = {}      # worker -> the task whose default warmed it
         self.placed: list[str] = []                      # node of each worker started first
         self._t0 = time.monotonic()
         self._log: runlog.RunLog | None = None
@@ -208,6 +243,42 @@ class _Sweep:
                 capacity=capacities[self.task_pool[p.task.key], p.task.target], static_pruning=s.static_pruning,
                 on_answer=functools.partial(self._answered, p))
 
+    def _warm_up(self) -> None:
+        """Run the default config of one of its pool's tasks once on every worker, untimed, so that
+        trial 0 (the default, which `vs default` compares with) is not measured on a cold worker."""
+        by_pool = {}
+        for p in self.planned:
+            by_pool.setdefault(self.task_pool[p.task.key], p.task)
+        # A fresh worker's first compile pays for starting JAX and its compiler: the warm-up gets
+        # at least WARM_UP_COMPILE_S for it, whatever --compile-timeout says about trials.
+        compile_s = max(self.settings.compile_timeout_s, WARM_UP_COMPILE_S)
+        light = dataclasses.replace(self.settings.measure(), repetitions=1, compile_timeout_s=compile_s)
+        refs = {}
+        for worker in list(self.pool.workers):
+            task = by_pool[worker.slot.pool]
+            config = kernels.load(task.kernel).default_config(task.shape, task.target)
+            refs[worker.actor.run.remote(task, config, 0, light)] = (worker, task.key)
+        limit = compile_s + self.settings.timing_timeout_s
+        warmed = {}
+        try:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=limit) if refs else ([], [])
+        except Exception as err:  # noqa: BLE001 - warming up is best effort; the loop handles faults
+            logger.warning("warm-up failed: %s", err)
+            ready = []
+        for ref, (worker, task_key) in refs.items():
+            try:
+                if ref not in ready:
+                    raise TimeoutError(f"no answer in {limit:.0f} s")
+                measured = ray.get(ref)
+                if measured.restart:
+                    raise RuntimeError(measured.measurement.error or "the worker asked to be replaced")
+                warmed[worker.name] = {"task": task_key, "outcome": measured.measurement.outcome}
+            except Exception as err:  # noqa: BLE001 - a worker that died or hung is replaced, nobody blamed
+                logger.warning("warm-up on %s failed (%s); replacing the worker", worker.name, str(err)[:200])
+                self.pool.retire(worker, replace=True)
+        self.warmed = warmed
+        logger.info("warmed up %d of %d workers", len(warmed), len(refs))
+
     def _resume(self) -> None:
         """Replay the log: every logged record counts, and each searcher settles its study."""
         by_task: dict[str, list[TrialRecord]] = {}
@@ -219,13 +290,19 @@ class _Sweep:
         for key, searcher in self.searchers.items():
             searcher.replay(by_task.get(key, []))
 
+    def place(self) -> None:
+        """Join Ray and choose each task's pool (FarmError when the cluster cannot run a target)."""
+        s = self.settings
+        connect(s.address)
+        cluster = ray.cluster_resources()
+        self.task_pool = {p.task.key: placement.pool_for(p.task.target, cluster, s.interpret) for p in self.planned}
+
     def run(self, resume: bool) -> list[TrialRecord]:
         """Measure every task's trial budget; returns all trial records."""
         s = self.settings
-        connect(s.address)
+        if not self.task_pool:
+            self.place()
         started = self._t0 = time.monotonic()
-        cluster = ray.cluster_resources()
-        self.task_pool = {p.task.key: placement.pool_for(p.task.target, cluster, s.interpret) for p in self.planned}
         self.pool = WorkerPool(self.task_pool, interpret=s.interpret, emulate=s.emulate, depth=s.depth,
                                measure=s.measure())
         try:
@@ -234,6 +311,10 @@ class _Sweep:
             with runlog.RunLog(self.run_dir) as self._log:
                 if resume:
                     self._resume()
+                if any(searcher.wants_trials for searcher in self.searchers.values()):
+                    self._warm_up()
+                if self.on_start is not None:
+                    self.on_start()
                 self._loop()
             self.summary = self._summarize(time.monotonic() - started)
         finally:
@@ -263,7 +344,7 @@ class _Sweep:
         measured = sum(1 for r in self.records if r.outcome in outcomes.MEASURED)
         return {"wall_s": wall, "measured_trials": measured, "trials_per_s": measured / wall if wall else 0,
                 "workers": len(self.pool.workers), "duty_cycle": self.pool.duty(),
-                "stopped_by_time_budget": self.stopped_early,
+                "stopped_by_time_budget": self.stopped_early, "warm_up": self.warmed,
                 "placement": {"initial": self.placed, "final": [w.slot.node_id for w in self.pool.workers]}}
 
     def _stop_asking(self) -> None:

@@ -1,0 +1,165 @@
+"""A run's report (`farm report RUN_DIR`): the winners against their defaults, and how the search went.
+
+Reads only the run folder: `trials.jsonl` (every trial, in the order it finished) and
+`run.json` (the summary). Writes `RUN_DIR/report.md` (the table and, per task, the counts that
+the README defines: measured configs, budgeted trials, asked draws) and, with matplotlib
+installed (`pip install 'pallas-farm[plot]'`), one best-so-far plot per task under
+`RUN_DIR/report/`: the best median after each measured trial. Without matplotlib the text
+report is written and `plots_note` says why there are no plots.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import kernels
+from farm.bundle.records import TrialRecord
+from farm.errors import FarmError
+from farm.measure import outcomes
+from farm.run import runlog
+from farm.run.progress import format_duration, format_seconds
+from farm.tasks import config_json
+
+REPORT_MD = "report.md"
+PLOTS_DIR = "report"
+
+
+@dataclasses.dataclass
+class TaskReport:
+    """One task's winner, its default and its counts."""
+
+    task_key: str
+    best: TrialRecord | None
+    default: TrialRecord | None
+    counts: Counter
+    curve: list[tuple[int, float]]          # (measured trial index, best median so far)
+
+    @property
+    def speedup(self) -> float | None:
+        """Default median / winner median, when both were measured."""
+        if self.best and self.default and self.best.median_s and self.default.median_s:
+            return self.default.median_s / self.best.median_s
+        return None
+
+
+@dataclasses.dataclass
+class Report:
+    """What `write_report` wrote."""
+
+    markdown: Path
+    plots: list[Path]
+    plots_note: str | None                  # why there are no plots, when there are none
+    tasks: list[TaskReport]
+
+
+def task_reports(records: list[TrialRecord]) -> list[TaskReport]:
+    """Per task (in order of first record): winner, default, outcome counts, best-so-far curve."""
+    by_task: dict[str, list[TrialRecord]] = {}
+    for record in records:
+        by_task.setdefault(record.task_key, []).append(record)
+    reports = []
+    for key, group in by_task.items():
+        first = group[0]
+        default = config_json(kernels.load(first.kernel).default_config(tuple(first.shape), first.target))
+        ok = [r for r in group if r.outcome == outcomes.OK and r.median_s is not None]
+        curve, best_so_far, index = [], float("inf"), 0
+        for r in group:
+            if r.outcome in outcomes.MEASURED:
+                index += 1
+                if r.outcome == outcomes.OK and r.median_s is not None:
+                    best_so_far = min(best_so_far, r.median_s)
+                if best_so_far < float("inf"):
+                    curve.append((index, best_so_far))
+        default_ok = [r for r in ok if r.config == default]
+        reports.append(TaskReport(key, min(ok, key=lambda r: r.median_s, default=None),
+                                  min(default_ok, key=lambda r: r.median_s, default=None),
+                                  Counter(r.outcome for r in group), curve))
+    return reports
+
+
+def markdown(tasks: list[TaskReport], summary: dict[str, Any], run_dir: Path) -> str:
+    """The report's text: the winners against their defaults, then the counts per task."""
+    lines = [f"# Run {run_dir.name}", ""]
+    if summary:
+        lines += [f"{summary.get('measured_trials', 0)} configs measured in "
+                  f"{format_duration(summary.get('wall_s'))} ({summary.get('trials_per_s', 0):.2f}/s) on "
+                  f"{summary.get('workers', '?')} workers"
+                  + (" (stopped by the time budget)" if summary.get("stopped_by_time_budget") else "") + ".", ""]
+    lines += ["| task | winner | median | default | vs default | measured | failed | skipped | config |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for t in tasks:
+        c = t.counts
+        failed = ", ".join(f"{o} {c[o]}" for o in outcomes.FAILURES if c[o]) or "-"
+        skipped = ", ".join(f"{o} {c[o]}" for o in outcomes.SKIPPED if c[o]) or "-"
+        config = " ".join(f"{k}={v}" for k, v in json.loads(t.best.config).items()) if t.best else "-"
+        speedup = f"{t.speedup:.2f}x" if t.speedup else "-"
+        lines.append(f"| {t.task_key} | {'ok' if t.best else 'no valid config'} | "
+                     f"{format_seconds(t.best and t.best.median_s)} | {format_seconds(t.default and t.default.median_s)}"
+                     f" | {speedup} | {sum(c[o] for o in outcomes.MEASURED)} | {failed} | {skipped} | {config} |")
+    lines += ["", "measured: configs compiled, validated and timed on a worker (ok or failed); failed: measured "
+              "configs that did not run correctly; skipped: draws never measured (invalid: outside the space "
+              "or refused by the kernel; pruned: cannot fit in memory). The trial budget counts measured and "
+              "cached configs."]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(task: TaskReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs, ys = zip(*task.curve)
+    ax.step(xs, [y * 1e6 for y in ys], where="post", label="best so far")
+    if task.default and task.default.median_s:
+        ax.axhline(task.default.median_s * 1e6, color="grey", linestyle="--", label="default")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("measured configs")
+    ax.set_ylabel("median (us)")
+    ax.set_title(task.task_key, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(run_dir: str | Path) -> Report:
+    """Write `RUN_DIR/report.md` and (with matplotlib) `RUN_DIR/report/<task>.png`.
+
+    Raises:
+        FarmError: RUN_DIR is not a run folder with logged trials.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / runlog.TRIALS_LOG).is_file():
+        raise FarmError(f"{run_dir}: expected a run folder with {runlog.TRIALS_LOG} (written by farm sweep)")
+    records = runlog.replay(run_dir)
+    if not records:
+        raise FarmError(f"{run_dir / runlog.TRIALS_LOG}: expected at least one trial record")
+    try:
+        summary = json.loads((run_dir / runlog.RUN_INFO).read_text()).get("summary") or {}
+    except (OSError, ValueError):
+        summary = {}
+    tasks = task_reports(records)
+    md = run_dir / REPORT_MD
+    md.write_text(markdown(tasks, summary, run_dir))
+    plots: list[Path] = []
+    note = None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        note = "no plots: matplotlib is not installed (pip install 'pallas-farm[plot]')"
+    else:
+        folder = run_dir / PLOTS_DIR
+        folder.mkdir(exist_ok=True)
+        for task in tasks:
+            if task.curve:
+                path = folder / (re.sub(r"[^A-Za-z0-9_.-]+", "_", task.task_key) + ".png")
+                _plot(task, path)
+                plots.append(path)
+    return Report(md, plots, note, tasks)

@@ -1,0 +1,190 @@
+"""A new user's tuning path: shapes first (--kernel, --tasks), results where they say, bad input
+writes nothing, --resume with changed flags. Real Ray, Optuna and CLI."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from farm import cli
+from farm.bundle import signing, trust
+from farm.errors import FarmError
+from farm.search import tasks_file
+
+COMMON = ["--target", "interpret", "--trials", "2", "--repetitions", "2", "--quiet"]
+
+
+def _lines(path: Path, *items: object) -> Path:
+    path.write_text("".join((i if isinstance(i, str) else json.dumps(i)) + "\n" for i in items))
+    return path
+
+
+def _task_keys(run: Path) -> list[str]:
+    return sorted(r["task_key"] for r in pq.read_table(run / "bundle" / "configs.parquet").to_pylist())
+
+
+# -- the tasks file --------------------------------------------------------------------------------
+def test_tasks_file_reads_recorded_misses_once_each(tmp_path):
+    path = _lines(tmp_path / "misses.jsonl",
+                  {"kernel": "softmax", "shape": [64, 256], "dtype": "float32", "target": "interpret",
+                   "rule": "default", "distance": None},
+                  "",
+                  {"kernel": "softmax", "shape": "64x256", "dtype": "float32", "target": "interpret",
+                   "rule": "nearest", "distance": 1.0},
+                  {"kernel": "matmul", "shape": [128, 128, 256], "dtype": "bfloat16", "target": "tpu"})
+    tasks = tasks_file.read_tasks(path)
+    assert [t.key for t in tasks] == ["softmax/64x256/float32/interpret", "matmul/128x128x256/bfloat16/tpu"]
+    spaces = tasks_file.tasks_spaces(tasks, label="--tasks x")
+    assert [s.kernel for s in spaces] == ["softmax", "matmul"]
+    assert [t.name for t in spaces[1].targets] == ["tpu"] and spaces[1].targets[0].dtypes == ("bfloat16",)
+
+
+@pytest.mark.parametrize("line,fragment", [
+    ("{not json", ":2: expected a JSON object, got invalid JSON"),
+    ("[1, 2]", ":2: expected a JSON object with fields kernel, shape, dtype, target"),
+    ({"kernel": "softmax", "shape": [64, 256], "dtype": "float32"}, ":2: target: expected a value"),
+    ({"kernel": "nope", "shape": [64], "dtype": "float32", "target": "tpu"}, ":2: kernel: expected a known kernel"),
+    ({"kernel": "softmax", "shape": [64, 256, 2], "dtype": "float32", "target": "tpu"},
+     ":2: shape: expected 2 positive integers (rows, cols)"),
+    ({"kernel": "softmax", "shape": [64, 0], "dtype": "float32", "target": "tpu"}, ":2: shape: expected 2"),
+    ({"kernel": "softmax", "shape": [64, 256], "dtype": "int8", "target": "tpu"}, ":2: dtype: expected one of"),
+    ({"kernel": "softmax", "shape": [64, 256], "dtype": "float32", "target": "cuda"}, ":2: target: expected a "
+     "target of softmax"),
+])
+def test_a_bad_tasks_line_is_one_error_naming_file_and_line(tmp_path, capsys, line, fragment):
+    good = {"kernel": "softmax", "shape": [64, 256], "dtype": "float32", "target": "interpret"}
+    path = _lines(tmp_path / "tasks.jsonl", good, line)
+    out = tmp_path / "run"
+    assert cli.main(["sweep", "--tasks", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}:2: ") and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_tasks_file_is_bounded(tmp_path, monkeypatch):
+    good = json.dumps({"kernel": "softmax", "shape": [64, 256], "dtype": "float32", "target": "interpret"})
+    path = tmp_path / "tasks.jsonl"
+    path.write_text((good + "\n") * 5)
+    monkeypatch.setattr(tasks_file, "MAX_LINES", 4)
+    with pytest.raises(FarmError, match="expected at most 4 lines"):
+        tasks_file.read_tasks(path)
+    monkeypatch.setattr(tasks_file, "MAX_BYTES", 100)
+    with pytest.raises(FarmError, match=f"--tasks {path}: expected at most 100 bytes"):
+        tasks_file.read_tasks(path)
+    with pytest.raises(FarmError, match="expected a readable JSON-lines file"):
+        tasks_file.read_tasks(tmp_path / "missing.jsonl")
+    path.write_text("\n\n")
+    with pytest.raises(FarmError, match="expected at least one task line"):
+        tasks_file.read_tasks(path)
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--shape", "64x256"], "--shape: expected --kernel too"),
+    (["--kernel", "softmax", "--shape", "64x256x3"], "--shape 64x256x3: expected 2 dimensions for softmax"),
+    (["--kernel", "nosuch"], "--kernel nosuch: expected a known kernel"),
+    ([], "expected SPACE files, --kernel KERNEL --shape AxB, or --tasks FILE"),
+])
+def test_shape_first_bad_input(tmp_path, capsys, argv, fragment):
+    out = tmp_path / "run"
+    assert cli.main(["sweep", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_bad_shape_flag_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["sweep", "--kernel", "softmax", "--shape", "64by256"])
+    assert exit_.value.code == 2 and "--shape" in capsys.readouterr().err
+
+
+def test_shape_first_space_keeps_the_shipped_knobs():
+    space = tasks_file.minimal_space("softmax", [(4096, 50257)], ["bfloat16"], label="--kernel softmax")
+    assert {(t.shapes, t.dtypes) for t in space.targets} == {(((4096, 50257),), ("bfloat16",))}
+    assert {t.name for t in space.targets} == {"tpu", "gpu-triton", "interpret"}
+    shipped = tasks_file.minimal_space("softmax", [], label="--kernel softmax")
+    assert shipped.targets[-1].dtypes == ("float32",)  # the shipped space's per-target dtypes
+
+
+# -- real sweeps -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shape_first_run(ray_local, signing_key, tmp_path_factory):
+    """`farm sweep --kernel softmax --shape 32x128 --shape 16x256 --dtype float32 --target interpret`."""
+    out = tmp_path_factory.mktemp("shape_first") / "run"
+    assert cli.main(["sweep", "--kernel", "softmax", "--shape", "32x128", "--shape", "16x256", "--dtype", "float32",
+                     "--out", str(out), "--key", str(signing_key[0]), *COMMON]) == 0
+    return out
+
+
+def test_sweep_by_kernel_and_shape(shape_first_run, signing_key):
+    trust.verify(shape_first_run / "bundle", trust.load_trust([signing_key[1]]))
+    assert _task_keys(shape_first_run) == ["softmax/16x256/float32/interpret", "softmax/32x128/float32/interpret"]
+    saved = json.loads((shape_first_run / "sweep.json").read_text())
+    assert list(saved["spaces"].values()) == ["--kernel softmax"]
+    run = json.loads((shape_first_run / "run.json").read_text())
+    assert run["summary"]["warm_up"] and len(run["summary"]["warm_up"]) == run["summary"]["workers"]
+
+
+def test_resume_refuses_changed_flags_and_applies_safe_ones(shape_first_run, signing_key, capsys):
+    before = (shape_first_run / "trials.jsonl").read_text()
+    code = cli.main(["sweep", "--resume", str(shape_first_run), "--interpret", "--sampler", "random",
+                     "--key", str(signing_key[0]), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--interpret (saved False, given True)" in err and "--sampler (saved None, given 'random')" in err
+    code = cli.main(["sweep", "--resume", str(shape_first_run), "--trials", "5", "--key", str(signing_key[0])])
+    assert code == 2 and "expected no --trials" in capsys.readouterr().err
+    # safe flags apply; the saved spaces (made by --kernel) load again; nothing is measured twice
+    assert cli.main(["sweep", "--resume", str(shape_first_run), "--workers", "1", "--repetitions", "2",
+                     "--key", str(signing_key[0]), "--quiet"]) == 0
+    assert (shape_first_run / "trials.jsonl").read_text() == before
+    assert json.loads((shape_first_run / "run.json").read_text())["settings"]["workers"] == 1
+
+
+def test_sweep_of_a_tasks_file_tunes_exactly_its_tasks_into_a_url(ray_local, signing_key, tmp_path, monkeypatch):
+    path = _lines(tmp_path / "misses.jsonl",
+                  {"kernel": "softmax", "shape": [32, 128], "dtype": "float32", "target": "interpret",
+                   "rule": "default", "distance": None},
+                  {"kernel": "softmax", "shape": [16, 256], "dtype": "float32", "target": "tpu"},
+                  {"kernel": "matmul", "shape": [64, 64, 64], "dtype": "float32", "target": "interpret"},
+                  {"kernel": "softmax", "shape": [32, 128], "dtype": "float32", "target": "interpret"})
+    url = f"file://{tmp_path}/published/run-1"
+    monkeypatch.chdir(tmp_path)           # the run is staged in ./artifacts
+    monkeypatch.setenv(cli.KEY_ENV, signing_key[0].read_text())   # the PEM itself, as a Ray job may get it
+    assert cli.main(["sweep", "--tasks", str(path), "--out", url, *COMMON]) == 0
+    published = tmp_path / "published" / "run-1"
+    trust.verify(published / "bundle", trust.load_trust([signing_key[1]]))
+    # --target interpret drops the tpu line; the cross product (softmax 16x256 interpret) is not tuned
+    assert _task_keys(published) == ["matmul/64x64x64/float32/interpret", "softmax/32x128/float32/interpret"]
+    staged = list((tmp_path / "artifacts").iterdir())
+    assert len(staged) == 1 and (staged[0] / "trials.jsonl").read_text() == (published / "trials.jsonl").read_text()
+    # the URL is taken now: a second sweep to it is refused before anything runs
+    assert cli.main(["sweep", "--tasks", str(path), "--out", url, *COMMON]) == 2
+    assert len(list((tmp_path / "artifacts").iterdir())) == 1
+
+
+def test_a_target_the_cluster_cannot_run_writes_nothing(ray_local, signing_key, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = cli.main(["sweep", "--kernel", "softmax", "--shape", "64x256", "--target", "tpu", "--out", str(out),
+                     "--key", str(signing_key[0]), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --target tpu: the Ray cluster has no TPU resources"), err
+    assert not out.exists()
+    out.mkdir()   # an empty folder given as --out stays empty
+    assert cli.main(["sweep", "--kernel", "softmax", "--shape", "64x256", "--target", "tpu", "--out", str(out),
+                     "--key", str(signing_key[0]), "--quiet"]) == 2
+    assert list(out.iterdir()) == []
+
+
+def test_signing_key_from_the_environment(tmp_path, monkeypatch):
+    private, _, kid = signing.generate_keypair(tmp_path / "env.pem")
+    args = cli.build_parser().parse_args(["sweep", "x.yaml"])
+    monkeypatch.setenv(cli.KEY_ENV, str(private))
+    assert signing.key_id(cli._signing_key(args).public_key()) == kid
+    monkeypatch.setenv(cli.KEY_ENV, private.read_text())
+    assert signing.key_id(cli._signing_key(args).public_key()) == kid
+    monkeypatch.setenv(cli.KEY_ENV, "-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----")
+    with pytest.raises(FarmError, match=r"\$FARM_SIGNING_KEY: expected a PEM Ed25519 private key"):
+        cli._signing_key(args)
