@@ -10,6 +10,7 @@ import pytest
 
 from farm import cli
 from farm.bundle import signing, trust
+from farm.cli import tune
 from farm.errors import FarmError
 from farm.search import tasks_file
 
@@ -182,9 +183,9 @@ def test_signing_key_from_the_environment(tmp_path, monkeypatch):
     private, _, kid = signing.generate_keypair(tmp_path / "env.pem")
     args = cli.build_parser().parse_args(["sweep", "x.yaml"])
     monkeypatch.setenv(cli.KEY_ENV, str(private))
-    assert signing.key_id(cli._signing_key(args).public_key()) == kid
+    assert signing.key_id(tune.signing_key(args).public_key()) == kid
     monkeypatch.setenv(cli.KEY_ENV, private.read_text())
-    assert signing.key_id(cli._signing_key(args).public_key()) == kid
+    assert signing.key_id(tune.signing_key(args).public_key()) == kid
     monkeypatch.setenv(cli.KEY_ENV, "-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----")
     with pytest.raises(FarmError, match=r"\$FARM_SIGNING_KEY: expected a PEM Ed25519 private key"):
-        cli._signing_key(args)
+        tune.signing_key(args)

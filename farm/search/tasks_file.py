@@ -21,7 +21,8 @@ from typing import Any
 
 import kernels
 from farm.errors import FarmError
-from farm.search.spaces import DTYPES, SearchSpace, parse_space
+from farm.search.space_parts import DTYPES
+from farm.search.spaces import SearchSpace, parse_space
 from farm.tasks import TuningTask
 from kernels.lowering import TARGETS
 

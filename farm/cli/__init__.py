@@ -1,0 +1,41 @@
+"""The `farm` command: sweep, report, verify, show, keygen, bundle, pull, retune.
+
+`options` holds the parser, `tune` the tuning commands, `bundles` the bundle commands.
+
+User errors print one line (`error: ...`) and exit with code 2; a bundle that fails
+verification exits with code 1; `farm retune` exits with code 3 when its gate blocks a rollout.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from farm.cli import bundles, tune
+from farm.cli.options import KEY_ENV, build_parser
+from farm.errors import BundleError, FarmError
+
+COMMANDS = {"sweep": tune.cmd_sweep, "report": tune.cmd_report, "retune": tune.cmd_retune,
+            "verify": bundles.cmd_verify, "show": bundles.cmd_show, "keygen": bundles.cmd_keygen,
+            "bundle": bundles.cmd_bundle, "pull": bundles.cmd_pull}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level is None and args.command in ("sweep", "retune"):
+        logging.getLogger("farm").setLevel(logging.INFO)   # progress lines in job logs, by default
+    try:
+        return COMMANDS[args.command](args)
+    except BundleError as err:
+        print(f"error: verification failed: {err}", file=sys.stderr)
+        return 1
+    except FarmError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["KEY_ENV", "build_parser", "main"]

@@ -1,0 +1,128 @@
+"""The bundle commands: `farm verify`, `show`, `keygen`, `bundle`, `pull`, and the winners table."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from typing import Any
+
+from farm.errors import FarmError
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Verify a bundle (folder, run folder, deployment folder or archive) against trusted keys."""
+    from farm.bundle import locate, trust
+
+    with locate.open_bundle(args.bundle, trust.load_trust(args.trust)) as opened:
+        inner = f" ({opened.kind}: {opened.folder})" if opened.kind in (locate.RUN, locate.DEPLOYMENT) else ""
+        print(f"OK: {args.bundle}{inner} verified (bundle {opened.bundle_id}, signer "
+              f"{opened.manifest['signer_key_id']}, {len(opened.manifest['files'])} files)")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Print a bundle's winners table; without --trust, warn that its signature was not checked."""
+    from farm.bundle import trust
+    from farm.bundle.locate import open_bundle
+
+    trusted = trust.load_trust(args.trust) if args.trust else trust.Trust({})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)
+        with open_bundle(args.bundle, trusted, allow_unsigned=not args.trust) as opened:
+            if not args.trust:
+                print(f"WARNING: UNVERIFIED bundle {args.bundle}: no --trust given, so its signature was not "
+                      f"checked (its files match its manifest, which anyone could have written)", file=sys.stderr)
+            print_winners(opened.configs().to_pylist())
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """Create a key pair."""
+    from farm.bundle import signing
+
+    private, public, kid = signing.generate_keypair(args.path)
+    print(f"private key: {private} (mode 0600)\npublic key: {public}\nkey id: {kid}")
+    return 0
+
+
+def _trust(args: argparse.Namespace) -> Any:
+    from farm.bundle import trust
+
+    if not args.trust and not args.allow_unsigned:
+        raise FarmError("--trust: expected a public key file or trust folder (or --allow-unsigned)")
+    return trust.load_trust(args.trust or [], require_keys=not args.allow_unsigned)
+
+
+def _warn_unverified(message: str | None) -> None:
+    if message:  # printed here instead of as a Python warning
+        print(f"WARNING: {message}", file=sys.stderr)
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    """Merge run bundles into one signed bundle."""
+    from farm.bundle import merge as bundle
+    from farm.bundle import signing, trust
+
+    warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)
+    trusted = _trust(args)
+    key = signing.load_private_key(args.key)
+    result = bundle.merge(args.inputs, args.out, key, trusted, allow_unsigned=args.allow_unsigned)
+    for note in result.warnings:
+        _warn_unverified(note)
+    print(f"bundle: {result.out} (signed by key {signing.key_id(key.public_key())}): {result.rows} tasks "
+          f"from {len(result.inputs)} inputs ({result.replaced} older rows replaced), {result.trials} trials")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Download, verify and install a bundle."""
+    from farm.bundle import trust
+    from farm.deploy import pull
+
+    warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)
+    result = pull.pull(args.url, args.dest, _trust(args), allow_unsigned=args.allow_unsigned,
+                       allow_older=args.allow_older, keep=args.keep, timeout=args.timeout)
+    _warn_unverified(result.warning)
+    state = "already installed; made current" if result.reused else "installed"
+    print(f"OK: bundle {result.manifest.get('bundle_id')} {state}: {args.dest / pull.CURRENT} -> {result.installed} "
+          f"(signer {result.manifest.get('signer_key_id')}"
+          f"{'' if result.signed else ', UNVERIFIED'}; previous: {result.previous or 'none'})")
+    return 0
+
+
+def print_winners(rows: list[dict[str, Any]]) -> None:
+    """A readable table of each task's winner against its default.
+
+    measured: configs a worker compiled, validated and timed (ok or failed); failed: measured
+    configs that did not run correctly, by outcome; skipped: draws never measured (invalid,
+    pruned), which are not failures.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from farm.measure import outcomes
+    from farm.run.progress import format_seconds
+
+    table = Table(title="winners", caption="measured: configs timed on a worker (ok or failed); skipped: draws "
+                  "never measured (invalid, pruned) or answered from an earlier measurement (cached)")
+    for column in ("task", "status", "config", "median", "spread", "default", "vs default", "measured", "failed",
+                   "skipped"):
+        table.add_column(column)
+    for row in rows:
+        speedup = "-"
+        if row.get("median_s") and row.get("default_median_s"):
+            speedup = f"{row['default_median_s'] / row['median_s']:.2f}x"
+        config = json.loads(row["config"]) if row.get("config") else None
+        shown = " ".join(f"{k}={v}" for k, v in config.items()) if config else "-"
+        spread = f"{row['spread'] * 100:.1f}%" if row.get("spread") is not None else "-"
+        counts = json.loads(row.get("outcome_counts") or "{}")
+        measured = sum(counts.get(o, 0) for o in outcomes.MEASURED)
+        failed = ", ".join(f"{o} {counts[o]}" for o in outcomes.FAILURES if counts.get(o))
+        skipped = ", ".join(f"{o} {counts[o]}" for o in (*outcomes.SKIPPED, outcomes.CACHED) if counts.get(o))
+        table.add_row(row["task_key"], row["status"], shown, format_seconds(row.get("median_s")), spread,
+                      format_seconds(row.get("default_median_s")), speedup, str(measured), failed or "-",
+                      skipped or "-")
+    console = Console(width=200)
+    console.print(table)
+    console.print()

@@ -1,0 +1,183 @@
+"""The `farm` command's arguments: the parser, the run options and their defaults."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import farm
+from farm.measure.capacity import profiles as capacity_profiles
+from kernels.lowering import TARGETS
+
+DEFAULT_KEY = ".keys/dev_ed25519.pem"
+KEY_ENV = "FARM_SIGNING_KEY"        # the signing key's path, or the PEM itself (for Ray jobs)
+DTYPES = ("float32", "bfloat16", "float16")  # farm.search.space_parts.DTYPES; kept here so `farm show` loads no YAML
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _number(cast: type, minimum: float, *, strict: bool, expected: str) -> Any:
+    """An argparse type: `cast(text)` that is > minimum (strict) or >= minimum, else a clear error."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not (value > minimum if strict else value >= minimum):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _number(int, 0, strict=True, expected="a positive integer")
+_positive_float = _number(float, 0.0, strict=True, expected="a positive number")
+_non_negative_float = _number(float, 0.0, strict=False, expected="a number >= 0")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(prog="farm", description="Autotune JAX Pallas kernels on Ray.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s (pallas-farm) {farm.__version__}")
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
+                        help="diagnostics on stderr from this level up (default WARNING; `sweep` and `retune` "
+                        "also log the farm's own INFO lines, such as progress, when stderr is not a terminal)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sweep = sub.add_parser("sweep", help="tune the tasks of search spaces (or of shapes, or of a tasks file) and "
+                           "write a signed bundle")
+    sweep.add_argument("spaces", nargs="*", metavar="SPACE", help="search space YAML files")
+    sweep.add_argument("--kernel", help="tune this kernel's shipped space at --shape (and --dtype) instead of a "
+                       "SPACE file")
+    sweep.add_argument("--shape", action="append", type=_shape, metavar="AxB",
+                       help="a shape for --kernel, e.g. 4096x50257 (repeatable; default: the shipped space's)")
+    sweep.add_argument("--dtype", action="append", choices=DTYPES,
+                       help="a dtype for --kernel (repeatable; default: the shipped space's dtypes)")
+    sweep.add_argument("--tasks", type=Path, metavar="FILE", help="JSON-lines file of tasks a program recorded "
+                       "({kernel, shape, dtype, target} per line, e.g. a deployment's misses); tunes exactly those")
+    sweep.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                       help="continue a killed sweep: same tasks and settings, nothing measured twice (only "
+                       f"{', '.join(RESUME_SAFE)} may change)")
+    sweep.add_argument("--trials", type=_positive_int, help="trials per task (overrides the spaces)")
+    sweep.add_argument("--out", metavar="RUN_DIR_OR_URL", help="run folder, new or empty (default "
+                       "artifacts/run-<UTC time>), or a URL (file://, gs://, s3://) the run folder is copied to "
+                       "at the end")
+    _add_run_options(sweep)
+
+    report = sub.add_parser("report", help="a run's report: winners against their defaults, best-so-far plots")
+    report.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder written by farm sweep")
+
+    verify = sub.add_parser("verify", help="check a bundle's signature and file hashes")
+    verify.add_argument("bundle", type=Path, help="bundle folder, run folder, `farm pull` deployment folder or "
+                        "bundle archive")
+    verify.add_argument("--trust", action="append", required=True, type=Path,
+                        help="trusted public key file or folder of *.pub (repeatable)")
+
+    show = sub.add_parser("show", help="print a bundle's winners table")
+    show.add_argument("bundle", type=Path, help="bundle folder, run folder, `farm pull` deployment folder or "
+                      "bundle archive")
+    show.add_argument("--trust", action="append", type=Path,
+                      help="verify against these keys first (without: shown with an UNVERIFIED warning)")
+
+    keygen = sub.add_parser("keygen", help="create an Ed25519 signing key pair")
+    keygen.add_argument("path", type=Path, nargs="?", default=Path(DEFAULT_KEY),
+                        help=f"private key path; the public key goes to PATH.pub (default {DEFAULT_KEY})")
+
+    bundle = sub.add_parser("bundle", help="merge the bundles of several runs into one signed bundle")
+    bundle.add_argument("inputs", nargs="+", type=Path, metavar="RUN_DIR",
+                        help="run folders (their bundle/), bundle folders or bundle archives")
+    bundle.add_argument("--out", type=Path, required=True,
+                        help="FILE.tar.gz (or .tgz, .tar) for an archive; any other path writes a bundle folder")
+    bundle.add_argument("--key", type=Path, default=Path(DEFAULT_KEY), help=f"signing key (default {DEFAULT_KEY})")
+    bundle.add_argument("--trust", action="append", type=Path,
+                        help="verify the inputs against these public keys / trust folders (repeatable)")
+    bundle.add_argument("--allow-unsigned", action="store_true",
+                        help="accept inputs that are unsigned or signed by untrusted keys (with a warning)")
+
+    pull = sub.add_parser("pull", help="download, verify and atomically install a bundle")
+    pull.add_argument("url", help="bundle archive or folder: a path, file://, http(s)://, gs://, s3://")
+    pull.add_argument("--dest", type=Path, required=True, help="deployment folder (DEST/current is the bundle)")
+    pull.add_argument("--trust", action="append", type=Path,
+                      help="trusted public key file or trust folder (*.pub, *.revoked, revoked) (repeatable)")
+    pull.add_argument("--allow-unsigned", action="store_true",
+                      help="install a bundle that is unsigned or signed by an untrusted key (with a warning)")
+    pull.add_argument("--allow-older", action="store_true", help="install a bundle older than the installed one")
+    pull.add_argument("--keep", type=_positive_int, default=2, help="versions to keep, the current one included")
+    pull.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds an HTTP download may take")
+
+    retune = sub.add_parser("retune", help="retune the tasks whose software fingerprint changed since a bundle; "
+                            "exit 3 when a task regressed beyond --max-regression")
+    retune.add_argument("spaces", nargs="+", metavar="SPACE", help="search space YAML files")
+    retune.add_argument("--previous", type=Path, required=True, metavar="BUNDLE",
+                        help="the previous bundle: run folder, bundle folder or archive")
+    retune.add_argument("--trust", action="append", type=Path, help="verify the previous bundle against these "
+                        "public keys / trust folders (repeatable)")
+    retune.add_argument("--allow-unsigned", action="store_true", help="accept an unverified previous bundle (warns)")
+    retune.add_argument("--out", type=Path, help="run folder (default artifacts/retune-<UTC time>); new or empty")
+    retune.add_argument("--max-regression", type=_non_negative_float, default=0.05,
+                        help="gate: new / old time above 1 + this, beyond noise, exits 3 (default 0.05)")
+    retune.add_argument("--noise", type=_non_negative_float, default=0.02,
+                        help="relative noise floor of a measurement (default 0.02)")
+    retune.add_argument("--trials", type=_positive_int, help="trials per retuned task (default: a quarter of the "
+                        "space's budget, at least the warm start + 2; 1: only the previous winner); new tasks get "
+                        "the space's budget")
+    retune.add_argument("--no-escalate", action="store_true", help="no second pass up to the space's budget for "
+                        "tasks whose previous winner broke or slowed down beyond noise")
+    retune.add_argument("--top", type=_positive_int, default=3,
+                        help="previous configs queued first per task: the winner and the next best (default 3)")
+    _add_run_options(retune)
+    return parser
+
+
+# Defaults of the run options, applied after parsing so that `--resume` knows what was given.
+RUN_DEFAULTS = {"repetitions": 10, "input_sets": 1, "compile_timeout": 600.0, "timing_timeout": 300.0,
+                "max_attempts": 2}
+# Flags `--resume` applies; any other run flag that differs from the saved run is refused.
+RESUME_SAFE = ("--workers", "--depth", "--node-label", "--compile-timeout", "--timing-timeout", "--max-attempts",
+               "--time-budget", "--address", "--key", "--quiet")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that runs a sweep (`sweep`, `retune`)."""
+    parser.add_argument("--target", action="append", choices=TARGETS, help="only these targets (repeatable)")
+    parser.add_argument("--sampler", choices=("tpe", "random", "grid"), help="override the spaces' samplers")
+    parser.add_argument("--seed", type=int, help="override the spaces' sampler seeds")
+    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS when set, as in a Ray job; "
+                        "else start an embedded local Ray)")
+    parser.add_argument("--workers", type=_positive_int, help="workers per pool (default: one per chip, GPU or CPU)")
+    parser.add_argument("--depth", type=_positive_int, help="trials in flight per worker (default 2; 1 on CPU)")
+    parser.add_argument("--node-label", action="append", metavar="KEY=VALUE", help="only nodes with this label")
+    parser.add_argument("--interpret", action="store_true", help="run kernels in interpret mode on CPU")
+    parser.add_argument("--emulate", choices=capacity_profiles(), help="memory capacity to prune against in "
+                        "interpret mode (default: v7 for tpu, h200 for gpu targets)")
+    parser.add_argument("--key", type=Path, help=f"signing key (default: ${KEY_ENV}, a path or the PEM itself, "
+                        f"else {DEFAULT_KEY})")
+    parser.add_argument("--repetitions", type=_positive_int, help="timing samples per config (default 10)")
+    parser.add_argument("--input-sets", type=_positive_int, help="rotating input sets when timing (default 1)")
+    parser.add_argument("--compile-timeout", type=_positive_float, help="seconds to compile a config (default 600)")
+    parser.add_argument("--timing-timeout", type=_positive_float,
+                        help="seconds to validate and time a config (default 300)")
+    parser.add_argument("--time-budget", type=_positive_float, metavar="SECONDS",
+                        help="once the workers are up, stop asking for new trials after this long (trials in "
+                        "flight finish; default: no limit)")
+    parser.add_argument("--max-attempts", type=_positive_int,
+                        help="runs of a trial whose worker died before it is recorded worker_lost (default 2)")
+    parser.add_argument("--quiet", action="store_true", help="no progress (neither the live view nor log lines)")
+    parser.add_argument("--allow-kernel-module", action="store_true", help="accept a space's `kernel:` given as a "
+                        "module path (importing it runs its code); also FARM_ALLOW_KERNEL_MODULES=1")
+
+
+def _run_option(args: argparse.Namespace, name: str) -> Any:
+    """A run option's value: as given, else its default."""
+    value = getattr(args, name)
+    return RUN_DEFAULTS[name] if value is None else value
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    """An argparse type: AxB (positive integers)."""
+    from farm.search.tasks_file import parse_shape
+
+    try:
+        return parse_shape(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected positive integers joined by x (e.g. 4096x50257), got {text!r}")

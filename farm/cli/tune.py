@@ -1,0 +1,205 @@
+"""The tuning commands: `farm sweep`, `farm report`, `farm retune`."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from farm.cli.bundles import _trust, print_winners
+from farm.cli.options import DEFAULT_KEY, KEY_ENV, RESUME_SAFE, _run_option
+from farm.errors import FarmError
+
+
+def _quiet_optuna() -> None:
+    """Optuna logs every trial at INFO; one line per trial is the sweep's own job."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _sweep_settings(args: argparse.Namespace, out: Path) -> Any:
+    """SweepSettings from the options `_add_run_options` defines (and Optuna's log level)."""
+    from farm.run import placement
+    from farm.run.sweep import SweepSettings
+
+    _quiet_optuna()
+    return SweepSettings(
+        run_dir=out, interpret=args.interpret, emulate=args.emulate, workers=args.workers, depth=args.depth,
+        node_labels=placement.parse_labels(args.node_label), sampler=args.sampler, seed=args.seed,
+        repetitions=_run_option(args, "repetitions"), input_sets=_run_option(args, "input_sets"),
+        compile_timeout_s=_run_option(args, "compile_timeout"), timing_timeout_s=_run_option(args, "timing_timeout"),
+        max_attempts=_run_option(args, "max_attempts"), address=args.address, time_budget_s=args.time_budget)
+
+
+def signing_key(args: argparse.Namespace) -> Any:
+    """The private key: --key, else $FARM_SIGNING_KEY (a path, or the PEM text), else the default path."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from farm.bundle import signing
+
+    if args.key is not None:
+        return signing.load_private_key(args.key)
+    value = os.environ.get(KEY_ENV, "").strip()
+    if not value:
+        return signing.load_private_key(DEFAULT_KEY)
+    if not value.startswith("-----BEGIN"):
+        return signing.load_private_key(value)
+    try:
+        key = serialization.load_pem_private_key(value.encode(), password=None)
+    except (ValueError, TypeError) as err:
+        raise FarmError(f"${KEY_ENV}: expected a PEM Ed25519 private key or a path to one ({err})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise FarmError(f"${KEY_ENV}: expected an Ed25519 private key, got {type(key).__name__}")
+    return key
+
+
+def _sweep_spaces(args: argparse.Namespace) -> list[Any]:
+    """The planned tasks of a new sweep: SPACE files, --kernel with --shape/--dtype, --tasks FILE."""
+    from farm.search import plan, spaces, tasks_file
+
+    if (args.shape or args.dtype) and not args.kernel:
+        raise FarmError(f"{'--shape' if args.shape else '--dtype'}: expected --kernel too (the kernel to tune)")
+    if not (args.spaces or args.kernel or args.tasks):
+        raise FarmError("farm sweep: expected SPACE files, --kernel KERNEL --shape AxB, or --tasks FILE")
+    loaded = spaces.load_spaces(args.spaces) if args.spaces else []
+    if args.kernel:
+        import kernels
+
+        try:
+            names = kernels.load(args.kernel).SHAPE_NAMES
+        except kernels.UnknownKernel as err:
+            raise FarmError(f"--kernel {args.kernel}: expected a known kernel ({err})") from None
+        for shape in args.shape or []:
+            if len(shape) != len(names):
+                raise FarmError(f"--shape {'x'.join(map(str, shape))}: expected {len(names)} dimensions for "
+                                f"{args.kernel} ({'x'.join(names)})")
+        loaded.append(tasks_file.minimal_space(args.kernel, args.shape or [], args.dtype, label=f"--kernel "
+                                               f"{args.kernel}"))
+    wanted: set[str] | None = None
+    if args.tasks:
+        listed = tasks_file.read_tasks(args.tasks)
+        wanted = tasks_file.task_key_set(listed)
+        loaded += tasks_file.tasks_spaces(listed, label=f"--tasks {args.tasks}")
+    planned = plan.expand(loaded, args.target, args.trials)
+    from_file = {s.path for s in loaded if s.path.startswith("--tasks ")}
+    planned = [p for p in planned if p.space.path not in from_file or p.task.key in (wanted or ())]
+    if not planned:
+        raise FarmError(f"no tuning tasks: none of the tasks has the target(s) {', '.join(args.target or [])}")
+    return planned
+
+
+def _resume_settings(args: argparse.Namespace) -> tuple[list[Any], Any]:
+    """The saved run's tasks and settings, with the safe flags given now applied; refuses others."""
+    from farm.run import placement, runlog
+    from farm.run.sweep import SweepSettings
+
+    out = args.resume
+    given = [flag for flag, value in (("SPACE", args.spaces), ("--kernel", args.kernel), ("--shape", args.shape),
+                                      ("--dtype", args.dtype), ("--tasks", args.tasks), ("--trials", args.trials),
+                                      ("--target", args.target), ("--out", args.out)) if value]
+    if given:
+        raise FarmError(f"--resume {out}: expected no {', '.join(given)} (the run folder keeps its own tasks, "
+                        f"budgets and folder)")
+    planned, saved = runlog.load_run(out)
+    wanted = {"--interpret": ("interpret", args.interpret or None), "--emulate": ("emulate", args.emulate),
+              "--sampler": ("sampler", args.sampler), "--seed": ("seed", args.seed),
+              "--repetitions": ("repetitions", args.repetitions), "--input-sets": ("input_sets", args.input_sets)}
+    differ = [f"{flag} (saved {saved.get(field)!r}, given {value!r})" for flag, (field, value) in wanted.items()
+              if value is not None and value != saved.get(field)]
+    if differ:
+        raise FarmError(f"--resume {out}: {'; '.join(differ)} differ from the saved run ({runlog.SWEEP_FILE}); "
+                        f"expected them unchanged or left out (may change: {', '.join(RESUME_SAFE)})")
+    changed = {"workers": args.workers, "depth": args.depth, "compile_timeout_s": args.compile_timeout,
+               "timing_timeout_s": args.timing_timeout, "max_attempts": args.max_attempts,
+               "time_budget_s": args.time_budget,
+               "node_labels": placement.parse_labels(args.node_label) if args.node_label else None}
+    _quiet_optuna()
+    try:
+        settings = SweepSettings(**{**saved, **{k: v for k, v in changed.items() if v is not None},
+                                    "run_dir": out, "address": args.address})
+    except TypeError as err:
+        raise FarmError(f"--resume {out}: {runlog.SWEEP_FILE} holds settings this version does not know "
+                        f"({err}); expected a run folder written by this version") from None
+    return planned, settings
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Validate everything, run (or resume) the sweep, write the signed bundle, print winners."""
+    from farm.bundle import signing
+    from farm.run.destination import Destination
+    from farm.run.progress import SweepProgress
+    from farm.run.sweep import run_sweep
+    from farm.search import spaces
+
+    if args.allow_kernel_module:  # --resume reloads the run's spaces through the same switch
+        os.environ[spaces.ALLOW_KERNEL_MODULES_ENV] = "1"
+    if args.resume:
+        planned, settings = _resume_settings(args)
+        destination = Destination(args.resume)
+    else:
+        planned = _sweep_spaces(args)
+        destination = Destination.parse(args.out)
+        settings = _sweep_settings(args, destination.run_dir)
+    key = signing_key(args)
+
+    if args.quiet:
+        result = run_sweep(planned, settings, key, resume=bool(args.resume))
+    else:
+        with SweepProgress(planned, time_budget_s=settings.time_budget_s) as progress:
+            result = run_sweep(planned, settings, key, resume=bool(args.resume), on_record=progress.update,
+                               on_start=progress.mark_started)
+    summary = result.summary
+    print(f"run folder: {destination.run_dir}")
+    if destination.url:
+        print(f"copied to: {destination.publish()}")
+    print(f"bundle: {result.bundle} (signed by key {signing.key_id(key.public_key())})")
+    duty = summary.get("duty_cycle") or {}
+    print(f"{summary.get('measured_trials', 0)} configs measured in {summary.get('wall_s', 0):.1f} s "
+          f"({summary.get('trials_per_s', 0):.2f}/s) on {len(duty)} workers; device duty cycle "
+          + (", ".join(f"{v:.0%}" for v in duty.values()) or "-"))
+    print_winners(result.rows)
+    print(f"report: farm report {destination.run_dir}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write and print a run's report (report.md, best-so-far plots)."""
+    from farm.run import report
+
+    written = report.write_report(args.run_dir)
+    print(written.markdown.read_text(), end="")
+    print(f"report: {written.markdown}")
+    for plot in written.plots:
+        print(f"plot: {plot}")
+    if written.plots_note:
+        print(f"note: {written.plots_note}")
+    return 0
+
+
+def cmd_retune(args: argparse.Namespace) -> int:
+    """Retune stale tasks warm-started from a previous bundle; write the bundle and report; 3 if the gate blocks."""
+    from farm.retune import planning, report, retune, rules
+    from farm.run.destination import check_empty, default_run_dir
+    from farm.run.progress import SweepProgress
+    from farm.search import plan, spaces
+
+    loaded = spaces.load_spaces(args.spaces, allow_kernel_modules=args.allow_kernel_module or None)
+    planned = plan.expand(loaded, args.target, None)
+    out = args.out or default_run_dir("retune")
+    check_empty(out)
+    key = signing_key(args)
+    previous = planning.load_previous(args.previous, _trust(args), allow_unsigned=args.allow_unsigned)
+    settings = _sweep_settings(args, out)
+    options = rules.RetuneSettings(top=args.top, trials=args.trials, noise=args.noise,
+                                   max_regression=args.max_regression, escalate=not args.no_escalate)
+    result = retune.retune(planned, previous, settings, key, options, progress=None if args.quiet else SweepProgress)
+    print(result.markdown)
+    print(f"run folder: {result.run_dir}\nbundle: {result.bundle}\nreport: {result.run_dir / report.REPORT_MD}, "
+          f"{result.run_dir / report.REPORT_JSON}")
+    if result.exit_code:
+        print(f"gate: {len(result.report['blocked'])} task(s) regressed beyond --max-regression "
+              f"{args.max_regression}: {', '.join(result.report['blocked'])}", file=sys.stderr)
+    return result.exit_code
