@@ -220,3 +220,19 @@ def test_constraint_evaluator_is_restricted():
 def test_space_error_message_format():
     err = SpaceError("s.yaml", "params.x", "a list", 3)
     assert str(err) == "s.yaml: params.x: expected a list, got 3"
+
+
+def test_a_run_folder_keeps_resolved_spaces_so_resume_needs_no_base_file(tmp_path):
+    """A space that extends a file by relative path resumes after that file is gone."""
+    from farm.run import runlog
+    from farm.run.sweep import SweepSettings
+
+    write(tmp_path, THREE_LINES, "mine.yaml")
+    path = write(tmp_path, "extends: mine.yaml\ntargets: [interpret]\ntrials: 3\n")
+    planned = plan.expand([spaces.load_space(path)])
+    run = tmp_path / "run"
+    runlog.save_run(run, planned, SweepSettings(run_dir=run, interpret=True))
+    (tmp_path / "mine.yaml").unlink()
+    again, _ = runlog.load_run(run)
+    assert [(p.task, p.trials) for p in again] == [(p.task, p.trials) for p in planned]
+    assert [p.space.params for p in again] == [p.space.params for p in planned]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -81,12 +80,11 @@ def save_run(run_dir: Path, planned: Sequence[PlannedTask], settings: Any) -> No
     by_path = {p.space.path: p.space for p in planned}
     copies = {}
     for i, (path, space) in enumerate(by_path.items()):
-        if Path(path).is_file():
-            copies[path] = f"{i:02d}-{Path(path).name}"
-            shutil.copyfile(path, folder / copies[path])
-        else:   # made on the command line (--kernel, --tasks): its resolved document is the space
-            copies[path] = f"{i:02d}-{space.kernel.replace('/', '_')}.yaml"
-            (folder / copies[path]).write_text(yaml.safe_dump(dict(space.document), sort_keys=False))
+        # The resolved document, not the file: a space may extend others (by relative path, or a
+        # shipped space that a later version changes), or come from the command line.
+        name = Path(path).name if Path(path).is_file() else f"{space.kernel.replace('/', '_')}.yaml"
+        copies[path] = f"{i:02d}-{name}"
+        (folder / copies[path]).write_text(yaml.safe_dump(dict(space.document), sort_keys=False))
     saved = {k: v for k, v in _settings_json(settings).items() if k not in ("run_dir", "address")}
     _write_json(Path(run_dir) / SWEEP_FILE, {
         "tasks": {p.task.key: p.trials for p in planned}, "settings": saved,

@@ -189,13 +189,13 @@ def _only_targets(base: dict[str, Any], keep: set[str] | None) -> dict[str, Any]
             return {**item, "targets": targets} if targets else None
         return item
 
-    params = base.get("params")
-    if isinstance(params, dict):
-        params = {name: spec for name, spec in ((n, cut(v)) for n, v in params.items()) if spec is not None}
-    constraints = base.get("constraints")
-    if isinstance(constraints, list):
-        constraints = [c for c in map(cut, constraints) if c is not None]
-    return {**base, "params": params, "constraints": constraints}
+    cut_base = dict(base)
+    if isinstance(base.get("params"), dict):
+        cut_base["params"] = {name: spec for name, spec in ((n, cut(v)) for n, v in base["params"].items())
+                              if spec is not None}
+    if isinstance(base.get("constraints"), list):
+        cut_base["constraints"] = [c for c in map(cut, base["constraints"]) if c is not None]
+    return cut_base
 
 
 def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
