@@ -7,12 +7,16 @@ verification exits with code 1; `farm retune` exits with code 3 when its gate bl
 """
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 
 from farm.cli import bundles, tune
 from farm.cli.options import KEY_ENV, build_parser
 from farm.errors import BundleError, FarmError
+
+# Storage failures that are the machine's, not the farm's: one line, exit 2.
+STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 COMMANDS = {"sweep": tune.cmd_sweep, "report": tune.cmd_report, "retune": tune.cmd_retune,
             "verify": bundles.cmd_verify, "show": bundles.cmd_show, "keygen": bundles.cmd_keygen,
@@ -32,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except FarmError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.errno not in STORAGE_ERRORS:
+            raise
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}; expected room to write the run folder (what was logged "
+              f"is kept: free space, then `farm sweep --resume RUN_DIR`)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -9,7 +9,9 @@ line is skipped). `save_run` copies the spaces and the settings into the run fol
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -23,7 +25,13 @@ from farm.errors import FarmError
 from farm.search import plan, spaces
 from farm.search.plan import PlannedTask
 
+log = logging.getLogger(__name__)
+
 TRIALS_LOG = "trials.jsonl"
+LOCK = ".lock"                      # held by the one process that sweeps this run folder
+JOURNAL = "optuna.journal"          # farm.search.studies.JOURNAL
+# A torn last line longer than this is not repaired (it is not a line a crash left half-written).
+TORN_LIMIT = 1 << 20
 RUN_INFO = "run.json"
 SPACES_DIR = "spaces"
 SWEEP_FILE = "sweep.json"
@@ -51,6 +59,79 @@ class RunLog:
         assert self._file is not None, "RunLog used outside `with`"
         self._file.write(json.dumps(record.to_dict()) + "\n")
         self._file.flush()
+
+
+class RunLock:
+    """One process per run folder: an exclusive, non-blocking lock on RUN/.lock for a sweep's
+    lifetime (the OS drops it when the process dies, so `kill -9` leaves no stale lock).
+
+    A second `farm sweep --resume` of the same folder gets a one-line error naming the holder.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise FarmError(f"{self.path.parent}: in use by another farm process (pid {holder}); expected one "
+                            f"sweep per run folder at a time") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def repair_torn_tail(path: Path) -> int:
+    """Cut a last line that a crash (kill -9, a full disk) left without its newline; the bytes cut.
+
+    Appending after such a line would glue the next record to it and break every later read.
+    """
+    if not path.is_file():
+        return 0
+    size = path.stat().st_size
+    with open(path, "rb+") as f:
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        start = max(0, size - TORN_LIMIT)
+        f.seek(start)
+        tail = f.read()
+        cut = tail.rfind(b"\n")
+        if cut < 0 and start > 0:
+            raise FarmError(f"{path}: its last line is over {TORN_LIMIT} bytes without a newline; expected a "
+                            f"log written by farm")
+        keep = start + cut + 1
+        f.truncate(keep)
+    log.warning("%s: cut a torn last line (%d bytes) that an interrupted run left", path, size - keep)
+    return size - keep
+
+
+def prepare_resume(run_dir: Path) -> None:
+    """Make a run folder safe to append to (call while holding its RunLock): repair torn last
+    lines of the trial log and the Optuna journal, and drop the journal's lock file, which a
+    killed process leaves behind (Optuna would wait out its grace period)."""
+    run_dir = Path(run_dir)
+    repair_torn_tail(run_dir / TRIALS_LOG)
+    repair_torn_tail(run_dir / JOURNAL)
+    stale = run_dir / f"{JOURNAL}.lock"
+    if stale.exists() or stale.is_symlink():
+        stale.unlink()
+        log.warning("%s: removed a stale lock that an interrupted run left", stale)
 
 
 def replay(run_dir: Path) -> list[TrialRecord]:

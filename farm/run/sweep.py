@@ -101,11 +101,14 @@ def run_sweep(planned: Sequence[PlannedTask], settings: SweepSettings, key: Ed25
     existed = run_dir.exists()
     sweep = _Sweep(list(planned), settings, on_record or (lambda record: None), on_start)
     try:
-        sweep.place()
         run_dir.mkdir(parents=True, exist_ok=True)
-        if not resume:
-            runlog.save_run(run_dir, planned, settings)
-        records = sweep.run(resume)
+        with runlog.RunLock(run_dir):   # before Ray starts: a second process is refused at once
+            if resume:
+                runlog.prepare_resume(run_dir)
+            sweep.place()
+            if not resume:
+                runlog.save_run(run_dir, planned, settings)
+            records = sweep.run(resume)
     except FarmError:
         if not resume and not (run_dir / runlog.TRIALS_LOG).exists():
             _undo(run_dir, existed)

@@ -1,0 +1,119 @@
+"""A run folder that a crash, a full disk or a second process leaves behind stays resumable.
+
+Real processes and files: `python -m farm sweep` in subprocesses (each with its own embedded
+Ray), torn last lines as a `kill -9` or a full disk leaves them, a stale Optuna journal lock, two
+processes on one run folder, and a full disk injected at the trial log's write path (this
+machine's tests cannot mount a size-limited file system everywhere).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from farm.run import runlog
+from farm.search import studies
+from tests.sweeps import space
+
+SPACE = space("softmax", [[16, 128]], trials=3, block_rows=[1, 2, 4, 8], strategy=["one_pass"], block_cols=[128])
+COMMON = ["--quiet", "--repetitions", "2", "--workers", "1"]
+
+
+def _farm(args: list[str], repo: Path, *, prelude: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m farm ARGS` in a fresh process (its own local Ray); `prelude` runs first."""
+    code = f"import sys; {prelude}\nfrom farm.cli import main\nsys.exit(main({args!r}))"
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    return subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def finished_run(tmp_path, signing_key, repo) -> Path:
+    """A run folder of a small sweep that finished."""
+    (tmp_path / "space.yaml").write_text(SPACE)
+    run = tmp_path / "run"
+    proc = _farm(["sweep", str(tmp_path / "space.yaml"), "--out", str(run), "--key", str(signing_key[0]), *COMMON],
+                 repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return run
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / runlog.TRIALS_LOG).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("torn", ["trials", "journal", "both"])
+def test_a_torn_last_line_is_cut_and_the_run_resumes(finished_run, signing_key, repo, torn):
+    run = finished_run
+    before = _records(run)
+    if torn in ("trials", "both"):
+        with open(run / runlog.TRIALS_LOG, "a") as f:
+            f.write('{"task_key": "softmax/16x128/float32/interpret", "trial": 9, "conf')
+    if torn in ("journal", "both"):
+        with open(run / runlog.JOURNAL, "a") as f:
+            f.write('{"op_code": 5, "worker_id": "x", "trial_id": 9')
+    proc = _farm(["sweep", "--resume", str(run), "--key", str(signing_key[0]), *COMMON], repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "torn last line" in proc.stderr
+    assert _records(run) == before                         # every line parses; nothing measured again
+    study = optuna.load_study(study_name="softmax/16x128/float32/interpret", storage=studies.storage(run))
+    trial = study.ask()                                     # the journal takes new entries again
+    study.tell(trial, 1.0)
+    assert len(optuna.load_study(study_name=study.study_name, storage=studies.storage(run)).trials) == \
+        len(study.trials)
+
+
+def test_a_stale_journal_lock_does_not_stall_a_resume(finished_run, signing_key, repo):
+    lock = finished_run / f"{runlog.JOURNAL}.lock"
+    lock.write_text("")   # what a process killed inside Optuna's journal lock leaves
+    started = time.monotonic()
+    proc = _farm(["sweep", "--resume", str(finished_run), "--key", str(signing_key[0]), *COMMON], repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not lock.exists() and "stale lock" in proc.stderr
+    assert time.monotonic() - started < 120   # Optuna alone would wait out its grace period per access
+
+
+def test_a_second_process_on_a_run_folder_is_refused(finished_run, signing_key, repo):
+    with runlog.RunLock(finished_run):   # this test process sweeps the folder
+        proc = _farm(["sweep", "--resume", str(finished_run), "--key", str(signing_key[0]), *COMMON], repo)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1
+    assert "in use by another farm process" in err[0] and f"pid {os.getpid()}" in err[0]
+
+
+def test_a_full_disk_is_one_line_and_the_run_resumes_when_there_is_room(tmp_path, signing_key, repo):
+    (tmp_path / "space.yaml").write_text(SPACE)
+    run = tmp_path / "run"
+    # The disk fills after two records: the third write raises ENOSPC half-way through its line.
+    full_disk = (
+        "import errno, farm.run.runlog as r\n"
+        "count = [0]\n"
+        "append = r.RunLog.append\n"
+        "def full(self, record):\n"
+        "    count[0] += 1\n"
+        "    if count[0] > 2:\n"
+        "        self._file.write('{\"torn\": ')\n"
+        "        self._file.flush()\n"
+        "        raise OSError(errno.ENOSPC, 'No space left on device', str(self.path))\n"
+        "    append(self, record)\n"
+        "r.RunLog.append = full")
+    proc = _farm(["sweep", str(tmp_path / "space.yaml"), "--out", str(run), "--key", str(signing_key[0]), *COMMON],
+                 repo, prelude=full_disk)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert err[-1].startswith("error: ") and "No space left on device" in err[-1] and "--resume" in err[-1]
+    assert "Traceback" not in proc.stderr
+    logged = [line for line in (run / runlog.TRIALS_LOG).read_text().splitlines()]
+    assert len(logged) == 3 and logged[-1] == '{"torn": '
+    proc = _farm(["sweep", "--resume", str(run), "--key", str(signing_key[0]), *COMMON], repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = _records(run)
+    measured = [(r["task_key"], r["config"]) for r in records if r["outcome"] == "ok"]
+    assert len(measured) == len(set(measured)) == 3      # the budget, nothing measured twice
+    assert (run / "bundle" / "manifest.sig").is_file()
