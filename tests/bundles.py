@@ -61,3 +61,13 @@ MATMUL_ROWS = [
     row("matmul", (128, 128, 128), {"block_m": 64, "block_n": 64, "block_k": 32}),
     row("matmul", (256, 128, 256), {"block_m": 128, "block_n": 64, "block_k": 64}),
 ]
+
+
+def signed_with_trust(tmp_path: Path, name: str = "bundle") -> tuple[Path, Path, Ed25519PrivateKey, Path]:
+    """A signed bundle folder of SOFTMAX_ROWS, a trust folder holding its one .pub, the private key
+    and the public key file."""
+    private, public = keypair(tmp_path / "keys", "ci")
+    trust = tmp_path / "trust"
+    trust.mkdir()
+    (trust / public.name).write_bytes(public.read_bytes())
+    return write(tmp_path / name, SOFTMAX_ROWS, private), trust, private, public

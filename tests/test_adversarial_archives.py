@@ -34,12 +34,17 @@ TIMEOUT_S = 60
 @pytest.fixture()
 def signed(tmp_path):
     """A signed bundle folder, its archive, the private key and a trust folder."""
-    private, public = B.keypair(tmp_path / "keys", "ci")
-    trust = tmp_path / "trust"
-    trust.mkdir()
-    (trust / public.name).write_bytes(public.read_bytes())
-    folder = B.write(tmp_path / "src", B.SOFTMAX_ROWS, private)
+    folder, trust, private, _ = B.signed_with_trust(tmp_path, "src")
     return folder, write_archive(folder, tmp_path / "good.tar.gz"), private, trust
+
+
+def _refused_before_writing(archive: Path, dest: Path, match: str, seconds: float) -> None:
+    """Extraction refuses `archive` within `seconds`, in one line, and creates nothing at `dest`."""
+    start = time.monotonic()
+    with pytest.raises(BundleError, match=match) as err:
+        extract_archive(archive, dest)
+    assert time.monotonic() - start < seconds and not dest.exists()
+    _one_line(err.value)
 
 
 def _resign(folder: Path, private, **changes) -> None:
@@ -110,24 +115,14 @@ def test_decompression_bomb_writes_nothing(tmp_path, signed):
                                            (artifacts.SIGNATURE, (folder / artifacts.SIGNATURE).read_bytes()),
                                            (artifacts.CONFIGS, 64 << 20)])
     assert bomb.stat().st_size < 1 << 20
-    dest = tmp_path / "out"
-    start = time.monotonic()
-    with pytest.raises(BundleError, match="holds 67108864 bytes; its manifest.json says") as err:
-        extract_archive(bomb, dest)
-    assert time.monotonic() - start < 10 and not dest.exists()
-    _one_line(err.value)
+    _refused_before_writing(bomb, tmp_path / "out", "holds 67108864 bytes; its manifest.json says", 10)
 
 
 @pytest.mark.parametrize("declared", [3 << 30, 1 << 40, 8 ** 11 - 1])
 def test_declared_size_over_the_budget_is_refused_before_reading(tmp_path, signed, declared):
     folder, _, _, _ = signed
     bomb = _lying_header(tmp_path / "lying.tar.gz", artifacts.CONFIGS, declared, folder)
-    dest = tmp_path / "out"
-    start = time.monotonic()
-    with pytest.raises(BundleError, match="declares|not a complete tar") as err:
-        extract_archive(bomb, dest)
-    assert time.monotonic() - start < 5 and not dest.exists()
-    _one_line(err.value)
+    _refused_before_writing(bomb, tmp_path / "out", "declares|not a complete tar", 5)
 
 
 def test_consistent_manifest_still_bounded_by_the_budget(tmp_path, signed):

@@ -25,11 +25,7 @@ TIMEOUT_S = 60
 @pytest.fixture()
 def setup(tmp_path):
     """A signed bundle folder, its trust folder (one .pub) and the signer's key id."""
-    private, public = B.keypair(tmp_path / "keys", "ci")
-    trust = tmp_path / "trust"
-    trust.mkdir()
-    (trust / public.name).write_bytes(public.read_bytes())
-    folder = B.write(tmp_path / "bundle", B.SOFTMAX_ROWS, private)
+    folder, trust, _, public = B.signed_with_trust(tmp_path)
     return folder, trust, signing.key_id(signing.load_public_key(public)), public
 
 

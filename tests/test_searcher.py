@@ -104,7 +104,8 @@ def test_a_duplicate_of_a_config_in_flight_waits_for_its_measurement(rejection_s
     assert all("cached from trial 0: boom" == a.error for a in answered)
 
 
-def test_an_oom_prunes_every_config_at_least_as_large(rejection_sampling):
+def _oom_at_16_or_more() -> tuple[dict[int, str], list[Answer]]:
+    """A grid over block_rows 16, 8, 32, 64 where 16 and more run out of memory when measured."""
     searcher, answered = _searcher(_planned({"block_rows": {"values": [16, 8, 32, 64]}, "fault": {"values": ["oom"]}},
                                             trials=4, sampler="grid", kernel="tests.fixtures.faulty_softmax",
                                             shape=[64, 128]))
@@ -113,6 +114,11 @@ def test_an_oom_prunes_every_config_at_least_as_large(rejection_sampling):
         outcome = outcomes.OOM if p.config["block_rows"] >= 16 else outcomes.OK
         measured[p.config["block_rows"]] = outcome
         searcher.tell(Answer(p.trial, p.key, outcome, median_s=1e-4 if outcome == outcomes.OK else None))
+    return measured, answered
+
+
+def test_an_oom_prunes_every_config_at_least_as_large(rejection_sampling):
+    measured, answered = _oom_at_16_or_more()
     pruned = sorted(json.loads(a.config)["block_rows"] for a in answered if a.outcome == outcomes.PRUNED)
     assert measured[8] == outcomes.OK and pruned and sorted(pruned + [r for r in measured if r != 8]) == [16, 32, 64]
     ooms = [r for r, o in measured.items() if o == outcomes.OOM]
@@ -259,14 +265,7 @@ def test_shipped_space_tasks_waste_at_most_a_tenth_of_their_asks():
 
 
 def test_an_oom_prunes_larger_configs_once_each():
-    searcher, answered = _searcher(_planned({"block_rows": {"values": [16, 8, 32, 64]}, "fault": {"values": ["oom"]}},
-                                            trials=4, sampler="grid", kernel="tests.fixtures.faulty_softmax",
-                                            shape=[64, 128]))
-    measured = {}
-    while (p := searcher.ask()) is not None:
-        outcome = outcomes.OOM if p.config["block_rows"] >= 16 else outcomes.OK
-        measured[p.config["block_rows"]] = outcome
-        searcher.tell(Answer(p.trial, p.key, outcome, median_s=1e-4 if outcome == outcomes.OK else None))
+    measured, answered = _oom_at_16_or_more()
     # 16 ran out of memory first: 32 and 64 are never compiled, each answered pruned once.
     assert measured == {16: outcomes.OOM, 8: outcomes.OK}
     assert sorted(json.loads(a.config)["block_rows"] for a in answered) == [32, 64]

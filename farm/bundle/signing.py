@@ -11,6 +11,7 @@ import os
 import stat
 import warnings
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -98,37 +99,35 @@ def _read_key_file(path: str | Path, what: str) -> bytes:
     return data
 
 
+def _load_key(path: str | Path, load: Any, kind: type, role: str, not_found: str) -> Any:
+    """A PEM Ed25519 key of `kind` read with `load`; every problem a one-line FarmError."""
+    what = "private" if kind is Ed25519PrivateKey else "public"
+    try:
+        key = load(_read_key_file(path, "a key"))
+    except FileNotFoundError:
+        raise FarmError(f"{path}: {role} not found; {not_found}") from None
+    except OSError as err:
+        raise FarmError(f"{path}: cannot read the {role} ({err.strerror})") from None
+    except (ValueError, TypeError) as err:
+        raise FarmError(f"{path}: expected a PEM Ed25519 {what} key ({shorten(str(err), 200)})") from None
+    if not isinstance(key, kind):
+        raise FarmError(f"{path}: expected an Ed25519 {what} key, got {type(key).__name__}")
+    return key
+
+
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
     """Read a PEM Ed25519 private key; refused when group or others may access the file (see
     `_check_private_mode`)."""
     _check_private_mode(Path(path))
-    try:
-        key = serialization.load_pem_private_key(_read_key_file(path, "a key"), password=None)
-    except FileNotFoundError:
-        raise FarmError(f"{path}: signing key not found; expected a private key file "
-                        f"(create one with `farm keygen {path}`)") from None
-    except OSError as err:
-        raise FarmError(f"{path}: cannot read the signing key ({err.strerror})") from None
-    except (ValueError, TypeError) as err:
-        raise FarmError(f"{path}: expected a PEM Ed25519 private key ({shorten(str(err), 200)})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise FarmError(f"{path}: expected an Ed25519 private key, got {type(key).__name__}")
-    return key
+    return _load_key(path, lambda data: serialization.load_pem_private_key(data, password=None),
+                     Ed25519PrivateKey, "signing key",
+                     f"expected a private key file (create one with `farm keygen {path}`)")
 
 
 def load_public_key(path: str | Path) -> Ed25519PublicKey:
     """Read a PEM Ed25519 public key."""
-    try:
-        key = serialization.load_pem_public_key(_read_key_file(path, "a key"))
-    except FileNotFoundError:
-        raise FarmError(f"{path}: trusted key not found; expected a public key file") from None
-    except OSError as err:
-        raise FarmError(f"{path}: cannot read the trusted key ({err.strerror})") from None
-    except (ValueError, TypeError) as err:
-        raise FarmError(f"{path}: expected a PEM Ed25519 public key ({shorten(str(err), 200)})") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise FarmError(f"{path}: expected an Ed25519 public key, got {type(key).__name__}")
-    return key
+    return _load_key(path, serialization.load_pem_public_key, Ed25519PublicKey, "trusted key",
+                     "expected a public key file")
 
 
 def load_trusted_keys(paths: list[str | Path]) -> dict[str, Ed25519PublicKey]:
