@@ -10,7 +10,7 @@ KEY ?= .keys/dev_ed25519.pem
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[tune,test]'
+	$(PY) -m pip install -q -e '.[tune,test,plot]'
 	@touch $(STAMP)
 
 # A real sweep on an embedded local Ray in CPU interpret mode, then verify and show the bundle, and
