@@ -8,6 +8,11 @@ waits for that measurement and is then answered from it. `tell(result)` hands ba
 result. The searcher owns the study, the cache of measured configs, the dominance pruning and
 the budget (measured + cached trials; invalid and pruned draws are capped separately).
 
+When the task's product is small enough to enumerate, `open` wraps the sampler in
+`farm.search.valid_set.ValidSetSampler`: draws are then valid configs not yet measured or in
+flight, so the answers above are left to the queued default or warm-start configs, and the
+task ends once every valid config is measured.
+
 It knows nothing of Ray or of how results are logged: every answer goes through `on_answer`,
 which returns the result to keep (the run layer logs a `TrialRecord` there, before Optuna is
 told). Failures are told to Optuna as PRUNED, so TPE counts them as regions to avoid.
