@@ -50,7 +50,8 @@ def main(out: Path) -> None:
     result = run_sweep(planned, settings, None, on_record=records.append)
     thread.join(timeout=60)
     placed = result.summary["placement"]
-    print(json.dumps({
+    # A file, not stdout: Ray's raylet prints its own lines to stdout as the removed node's workers die.
+    (out / "result.json").write_text(json.dumps({
         "initial": placed["initial"], "tpu_nodes": [n.node_id for n in nodes], "removed": removed,
         "records": [r.to_dict() for r in result.records], "final_workers": placed["final"],
         "outcomes": outcomes.MEASURED,

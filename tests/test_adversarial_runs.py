@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,15 +34,22 @@ def _farm(args: list[str], repo: Path, *, prelude: str = "", timeout: float = 30
                           timeout=timeout)
 
 
-@pytest.fixture
-def finished_run(tmp_path, signing_key, repo) -> Path:
-    """A run folder of a small sweep that finished."""
-    (tmp_path / "space.yaml").write_text(SPACE)
-    run = tmp_path / "run"
-    proc = _farm(["sweep", str(tmp_path / "space.yaml"), "--out", str(run), "--key", str(signing_key[0]), *COMMON],
+@pytest.fixture(scope="module")
+def one_finished_run(tmp_path_factory, signing_key, repo) -> Path:
+    """A run folder of a small sweep that finished (made once for the module)."""
+    folder = tmp_path_factory.mktemp("finished")
+    (folder / "space.yaml").write_text(SPACE)
+    run = folder / "run"
+    proc = _farm(["sweep", str(folder / "space.yaml"), "--out", str(run), "--key", str(signing_key[0]), *COMMON],
                  repo)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return run
+
+
+@pytest.fixture
+def finished_run(one_finished_run, tmp_path) -> Path:
+    """A fresh copy of the finished run folder, for one test to damage."""
+    return Path(shutil.copytree(one_finished_run, tmp_path / "run", symlinks=True))
 
 
 def _records(run: Path) -> list[dict]:

@@ -159,7 +159,7 @@ def test_multinode_one_worker_per_chip_and_a_node_leaving(tmp_path, repo):
                           cwd=repo, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads((tmp_path / "result.json").read_text())
     # One worker per advertised chip, spread over both TPU nodes.
     assert Counter(result["initial"]) == {n: 4 for n in result["tpu_nodes"]}
     assert result["removed"] and result["removed"][0] not in result["final_workers"]
