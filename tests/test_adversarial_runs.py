@@ -95,10 +95,12 @@ def test_a_second_process_on_a_run_folder_is_refused(finished_run, signing_key, 
     assert "in use by another farm process" in err[0] and f"pid {os.getpid()}" in err[0]
 
 
-def test_a_full_disk_is_one_line_and_the_run_resumes_when_there_is_room(tmp_path, signing_key, repo):
+@pytest.mark.parametrize("code,text", [("ENOSPC", "No space left on device"), ("EROFS", "Read-only file system")])
+def test_a_full_disk_is_one_line_and_the_run_resumes_when_there_is_room(tmp_path, signing_key, repo, code, text):
     (tmp_path / "space.yaml").write_text(SPACE)
     run = tmp_path / "run"
-    # The disk fills after two records: the third write raises ENOSPC half-way through its line.
+    # The disk fills (or turns read-only) after two records: the third write fails half-way
+    # through its line. (Tests run as root, which ignores file modes: the failure is injected.)
     full_disk = (
         "import errno, farm.run.runlog as r\n"
         "count = [0]\n"
@@ -108,14 +110,14 @@ def test_a_full_disk_is_one_line_and_the_run_resumes_when_there_is_room(tmp_path
         "    if count[0] > 2:\n"
         "        self._file.write('{\"torn\": ')\n"
         "        self._file.flush()\n"
-        "        raise OSError(errno.ENOSPC, 'No space left on device', str(self.path))\n"
+        f"        raise OSError(errno.{code}, '{text}', str(self.path))\n"
         "    append(self, record)\n"
         "r.RunLog.append = full")
     proc = _farm(["sweep", str(tmp_path / "space.yaml"), "--out", str(run), "--key", str(signing_key[0]), *COMMON],
                  repo, prelude=full_disk)
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert err[-1].startswith("error: ") and "No space left on device" in err[-1] and "--resume" in err[-1]
+    assert err[-1].startswith("error: ") and text in err[-1] and "--resume" in err[-1]
     assert "Traceback" not in proc.stderr
     logged = [line for line in (run / runlog.TRIALS_LOG).read_text().splitlines()]
     assert len(logged) == 3 and logged[-1] == '{"torn": '

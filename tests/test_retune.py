@@ -67,8 +67,10 @@ def farm(tmp_path_factory, worker_modules, ray_local, signing_key):
         "versioned64": _space(root, "versioned64", VERSIONED, [[64, 128]], software),
     }
     previous = root / "previous"
+    # One worker here and in every retune below: on a 2-core machine a second worker's compiles
+    # would land inside the first one's timing samples (the rule compares times across runs).
     assert cli.main(["sweep", str(spaces["versioned"]), str(spaces["source"]), "--out", str(previous),
-                     "--key", str(signing_key[0]), "--quiet", "--repetitions", "3"]) == 0
+                     "--key", str(signing_key[0]), "--quiet", "--repetitions", "3", "--workers", "1"]) == 0
     rows = {r["task_key"]: r for r in pq.read_table(previous / "bundle" / "configs.parquet").to_pylist()}
     assert {json.loads(r["config"])["variant"] for r in rows.values()} == {"a"}  # 5 ms beats 15 and 25
     return {"root": root, "software": software, "spaces": spaces, "previous": previous, "rows": rows,
@@ -78,7 +80,8 @@ def farm(tmp_path_factory, worker_modules, ray_local, signing_key):
 def _retune(farm, signing_key, name, *spaces, extra=()):
     out = farm["root"] / name
     code = cli.main(["retune", *map(str, spaces), "--previous", str(farm["previous"]), "--trust", str(signing_key[1]),
-                     "--key", str(signing_key[0]), "--out", str(out), "--quiet", "--repetitions", "3", *extra])
+                     "--key", str(signing_key[0]), "--out", str(out), "--quiet", "--repetitions", "3", "--workers", "1",
+                     *extra])
     report = json.loads((out / REPORT_JSON).read_text())
     assert report["exit_code"] == code
     trust.verify(out / "bundle", trust.load_trust([signing_key[1]]))
