@@ -10,6 +10,8 @@ import kernels
 from farm.bundle import fingerprint
 from farm.bundle.records import TrialRecord
 from farm.measure import outcomes
+from farm.measure.finalists import FinalTiming
+from farm.measure.finalists import winner as finalist_winner
 from farm.tasks import TuningTask, config_json
 
 
@@ -17,6 +19,17 @@ def best_record(records: Sequence[TrialRecord]) -> TrialRecord | None:
     """The measured `ok` record with the smallest median (then spread), or None."""
     ok = [r for r in records if r.outcome == outcomes.OK and r.median_s is not None]
     return min(ok, key=lambda r: (r.median_s, r.spread or 0.0)) if ok else None
+
+
+def finalists(records: Sequence[TrialRecord], count: int, default: str | None = None) -> list[str]:
+    """The configs to re-time side by side: the `count` fastest `ok` ones, and the default when it ran
+    `ok` (so that `vs default` is measured side by side too)."""
+    ok = sorted((r for r in records if r.outcome == outcomes.OK and r.median_s is not None),
+                key=lambda r: (r.median_s, r.spread or 0.0))
+    chosen = list(dict.fromkeys(r.config for r in ok))[:count]
+    if default is not None and default not in chosen and any(r.config == default for r in ok):
+        chosen.append(default)
+    return chosen
 
 
 def time_to_within(records: Sequence[TrialRecord], fraction: float = 0.02) -> float | None:
@@ -31,8 +44,13 @@ def time_to_within(records: Sequence[TrialRecord], fraction: float = 0.02) -> fl
 
 
 def winner_rows(tasks: Sequence[TuningTask], records: Sequence[TrialRecord], *, run_id: str,
-                created: str, environment: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+                created: str, environment: dict[str, dict[str, Any]],
+                finals: dict[str, Sequence[FinalTiming]] | None = None) -> list[dict[str, Any]]:
     """One configs.parquet row per task: the winner, the default's time, outcome counts.
+
+    A task with re-timed finalists (`finals`, `farm.measure.finalists`) is won by the fastest of
+    them that is not below the roofline floor, with their side-by-side times (the default's too,
+    when it was among them); otherwise by the sweep's fastest `ok` trial.
 
     `environment` maps a task key to the `Worker.info()` of the workers that measured it; with the
     kernel's source it makes the task's software fingerprint (`farm.bundle.fingerprint`).
@@ -47,6 +65,13 @@ def winner_rows(tasks: Sequence[TuningTask], records: Sequence[TrialRecord], *, 
         best = best_record(task_records)
         default = config_json(kernels.load(task.kernel).default_config(task.shape, task.target))
         default_ok = best_record([r for r in task_records if r.config == default])
+        timings = list((finals or {}).get(task.key, ()))
+        final = finalist_winner(timings)
+        sweep_best = best
+        if final is not None:
+            best = best_record([r for r in task_records if r.config == final.config]) or best
+        timed = final if final is not None else best
+        default_final = next((t for t in timings if t.config == default and t.median_s is not None), None)
         counts = Counter(r.outcome for r in task_records)
         env = environment.get(task.key, {})
         if task.kernel not in sources:
@@ -59,10 +84,15 @@ def winner_rows(tasks: Sequence[TuningTask], records: Sequence[TrialRecord], *, 
             "fingerprint": fingerprint.to_json(fp), "fingerprint_sha256": fingerprint.digest(fp),
             "status": "ok" if best else "no_valid_config",
             "config": best.config if best else None,
-            "median_s": best and best.median_s, "spread": best and best.spread,
-            "min_s": best and best.min_s, "n_timed": best and best.n_timed,
+            "median_s": timed and timed.median_s, "spread": timed and timed.spread,
+            "min_s": timed and timed.min_s, "n_timed": timed and timed.n_timed,
             "numerics_error": best and best.numerics_error,
-            "default_config": default, "default_median_s": default_ok and default_ok.median_s,
+            "default_config": default,
+            "default_median_s": default_final.median_s if default_final else default_ok and default_ok.median_s,
+            "sweep_median_s": sweep_best and sweep_best.median_s,
+            "finalists": len([t for t in timings if t.median_s is not None]) if final else 0,
+            "floor_s": timings[0].floor_s if timings else None,
+            "settled": final.settled if final else None,
             "trials": sum(counts[o] for o in (*outcomes.MEASURED, outcomes.CACHED)),
             "pruned": counts[outcomes.PRUNED], "oom": counts[outcomes.OOM],
             "outcome_counts": json.dumps(dict(sorted(counts.items()))),

@@ -31,6 +31,7 @@ def _number(cast: type, minimum: float, *, strict: bool, expected: str) -> Any:
 
 
 _positive_int = _number(int, 0, strict=True, expected="a positive integer")
+_count = _number(int, 0, strict=False, expected="an integer >= 0")
 _positive_float = _number(float, 0.0, strict=True, expected="a positive number")
 _non_negative_float = _number(float, 0.0, strict=False, expected="a number >= 0")
 
@@ -133,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 RUN_DEFAULTS = {"repetitions": 10, "input_sets": 1, "compile_timeout": 600.0, "timing_timeout": 300.0,
                 "max_attempts": 2}
 # Flags `--resume` applies; any other run flag that differs from the saved run is refused.
-RESUME_SAFE = ("--workers", "--depth", "--node-label", "--compile-timeout", "--timing-timeout", "--max-attempts",
+RESUME_SAFE = ("--workers", "--depth", "--compile-processes", "--finalists", "--node-label", "--compile-timeout", "--timing-timeout", "--max-attempts",
                "--time-budget", "--address", "--key", "--quiet")
 
 
@@ -145,7 +146,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS when set, as in a Ray job; "
                         "else start an embedded local Ray)")
     parser.add_argument("--workers", type=_positive_int, help="workers per pool (default: one per chip, GPU or CPU)")
-    parser.add_argument("--depth", type=_positive_int, help="trials in flight per worker (default 2; 1 on CPU)")
+    parser.add_argument("--depth", type=_positive_int, help="trials in flight per worker (default: compile "
+                        "processes + 2; 1 on CPU)")
+    parser.add_argument("--compile-processes", type=_count, metavar="N",
+                        help="compile processes per worker; 0 compiles in the worker itself (default: the worker's "
+                        "share of its node's CPUs, less one, at most 16; 0 on CPU workers)")
     parser.add_argument("--node-label", action="append", metavar="KEY=VALUE", help="only nodes with this label")
     parser.add_argument("--interpret", action="store_true", help="run kernels in interpret mode on CPU")
     parser.add_argument("--emulate", choices=capacity_profiles(), help="memory capacity to prune against in "
@@ -154,6 +159,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         f"else {DEFAULT_KEY})")
     parser.add_argument("--repetitions", type=_positive_int, help="timing samples per config (default 10)")
     parser.add_argument("--input-sets", type=_positive_int, help="rotating input sets when timing (default 1)")
+    parser.add_argument("--finalists", type=_count, metavar="N", help="best configs per task re-timed side by "
+                        "side, on inputs rotated past the caches and against the roofline, before the winner is "
+                        "chosen (default 4 on accelerators, 0 on CPU; 0: the sweep's fastest wins)")
     parser.add_argument("--compile-timeout", type=_positive_float, help="seconds to compile a config (default 600)")
     parser.add_argument("--timing-timeout", type=_positive_float,
                         help="seconds to validate and time a config (default 300)")

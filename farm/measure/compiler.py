@@ -9,6 +9,7 @@ import dataclasses
 import time
 import traceback
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -41,34 +42,51 @@ class Compiled:
     interpret: bool
     trial_seed: int
     executable: Any
-    inputs: list[tuple[Any, ...]]
+    inputs: list[tuple[Any, ...]] | None   # None: made on the device when the trial gets it
     compile_s: float
     check_executable: Any          # the poisoned-output build, compiled too (validation runs it)
+
+
+def timing_inputs(module: Any, task: TuningTask, trial_seed: int, input_sets: int) -> list[tuple[Any, ...]]:
+    """The input sets a trial is timed on (they rotate, so that repeated calls are not all cache hits)."""
+    dtype = jnp.dtype(task.dtype)
+    return [module.make_inputs(task.shape, dtype, input_key(task, f"time{i}", trial_seed))
+            for i in range(max(1, input_sets))]
+
+
+def abstract_inputs(module: Any, task: TuningTask) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """The shapes and dtypes of a task's inputs, without making them (what a compile needs)."""
+    dtype = jnp.dtype(task.dtype)
+    return jax.eval_shape(lambda: module.make_inputs(task.shape, dtype, input_key(task, "shape", 0)))
+
+
+def build_executables(module: Any, task: TuningTask, config: dict[str, Any], interpret: bool,
+                      args: Sequence[Any]) -> tuple[Any, Any]:
+    """The timed kernel and its poisoned-output build (validation runs it), both compiled for `args`
+    (arrays or `jax.ShapeDtypeStruct`s). Raises what building, lowering or compiling raises."""
+    dtype = jnp.dtype(task.dtype)
+    fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret))
+    executable = jax.jit(fn).lower(*args).compile()
+    check_fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret,
+                                                                poison_outputs=True))
+    check_executable = jax.jit(check_fn).lower(*args).compile()
+    if task.target == "tpu" and interpret:
+        # Interpret mode ignores Mosaic's layout rules; lowering the native kernel checks them.
+        native = module.build(config, task.shape, dtype, Platform("tpu"))
+        jax.jit(native).trace(*args).lower(lowering_platforms=("tpu",))
+    return executable, check_executable
 
 
 def compile_config(task: TuningTask, config: dict[str, Any], *, interpret: bool, trial_seed: int = 0,
                    input_sets: int = 1) -> Compiled | Measurement:
     """Build and compile the timed kernel ahead of time; a failure comes back as a Measurement."""
     module = kernels.load(task.kernel)
-    dtype = jnp.dtype(task.dtype)
     started = time.perf_counter()
     try:
-        fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret))
-        inputs = [module.make_inputs(task.shape, dtype, input_key(task, f"time{i}", trial_seed))
-                  for i in range(max(1, input_sets))]
-        executable = jax.jit(fn).lower(*inputs[0]).compile()
-        # Compiled here, off the device lock: validation then only runs it.
-        check_fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret,
-                                                                    poison_outputs=True))
-        check_executable = jax.jit(check_fn).lower(*inputs[0]).compile()
-        if task.target == "tpu" and interpret:
-            # Interpret mode ignores Mosaic's layout rules; lowering the native kernel checks them.
-            native = module.build(config, task.shape, dtype, Platform("tpu"))
-            jax.jit(native).trace(*inputs[0]).lower(lowering_platforms=("tpu",))
+        inputs = timing_inputs(module, task, trial_seed, input_sets)
+        executable, check_executable = build_executables(module, task, config, interpret, inputs[0])
     except Exception as err:  # noqa: BLE001 - every failure is data
         return Measurement(outcomes.COMPILE_ERROR, compile_s=time.perf_counter() - started).fail(
             full_text(err), outcomes.COMPILE_ERROR)
     return Compiled(module, task, config, interpret, trial_seed, executable, inputs,
                     time.perf_counter() - started, check_executable)
-
-

@@ -50,12 +50,28 @@ def pair_per_call(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], c
     return difference if difference > 0 else long / (2 * calls)   # noise larger than the work
 
 
+def calibrate(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, min_sample_s: float,
+              max_calls: int = 1000, warmup: int = 2) -> tuple[int, float]:
+    """Calls per sample so that a sample lasts at least `min_sample_s`, and one call's time alone.
+
+    One call's time holds a launch and a wait (about 0.1-0.3 ms on a GPU), far more than a small
+    kernel, so the first estimate is refined with a sample of that many calls: samples of a 30 us
+    kernel then hold about `min_sample_s / 30 us` calls, enough that the host runs well ahead of
+    the device and a short host stall does not leave the device idle.
+    """
+    once = min(run_sample(fn, input_sets, 1) for _ in range(max(1, warmup)))
+    calls = max(1, min(max_calls, math.ceil(min_sample_s / max(once, 1e-9))))
+    if calls < max_calls:
+        per_call = run_sample(fn, input_sets, calls)
+        calls = max(1, min(max_calls, math.ceil(min_sample_s / max(per_call, 1e-9))))
+    return calls, once
+
+
 def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, warmup: int = 2,
                repetitions: int = 10, min_sample_s: float = 2e-3, max_calls: int = 1000,
                budget_s: float | None = None) -> Timing:
     """Median per-call time of `fn` over `repetitions` sample pairs, after `warmup` calls."""
-    once = min(run_sample(fn, input_sets, 1) for _ in range(max(1, warmup)))
-    calls = max(1, min(max_calls, math.ceil(min_sample_s / max(once, 1e-9))))
+    calls, once = calibrate(fn, input_sets, min_sample_s=min_sample_s, max_calls=max_calls, warmup=warmup)
     if budget_s is not None:  # shrink repetitions rather than overrun the time limit
         repetitions = max(3, min(repetitions, int(budget_s / max(3 * once * calls, 1e-9))))
     samples = sorted(pair_per_call(fn, input_sets, calls) for _ in range(repetitions))
@@ -71,10 +87,8 @@ def time_side_by_side(fns: dict[str, Callable[..., Any]], input_sets: Sequence[S
 
     Interleaving puts every contender under the same clocks, temperature and background load.
     """
-    calls = {}
-    for name, fn in fns.items():
-        once = min(run_sample(fn, input_sets, 1) for _ in range(2))
-        calls[name] = max(1, min(max_calls, math.ceil(min_sample_s / max(once, 1e-9))))
+    calls = {name: calibrate(fn, input_sets, min_sample_s=min_sample_s, max_calls=max_calls)[0]
+             for name, fn in fns.items()}
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repetitions):
         for name, fn in fns.items():

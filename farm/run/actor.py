@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import logging
 import os
 import socket
 import threading
@@ -11,28 +13,43 @@ from typing import Any
 import jax
 import ray
 
-from farm.measure import capacity, outcomes, software
-from farm.measure.compiler import compile_config
+import kernels
+from farm.measure import capacity, compile_pool, finalists, outcomes, roofline, software
+from farm.measure.compiler import (
+    Compiled,
+    abstract_inputs,
+    compile_config,
+    full_text,
+    timing_inputs,
+)
 from farm.measure.device import MeasureSettings, validate_and_time
+from farm.measure.finalists import FinalTiming
 from farm.measure.outcomes import Measured, Measurement
 from farm.tasks import TuningTask
+
+logger = logging.getLogger(__name__)
+FINALS_SEED = 0xF1A1   # the finalists' inputs: one seed for all, not any trial's
 
 
 @ray.remote(max_restarts=0, max_task_retries=0)
 class Worker:
     """A Ray actor that measures configs on the accelerator (or CPU) it was placed on.
 
-    Created with `max_concurrency=depth`: up to `depth` trials are inside `run` at once; each
-    compiles on its own thread, while the device (validation and timing) is held by one trial at
-    a time, so the accelerator rarely waits for the compiler.
+    Created with `max_concurrency=depth`: up to `depth` trials are inside `run` at once. Each is
+    compiled by one of `compile_processes` child processes on this host
+    (`farm.measure.compile_pool`; none: a thread of this process), and the device (validation
+    and timing) is held by one trial at a time, so the accelerator does not wait for the compiler.
     """
 
-    def __init__(self, interpret: bool, emulate: str | None = None) -> None:
+    def __init__(self, interpret: bool, emulate: str | None = None, compile_processes: int = 0) -> None:
         _pin_tpu_chip()
         self.interpret = interpret
         self.emulate = emulate
         self._device = threading.Lock()
-        self._compile_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="compile")
+        self._compile_threads = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="compile")
+        self._compile_pool = compile_pool.CompilePool(compile_processes) if compile_processes > 0 else None
+        self._in_process: set[str] = set()    # tasks whose executables cannot leave their compiler
+        self._peaks: tuple[roofline.Peaks | None] | None = None   # measured once, on first use
         self._busy_s = 0.0
         self._started = time.monotonic()
 
@@ -42,43 +59,105 @@ class Worker:
         return {"host": socket.gethostname(), "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "device_kind": device.device_kind, "platform": device.platform, "software": software.versions(),
                 "interpret": self.interpret, "emulate": self.emulate,
+                "compile_processes": self._compile_pool.processes if self._compile_pool else 0,
                 "capacity": capacity.for_target(target, interpret=self.interpret, emulate=self.emulate).to_dict()
                 if target else None}
 
     def run(self, task: TuningTask, config: dict[str, Any], trial_seed: int, settings: MeasureSettings) -> Measured:
         """Measure one config: compile (within the settings' time limit), validate and time it."""
-        future = self._compile_pool.submit(self._compile, task, config, trial_seed, settings.input_sets)
-        restart = False
-        try:
-            compiled = future.result(timeout=settings.compile_timeout_s)
-        except concurrent.futures.TimeoutError:
-            # The compiler thread cannot be stopped; ask the driver for a fresh worker.
-            compiled = Measurement(outcomes.TIMEOUT, error=f"compile exceeded {settings.compile_timeout_s:.0f} s")
-            restart = True
+        compiled, restart = self._compiled(task, config, trial_seed, settings)
         device_s = 0.0
         if isinstance(compiled, Measurement):
             result = compiled
         else:
             with self._device:
                 started = time.monotonic()
-                result = validate_and_time(compiled, repetitions=settings.repetitions)
+                try:
+                    if compiled.inputs is None:
+                        compiled.inputs = timing_inputs(compiled.module, task, trial_seed, settings.input_sets)
+                    result = validate_and_time(compiled, repetitions=settings.repetitions)
+                except Exception as err:  # noqa: BLE001 - e.g. the inputs do not fit: data, not a crash
+                    result = Measurement(outcomes.RUN_ERROR).fail(full_text(err), outcomes.RUN_ERROR)
+                finally:
+                    compiled.inputs = None
                 device_s = time.monotonic() - started
                 self._busy_s += device_s
         result.worker = f"{socket.gethostname()}:{os.getpid()}"
         result.device_kind = jax.devices()[0].device_kind
         return Measured(result, device_s, restart)
 
-    def _compile(self, task: TuningTask, config: dict[str, Any], trial_seed: int, input_sets: int) -> Any:
+    def _compiled(self, task: TuningTask, config: dict[str, Any], trial_seed: int,
+                  settings: MeasureSettings) -> tuple[Compiled | Measurement, bool]:
+        """The config compiled (by a compile process when there are any), or why not; and whether
+        this worker must be replaced (a compile thread that cannot be stopped)."""
+        if self._compile_pool is not None and task.key not in self._in_process:
+            reply = self._compile_pool.compile(task, config, interpret=self.interpret,
+                                               timeout_s=settings.compile_timeout_s)
+            if isinstance(reply, Measurement):
+                return reply, False
+            if isinstance(reply, compile_pool.Portable):
+                try:
+                    executable, check = compile_pool.load(reply)
+                    return Compiled(kernels.load(task.kernel), task, config, self.interpret, trial_seed, executable,
+                                    None, reply.compile_s, check), False
+                except Exception as err:  # noqa: BLE001 - e.g. Mosaic GPU's host-compiled parts do not travel
+                    logger.warning("%s: executables compiled in a child process do not load here (%s); this task "
+                                   "compiles in the worker from now on", task.key, full_text(err)[:300])
+            self._in_process.add(task.key)    # not portable: this task compiles here from now on
+        future = self._compile_threads.submit(self._compile, task, config, trial_seed)
+        try:
+            return future.result(timeout=settings.compile_timeout_s), False
+        except concurrent.futures.TimeoutError:
+            # The compiler thread cannot be stopped; ask the driver for a fresh worker.
+            return Measurement(outcomes.TIMEOUT, error=f"compile exceeded {settings.compile_timeout_s:.0f} s"), True
+
+    def _compile(self, task: TuningTask, config: dict[str, Any], trial_seed: int) -> Compiled | Measurement:
+        compiled = self._compile_here(task, config, trial_seed)
+        if isinstance(compiled, Compiled):
+            compiled.inputs = None     # made when the trial gets the device
+        return compiled
+
+    def _compile_here(self, task: TuningTask, config: dict[str, Any], trial_seed: int) -> Compiled | Measurement:
         if not self.interpret:
-            return compile_config(task, config, interpret=False, trial_seed=trial_seed, input_sets=input_sets)
+            return compile_config(task, config, interpret=False, trial_seed=trial_seed)
         # Pallas interpret mode keeps its simulated device's state in globals, which a compile
         # resets: in interpret mode compiles and runs take turns.
         with self._device:
-            return compile_config(task, config, interpret=True, trial_seed=trial_seed, input_sets=input_sets)
+            return compile_config(task, config, interpret=True, trial_seed=trial_seed)
+
+    def retime(self, task: TuningTask, configs: list[str], settings: MeasureSettings,
+               budget_s: float) -> list[FinalTiming]:
+        """Re-time a task's finalists (config JSONs) side by side on inputs rotated past the caches,
+        against the roofline floor (`farm.measure.finalists`); a config that fails to build is
+        returned with its error."""
+        with concurrent.futures.ThreadPoolExecutor(len(configs)) as threads:
+            built = list(threads.map(lambda c: self._compiled(task, json.loads(c), 0, settings)[0], configs))
+        failed = [FinalTiming(task.key, c, None, None, None, 0, 0, None, False, len(configs), 0, False,
+                              b.error or b.outcome) for c, b in zip(configs, built) if isinstance(b, Measurement)]
+        fns = {c: b.executable for c, b in zip(configs, built) if isinstance(b, Compiled)}
+        if not fns:
+            return failed
+        module = kernels.load(task.kernel)
+        per_set = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(abstract_inputs(module, task)))
+        with self._device:
+            started = time.monotonic()
+            try:
+                sets = timing_inputs(module, task, FINALS_SEED, finalists.rotation_sets(per_set))
+                if self._peaks is None:
+                    self._peaks = (roofline.peaks_for_device(),)
+                floor = roofline.floor_s(module, task.shape, task.dtype, self._peaks[0])
+                timings = finalists.retime(task.key, fns, sets, floor_s=floor, budget_s=budget_s)
+            finally:
+                self._busy_s += time.monotonic() - started
+        return timings + failed
 
     def duty(self) -> dict[str, float]:
-        """Seconds the device spent validating and timing, and seconds alive."""
+        """Seconds the device spent validating and timing, and seconds since `reset_duty` (or start)."""
         return {"busy_s": self._busy_s, "alive_s": time.monotonic() - self._started}
+
+    def reset_duty(self) -> None:
+        """Start the duty cycle's window now (the sweep does, once warm-up is over)."""
+        self._busy_s, self._started = 0.0, time.monotonic()
 
 
 def _pin_tpu_chip() -> None:

@@ -25,6 +25,7 @@ class Slot:
     pool: str
     node_id: str
     index: int
+    cpus: int = 1     # the node's CPUs per slot of this pool (what its compile processes may use)
 
 
 def pool_for(target: str, cluster: Mapping[str, float], interpret: bool) -> str:
@@ -54,8 +55,10 @@ def slots(pool: str, nodes: Sequence[Mapping[str, Any]], labels: Mapping[str, st
     for node in nodes:
         if not node.get("Alive") or (labels and not node_matches(node, labels)):
             continue
-        count = int(node.get("Resources", {}).get(RESOURCE[pool], 0))
-        per_node.append([Slot(pool, node["NodeID"], i) for i in range(count)])
+        resources = node.get("Resources", {})
+        count = int(resources.get(RESOURCE[pool], 0))
+        cpus = max(1, int(resources.get("CPU", 1) // max(count, 1)))
+        per_node.append([Slot(pool, node["NodeID"], i, cpus) for i in range(count)])
     spread = [s for group in _interleave(per_node) for s in group]
     if not spread:
         where = f" on nodes labelled {dict(labels)}" if labels else ""

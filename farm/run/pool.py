@@ -29,6 +29,7 @@ from farm.search.searcher import Proposal
 from farm.tasks import TuningTask
 
 logger = logging.getLogger(__name__)
+MAX_COMPILE_PROCESSES = 16    # per worker: each holds a JAX runtime (about 1 GB of host memory)
 
 
 def connect(address: str | None) -> None:
@@ -95,19 +96,34 @@ class WorkerPool:
     """The sweep's actors; `submit` a flight to a worker with room, `wait` for events."""
 
     def __init__(self, task_pool: dict[str, str], *, interpret: bool, emulate: str | None, depth: int | None,
-                 measure: MeasureSettings) -> None:
+                 measure: MeasureSettings, compile_processes: int | None = None) -> None:
         self.task_pool = task_pool          # task key -> the pool that runs it
         self.interpret = interpret
         self.emulate = emulate
         self._depth = depth
+        self._compile_processes = compile_processes
         self.measure = measure
         self.workers: list[PoolWorker] = []
         self.retry: dict[str, deque[Flight]] = {}
         self._refs: dict[Any, PoolWorker] = {}
 
-    def depth(self, pool: str) -> int:
-        """Trials in flight per worker: the setting, else 2 on accelerators and 1 on CPU."""
-        return self._depth or (1 if pool == "cpu" else 2)
+    def compile_processes(self, slot: placement.Slot) -> int:
+        """Compile processes per worker: the setting, else on accelerators one per CPU of the slot's
+        share of its node but two (the worker's own, and the driver's and Ray's), at most
+        MAX_COMPILE_PROCESSES; none on CPU workers (one per core already)."""
+        if self._compile_processes is not None:
+            return self._compile_processes
+        if slot.pool == "cpu":
+            return 0
+        return max(1, min(MAX_COMPILE_PROCESSES, slot.cpus - 2))
+
+    def depth(self, slot: placement.Slot) -> int:
+        """Trials in flight per worker: the setting, else one per compile process plus two (one on
+        the device, one loaded and waiting), and 1 on CPU without compile processes."""
+        if self._depth:
+            return self._depth
+        processes = self.compile_processes(slot)
+        return processes + 2 if processes else (1 if slot.pool == "cpu" else 2)
 
     def start(self, pool: str, nodes: Sequence[dict[str, Any]], labels: dict[str, str],
               limit: int | None) -> None:
@@ -117,7 +133,8 @@ class WorkerPool:
 
     def _start(self, slot: placement.Slot) -> PoolWorker:
         env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-        options: dict[str, Any] = {"num_cpus": 1}
+        processes = self.compile_processes(slot)
+        options: dict[str, Any] = {"num_cpus": min(slot.cpus, 1 + processes) if processes else 1}
         if slot.pool == "gpu":
             options["num_gpus"] = 1
         elif slot.pool == "tpu":
@@ -125,9 +142,9 @@ class WorkerPool:
         if self.interpret or slot.pool == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
         actor = Worker.options(
-            **options, max_concurrency=self.depth(slot.pool), runtime_env={"env_vars": env},
+            **options, max_concurrency=self.depth(slot), runtime_env={"env_vars": env},
             scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False),
-        ).remote(interpret=self.interpret or slot.pool == "cpu", emulate=self.emulate)
+        ).remote(interpret=self.interpret or slot.pool == "cpu", emulate=self.emulate, compile_processes=processes)
         worker = PoolWorker(actor, slot)
         self.workers.append(worker)
         return worker
@@ -139,7 +156,7 @@ class WorkerPool:
 
     def has_room(self, worker: PoolWorker) -> bool:
         """Whether a live worker holds fewer than `depth` trials."""
-        return worker in self.workers and len(worker.in_flight) < self.depth(worker.slot.pool)
+        return worker in self.workers and len(worker.in_flight) < self.depth(worker.slot)
 
     def submit(self, worker: PoolWorker, flight: Flight) -> None:
         """Send a flight to a worker (it must have room)."""
@@ -236,6 +253,14 @@ class WorkerPool:
                 continue
             duty[worker.name] = d["busy_s"] / d["alive_s"] if d["alive_s"] else 0.0
         return duty
+
+    def reset_duty(self) -> None:
+        """Start every live worker's duty-cycle window now."""
+        refs = [worker.actor.reset_duty.remote() for worker in self.workers]
+        try:
+            ray.get(refs, timeout=30)
+        except Exception:  # noqa: BLE001 - a worker lost here is handled by the loop
+            pass
 
     def shutdown(self) -> None:
         """Kill every worker."""

@@ -22,6 +22,7 @@ import yaml
 from farm.bundle.artifacts import now
 from farm.bundle.records import TrialRecord
 from farm.errors import FarmError
+from farm.measure.finalists import FinalTiming
 from farm.search import plan, spaces
 from farm.search.plan import PlannedTask
 
@@ -199,3 +200,29 @@ def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     os.replace(tmp, path)
+
+
+FINALS_LOG = "finalists.jsonl"      # each task's finalists, re-timed side by side
+
+
+def append_finals(run_dir: Path, timings: Sequence[FinalTiming]) -> None:
+    """Log one task's re-timed finalists (a resume re-times only tasks without them)."""
+    with open(Path(run_dir) / FINALS_LOG, "a") as f:
+        f.write("".join(json.dumps(t.to_dict()) + "\n" for t in timings))
+        f.flush()
+
+
+def read_finals(run_dir: Path) -> dict[str, list[FinalTiming]]:
+    """task key -> its logged finalists (a torn last line is skipped)."""
+    path = Path(run_dir) / FINALS_LOG
+    finals: dict[str, list[FinalTiming]] = {}
+    if not path.is_file():
+        return finals
+    with open(path) as f:
+        for line in f:
+            try:
+                timing = FinalTiming(**json.loads(line))
+            except (ValueError, TypeError):
+                continue
+            finals.setdefault(timing.task_key, []).append(timing)
+    return finals

@@ -32,15 +32,18 @@ from farm.bundle.records import TrialRecord
 from farm.errors import FarmError
 from farm.measure import capacity, outcomes
 from farm.measure.device import MeasureSettings
+from farm.measure.finalists import FinalTiming
 from farm.measure.outcomes import Measurement
 from farm.run import placement, runlog
 from farm.run.pool import Crashed, Done, Flight, WorkerPool, connect
 from farm.search import studies
 from farm.search.plan import PlannedTask
 from farm.search.searcher import Answer, Searcher
+from farm.tasks import config_json
 
 logger = logging.getLogger(__name__)
 BUNDLE_DIR = "bundle"
+FINALISTS = 4               # configs per task re-timed side by side on accelerators (SweepSettings.finalists)
 WARM_UP_COMPILE_S = 120.0   # the least time a worker's untimed first run may take to compile
 OnRecord = Callable[[TrialRecord], None]
 
@@ -53,7 +56,8 @@ class SweepSettings:
     interpret: bool = False            # run kernels in interpret mode (accelerator targets emulated)
     emulate: str | None = None         # capacity profile for interpret runs (v5e, v6e, v7, h200, ...)
     workers: int | None = None         # workers per pool; default one per chip, GPU or CPU
-    depth: int | None = None           # trials in flight per worker; default 2 on accelerators, 1 on CPU
+    depth: int | None = None           # trials in flight per worker; default compile processes + 2 (1 on CPU)
+    compile_processes: int | None = None  # per worker; default its share of the node's CPUs (0 on CPU workers)
     node_labels: dict[str, str] = dataclasses.field(default_factory=dict)
     sampler: str | None = None         # override the spaces' samplers
     seed: int | None = None            # override the spaces' sampler seeds
@@ -62,6 +66,9 @@ class SweepSettings:
     compile_timeout_s: float = 600.0
     timing_timeout_s: float = 300.0    # validation and timing of one config
     max_attempts: int = 2              # a trial whose worker died is re-queued up to this many runs
+    finalists: int | None = None       # best configs per task re-timed side by side before the winner (0:
+    #                                    none); default 4 on accelerators, 0 on CPU (interpret timings)
+    finalist_budget_s: float = 10.0    # device seconds per task for that
     static_pruning: bool = True        # False: compile even what the footprint model says cannot fit
     address: str | None = None         # Ray address; None starts an embedded local Ray
     time_budget_s: float | None = None  # once workers are up, stop asking for trials after this long
@@ -115,7 +122,7 @@ def run_sweep(planned: Sequence[PlannedTask], settings: SweepSettings, key: Ed25
         raise
     environment = {k: sweep.pool_info.get(pool, {}) for k, pool in sweep.task_pool.items()}
     rows = select.winner_rows([p.task for p in planned], records, run_id=sweep.run_id, created=artifacts.now(),
-                              environment=environment)
+                              environment=environment, finals=sweep.finals)
     bundle = None
     if key is not None:
         bundle = artifacts.write_bundle(run_dir / BUNDLE_DIR, rows, records, key, {"run_ids": [sweep.run_id]})
@@ -156,6 +163,7 @@ class _Sweep:
         self.stopped_early = False
         self.warmed: dict[str, dict[str, str]] = {}      # worker -> the task whose default warmed it
         self.placed: list[str] = []                      # node of each worker started first
+        self.finals: dict[str, list[FinalTiming]] = {}   # task key -> its finalists, re-timed
         self._t0 = time.monotonic()
         self._log: runlog.RunLog | None = None
 
@@ -307,7 +315,7 @@ class _Sweep:
             self.place()
         started = self._t0 = time.monotonic()
         self.pool = WorkerPool(self.task_pool, interpret=s.interpret, emulate=s.emulate, depth=s.depth,
-                               measure=s.measure())
+                               measure=s.measure(), compile_processes=s.compile_processes)
         try:
             self._start()
             runlog.write_run_info(self.run_dir, self.planned, s, self.pool_info, self.summary)
@@ -318,8 +326,15 @@ class _Sweep:
                     self._warm_up()
                 if self.on_start is not None:
                     self.on_start()
+                self.pool.reset_duty()
+                measuring = time.monotonic()
                 self._loop()
-            self.summary = self._summarize(time.monotonic() - started)
+                measured_s = time.monotonic() - measuring
+                duty = self.pool.duty()
+                finals_started = time.monotonic()
+                self._retime_finalists()
+            self.summary = self._summarize(time.monotonic() - started, measured_s, duty,
+                                           time.monotonic() - finals_started)
         finally:
             self.pool.shutdown()
         runlog.write_run_info(self.run_dir, self.planned, s, self.pool_info, self.summary)
@@ -343,10 +358,56 @@ class _Sweep:
                 self._handle(event)
             self._reap_hung()
 
-    def _summarize(self, wall: float) -> dict[str, Any]:
+    def _retime_finalists(self) -> None:
+        """Re-time each task's best few configs side by side on one of its pool's workers
+        (`Worker.retime`); logged to finalists.jsonl, so a resume re-times only what is missing."""
+        s = self.settings
+        self.finals = {k: v for k, v in runlog.read_finals(self.run_dir).items() if k in self.searchers}
+        workers = {pool: [w for w in self.pool.workers if w.slot.pool == pool] for pool in self.pool_info}
+        turn: Counter = Counter()
+        jobs = {}
+        for p in self.planned:
+            key, pool = p.task.key, self.task_pool[p.task.key]
+            configs = self._finalist_configs(p)
+            if key in self.finals or not configs or not workers.get(pool):
+                continue
+            worker = workers[pool][turn[pool] % len(workers[pool])]
+            turn[pool] += 1
+            jobs[worker.actor.retime.remote(p.task, configs, s.measure(), s.finalist_budget_s)] = key
+        if not jobs:
+            return
+        # Each worker re-times its tasks one after another; allow every task its compile and budget.
+        per_worker = max(-(-n // len(workers[pool])) for pool, n in turn.items())
+        limit = (s.compile_timeout_s + 3 * s.finalist_budget_s + s.timing_timeout_s) * per_worker
+        ready, _ = ray.wait(list(jobs), num_returns=len(jobs), timeout=limit)
+        for ref in ready:
+            try:
+                timings = ray.get(ref)
+            except Exception as err:  # noqa: BLE001 - no finalists: the sweep's own best stands
+                logger.warning("re-timing the finalists of %s failed: %s", jobs[ref], str(err)[:300])
+                continue
+            runlog.append_finals(self.run_dir, timings)
+            self.finals[jobs[ref]] = timings
+        for ref in set(jobs) - set(ready):
+            logger.warning("re-timing the finalists of %s took over %.0f s; the sweep's best stands", jobs[ref], limit)
+
+    def _finalist_configs(self, p: PlannedTask) -> list[str]:
+        """The task's configs to re-time: its best few and its default (none on CPU by default)."""
+        count = self.settings.finalists
+        if count is None:
+            count = 0 if self.task_pool[p.task.key] == "cpu" else FINALISTS
+        if count < 1:
+            return []
+        default = config_json(kernels.load(p.task.kernel).default_config(p.task.shape, p.task.target))
+        return select.finalists([r for r in self.records if r.task_key == p.task.key], count, default)
+
+    def _summarize(self, wall: float, measured_s: float, duty: dict[str, float], finals_s: float) -> dict[str, Any]:
         measured = sum(1 for r in self.records if r.outcome in outcomes.MEASURED)
         return {"wall_s": wall, "measured_trials": measured, "trials_per_s": measured / wall if wall else 0,
-                "workers": len(self.pool.workers), "duty_cycle": self.pool.duty(),
+                "measuring_s": measured_s, "measuring_trials_per_s": measured / measured_s if measured_s else 0,
+                "finalists_s": finals_s, "compile_processes": self.pool_info and
+                {pool: info.get("compile_processes") for pool, info in self.pool_info.items()},
+                "workers": len(self.pool.workers), "duty_cycle": duty,
                 "stopped_by_time_budget": self.stopped_early, "warm_up": self.warmed,
                 "placement": {"initial": self.placed, "final": [w.slot.node_id for w in self.pool.workers]}}
 

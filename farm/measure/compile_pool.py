@@ -1,0 +1,204 @@
+"""Compile on the whole host: child processes compile configs, the device process only runs them.
+
+Building a Pallas kernel is mostly Python under the GIL (tracing, then Triton's or Mosaic's
+MLIR passes), so compile threads of the device process take turns. `CompilePool` keeps
+`processes` child Python processes (`python -m farm.measure.compile_child`) on the same host,
+each with the same devices visible. A child builds, lowers and compiles a config for the task's
+input shapes (`jax.ShapeDtypeStruct`s: no device memory), and sends back both executables (the
+timed kernel and its poisoned-output build) serialized with `jax.experimental.serialize_executable`.
+The device process deserializes them (milliseconds) and makes the inputs only when the trial
+gets the device.
+
+Why serialized executables, not JAX's persistent compilation cache: the cache is keyed by the
+lowered module, so the device process would still trace and lower every config (most of a
+Pallas compile) before it could hit the cache. A serialized executable carries the compiled
+XLA program and the kernels in it (Triton's binary, compiled in the child at lowering time).
+
+One request per child at a time, so faults are the config's own: a child that outruns the
+compile limit is killed and replaced (`timeout`, the worker itself stays), a child that dies
+(a compiler crash) is replaced (`compile_error`). Children die with their parent
+(`PR_SET_PDEATHSIG`), so a killed worker leaves no compiler behind. An executable that cannot
+be serialized (host callbacks, as in TPU interpret mode) comes back `NotPortable`: the device
+process compiles that task itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import queue
+import selectors
+import struct
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from typing import IO, Any
+
+from farm.measure import outcomes
+from farm.measure.outcomes import Measurement
+from farm.tasks import TuningTask
+
+_HEADER = struct.Struct("<Q")
+MAX_REPLY_BYTES = 2 << 30     # an executable larger than this is refused (a runaway child)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What a child compiles."""
+
+    task: TuningTask
+    config: dict[str, Any]
+    interpret: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Portable:
+    """A config's executables, serialized (`serialize_executable.serialize` triples)."""
+
+    executable: tuple[bytes, Any, Any]
+    check_executable: tuple[bytes, Any, Any]
+    compile_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class NotPortable:
+    """The config compiled, but its executable cannot leave the process that compiled it."""
+
+    reason: str
+
+
+Reply = Portable | NotPortable | Measurement
+
+
+def write_message(stream: IO[bytes], value: Any) -> None:
+    """One length-prefixed pickle."""
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def read_message(stream: IO[bytes]) -> Any:
+    """One length-prefixed pickle; EOFError when the other side closed."""
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        raise EOFError("closed")
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_REPLY_BYTES:
+        raise EOFError(f"a message of {size} bytes is over the {MAX_REPLY_BYTES} byte limit")
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("closed mid-message")
+    return pickle.loads(data)   # our own child, over a private pipe
+
+
+class _Child:
+    """One compile process and its pipes."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        with warnings.catch_warnings():
+            # JAX warns at every fork; this one is followed by exec at once, before any thread runs.
+            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+            self.proc = subprocess.Popen([sys.executable, "-m", "farm.measure.compile_child"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+
+    def ask(self, request: Request, timeout_s: float | None) -> Reply:
+        """Send one request and wait for its reply; TimeoutError or EOFError on trouble."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            write_message(self.proc.stdin, request)
+        except (BrokenPipeError, OSError) as err:
+            raise EOFError(f"the compile process is gone ({err})") from err
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout_s):
+                raise TimeoutError
+        return read_message(self.proc.stdout)
+
+    def kill(self) -> None:
+        """Stop the process (no wait beyond reaping it)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+
+class CompilePool:
+    """`processes` compile processes; `compile` may be called from many threads at once."""
+
+    def __init__(self, processes: int, env: dict[str, str] | None = None) -> None:
+        if processes < 1:
+            raise ValueError(f"a compile pool needs at least one process, not {processes}")
+        self.processes = processes
+        self._env = {**os.environ, **(env or {})}
+        self._idle: queue.Queue[_Child] = queue.Queue()
+        self._all: list[_Child] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        for _ in range(processes):
+            self._idle.put(self._spawn())
+
+    def _spawn(self) -> _Child:
+        child = _Child(self._env)
+        with self._lock:
+            self._all.append(child)
+        return child
+
+    def _replace(self, child: _Child) -> None:
+        child.kill()
+        with self._lock:
+            if child in self._all:
+                self._all.remove(child)
+            closed = self._closed
+        if not closed:
+            self._idle.put(self._spawn())
+
+    def compile(self, task: TuningTask, config: dict[str, Any], *, interpret: bool,
+                timeout_s: float | None = None) -> Reply:
+        """Compile one config in a free child (waiting for one); every failure is a value."""
+        child = self._idle.get()
+        started = time.perf_counter()
+        try:
+            reply = child.ask(Request(task, config, interpret), timeout_s)
+        except TimeoutError:
+            self._replace(child)
+            return Measurement(outcomes.TIMEOUT, compile_s=time.perf_counter() - started,
+                               error=f"compile exceeded {timeout_s:.0f} s; its compile process was killed")
+        except (EOFError, pickle.UnpicklingError) as err:
+            code = child.proc.poll()
+            self._replace(child)
+            return Measurement(outcomes.COMPILE_ERROR, compile_s=time.perf_counter() - started).fail(
+                f"the compile process died (exit code {code}): {err}", outcomes.COMPILE_ERROR)
+        self._idle.put(child)
+        return reply
+
+    def pids(self) -> list[int]:
+        """The process ids of the live compile processes (for monitoring)."""
+        with self._lock:
+            return [child.proc.pid for child in self._all]
+
+    def close(self) -> None:
+        """Stop every child."""
+        with self._lock:
+            self._closed = True
+            children = list(self._all)
+            self._all.clear()
+        for child in children:
+            child.kill()
+
+
+def load(reply: Portable) -> tuple[Any, Any]:
+    """The timed and check executables of a reply, loaded onto this process's devices."""
+    from jax.experimental import serialize_executable
+
+    return (serialize_executable.deserialize_and_load(*reply.executable),
+            serialize_executable.deserialize_and_load(*reply.check_executable))

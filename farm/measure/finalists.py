@@ -1,0 +1,118 @@
+"""Winners that are not noise: re-time a task's best few configs side by side before one is written.
+
+A sweep times each config once, briefly, on one input set, so its single fastest median may be
+luck (a quiet moment, inputs that stayed in cache). `retime` runs the finalists in the same
+process, interleaved round robin (each round one sample pair of each, so all see the same
+clocks and load), on input sets rotated past the caches (ROTATE_PAST_BYTES of inputs per pass),
+until their order is settled or the budget ends. A median below the roofline floor
+(`farm.measure.roofline`) is a measurement error: its samples are dropped and it is measured
+again, and if it stays below, it is marked and can never win.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from farm.measure import timing
+
+ROTATE_PAST_BYTES = 128 << 20   # twice the largest last-level cache of the devices we target (H200: 50 MB)
+MAX_INPUT_SETS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalTiming:
+    """One finalist's side-by-side re-timing."""
+
+    task_key: str
+    config: str                    # canonical JSON
+    median_s: float | None
+    spread: float | None           # (p75 - p25) / median
+    min_s: float | None
+    n_timed: int
+    input_sets: int
+    floor_s: float | None          # the roofline floor; a median below it is never a winner
+    below_floor: bool
+    finalists: int                 # how many configs were re-timed together
+    rounds: int
+    settled: bool                  # the leader's order was settled before the budget ended
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (a line of finalists.jsonl)."""
+        return dataclasses.asdict(self)
+
+
+def rotation_sets(bytes_per_set: int) -> int:
+    """Input sets to rotate through so that one pass reads at least ROTATE_PAST_BYTES."""
+    return max(1, min(MAX_INPUT_SETS, math.ceil(ROTATE_PAST_BYTES / max(1, bytes_per_set))))
+
+
+def _stats(samples: Sequence[float]) -> tuple[float, float, float]:
+    values = sorted(samples)
+    median = statistics.median(values)
+    q = statistics.quantiles(values, n=4) if len(values) >= 2 else [median] * 3
+    return median, (q[2] - q[0]) / median if median > 0 else 0.0, values[0]
+
+
+def settled(samples: dict[str, list[float]], tie: float = 0.01) -> bool:
+    """Whether the leader is known: its p75 is below every other's p25, or the runner-up is
+    within `tie` of it (then either is as good)."""
+    if len(samples) < 2:
+        return True
+    ranked = sorted(samples, key=lambda name: statistics.median(samples[name]))
+    leader, runner = samples[ranked[0]], samples[ranked[1]]
+    if statistics.median(runner) <= statistics.median(leader) * (1 + tie):
+        return True
+    lq = statistics.quantiles(leader, n=4) if len(leader) >= 2 else [leader[0]] * 3
+    return all(lq[2] < (statistics.quantiles(samples[n], n=4)[0] if len(samples[n]) >= 2 else samples[n][0])
+               for n in ranked[1:])
+
+
+def retime(task_key: str, fns: dict[str, Any], input_sets: Sequence[Sequence[Any]], *, floor_s: float | None,
+           min_samples: int = 6, max_samples: int = 30, budget_s: float = 10.0,
+           min_sample_s: float = 5e-3) -> list[FinalTiming]:
+    """Re-time `fns` (config JSON -> compiled callable) side by side; one FinalTiming each."""
+    started = time.perf_counter()
+    calls = {name: timing.calibrate(fn, input_sets, min_sample_s=min_sample_s)[0] for name, fn in fns.items()}
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    below: set[str] = set()
+    retried: set[str] = set()
+    rounds = 0
+    while True:
+        rounds += 1
+        for name, fn in fns.items():
+            samples[name].append(timing.pair_per_call(fn, input_sets, calls[name]))
+        n = min(len(s) for s in samples.values())
+        if n < min_samples:
+            continue
+        for name in list(fns):
+            if floor_s is not None and statistics.median(samples[name]) < floor_s and name not in below:
+                if name in retried:
+                    below.add(name)        # below the floor twice: a measurement error, never a winner
+                else:
+                    retried.add(name)      # drop its samples and measure it again
+                    samples[name] = []
+        contenders = {k: v for k, v in samples.items() if k not in below and len(v) >= min_samples}
+        done = settled(contenders) and len(contenders) == len(fns) - len(below)
+        if done or n >= max_samples or time.perf_counter() - started > budget_s:
+            break
+    results = []
+    for name, values in samples.items():
+        if not values:
+            results.append(FinalTiming(task_key, name, None, None, None, 0, len(input_sets), floor_s, True,
+                                       len(fns), rounds, False, "no samples"))
+            continue
+        median, spread, low = _stats(values)
+        results.append(FinalTiming(task_key, name, median, spread, low, len(values), len(input_sets), floor_s,
+                                   name in below, len(fns), rounds, done))
+    return results
+
+
+def winner(timings: Sequence[FinalTiming]) -> FinalTiming | None:
+    """The fastest finalist that is not below its floor (None when none qualifies)."""
+    fair = [t for t in timings if t.median_s is not None and not t.below_floor]
+    return min(fair, key=lambda t: (t.median_s, t.spread or 0.0)) if fair else None

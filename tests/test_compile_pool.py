@@ -1,0 +1,190 @@
+"""Compile processes (farm.measure.compile_pool), finalists re-timed side by side (farm.measure.finalists)
+and the worker pool's sizing: real child processes, real JAX, real Ray sweeps in interpret mode."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import pyarrow.parquet as pq
+import pytest
+
+import kernels
+from farm.measure import compile_pool, finalists, outcomes, timing
+from farm.measure.compiler import Compiled, timing_inputs
+from farm.measure.device import MeasureSettings, validate_and_time
+from farm.run import placement, runlog
+from farm.run.pool import MAX_COMPILE_PROCESSES, WorkerPool
+from farm.tasks import TuningTask, config_json
+from kernels.lowering import Platform
+from tests.sweeps import run_sweep, space
+
+SOFTMAX = TuningTask("softmax", (32, 128), "float32", "interpret")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = compile_pool.CompilePool(2)
+    yield p
+    p.close()
+
+
+def _default(task: TuningTask) -> dict:
+    return kernels.load(task.kernel).default_config(task.shape, task.target)
+
+
+def test_a_child_compiles_and_this_process_runs_the_executable(pool):
+    reply = pool.compile(SOFTMAX, _default(SOFTMAX), interpret=True, timeout_s=300)
+    assert isinstance(reply, compile_pool.Portable) and reply.compile_s > 0
+    executable, check = compile_pool.load(reply)
+    module = kernels.load("softmax")
+    compiled = Compiled(module, SOFTMAX, _default(SOFTMAX), True, 0, executable,
+                        timing_inputs(module, SOFTMAX, 0, 2), reply.compile_s, check)
+    result = validate_and_time(compiled, repetitions=3)
+    assert result.outcome == outcomes.OK and result.numerics_error < 1e-5 and result.n_timed == 3
+
+
+def test_a_config_that_fails_to_build_is_a_compile_error(pool):
+    reply = pool.compile(SOFTMAX, {**_default(SOFTMAX), "no_such_knob": 1}, interpret=True, timeout_s=300)
+    assert isinstance(reply, outcomes.Measurement)
+    assert reply.outcome == outcomes.COMPILE_ERROR and "no_such_knob" in reply.error
+
+
+def test_an_executable_with_host_callbacks_is_not_portable(pool):
+    task = TuningTask("softmax", (32, 128), "float32", "tpu")   # TPU interpret mode calls back to the host
+    reply = pool.compile(task, _default(task), interpret=True, timeout_s=300)
+    assert isinstance(reply, compile_pool.NotPortable) and reply.reason
+
+
+def test_a_compile_over_its_limit_kills_only_its_child(pool):
+    before = set(pool.pids())
+    reply = pool.compile(SOFTMAX, _default(SOFTMAX), interpret=True, timeout_s=1e-3)
+    assert reply.outcome == outcomes.TIMEOUT and "killed" in reply.error
+    after = set(pool.pids())
+    assert len(after) == 2 and len(before - after) == 1      # one child replaced, the pool whole
+    assert isinstance(pool.compile(SOFTMAX, _default(SOFTMAX), interpret=True, timeout_s=300), compile_pool.Portable)
+
+
+def test_a_child_that_dies_mid_compile_is_that_configs_compile_error():
+    p = compile_pool.CompilePool(1)
+    try:
+        victim = p.pids()[0]
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(
+            reply=p.compile(SOFTMAX, _default(SOFTMAX), interpret=True, timeout_s=300)))
+        thread.start()
+        time.sleep(0.5)                       # the request is in the child (still starting JAX, or compiling)
+        os.kill(victim, signal.SIGKILL)
+        thread.join(timeout=300)
+        reply = result["reply"]
+        assert reply.outcome == outcomes.COMPILE_ERROR and "died" in reply.error
+        assert p.pids() and victim not in p.pids()
+        assert isinstance(p.compile(SOFTMAX, _default(SOFTMAX), interpret=True, timeout_s=300),
+                          compile_pool.Portable)
+    finally:
+        p.close()
+
+
+def test_children_die_with_their_parent(tmp_path):
+    # A worker killed mid-sweep must leave no compiler running (PR_SET_PDEATHSIG in the child).
+    script = ("import sys, time; from farm.measure import compile_pool; p = compile_pool.CompilePool(1); "
+              "print(p.pids()[0], flush=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"compile process {child} outlived its parent")
+
+
+# -- sizing ----------------------------------------------------------------------------------------
+
+def test_workers_get_compile_processes_from_their_share_of_the_node():
+    pool = WorkerPool({}, interpret=False, emulate=None, depth=None, measure=MeasureSettings())
+    gpu = placement.Slot("gpu", "node", 0, cpus=16)
+    assert pool.compile_processes(gpu) == 14 and pool.depth(gpu) == 16
+    assert pool.compile_processes(placement.Slot("gpu", "node", 0, cpus=256)) == MAX_COMPILE_PROCESSES
+    assert pool.compile_processes(placement.Slot("gpu", "node", 0, cpus=1)) == 1
+    cpu = placement.Slot("cpu", "node", 0, cpus=1)
+    assert pool.compile_processes(cpu) == 0 and pool.depth(cpu) == 1
+    given = WorkerPool({}, interpret=False, emulate=None, depth=3, measure=MeasureSettings(), compile_processes=0)
+    assert given.compile_processes(gpu) == 0 and given.depth(gpu) == 3
+
+
+def test_slots_carry_their_share_of_the_nodes_cpus():
+    nodes = [{"NodeID": "a", "Alive": True, "Resources": {"GPU": 2.0, "CPU": 32.0}}]
+    assert [s.cpus for s in placement.slots("gpu", nodes)] == [16, 16]
+
+
+# -- finalists -------------------------------------------------------------------------------------
+
+def test_settled_when_the_leader_is_clear_or_tied():
+    assert finalists.settled({"a": [1.0, 1.0, 1.01, 1.02], "b": [2.0, 2.1, 2.05, 2.0]})
+    assert finalists.settled({"a": [1.0, 1.0, 1.0, 1.0], "b": [1.005, 1.005, 1.005, 1.005]})
+    assert not finalists.settled({"a": [1.0, 1.5, 1.0, 1.6], "b": [1.2, 1.3, 1.25, 1.3]})
+
+
+def _two_executables():
+    module = kernels.load("softmax")
+    configs = [{**_default(SOFTMAX), "block_rows": rows} for rows in (8, 32)]
+    fns = {config_json(c): jax.jit(module.build(c, SOFTMAX.shape, jnp.float32, Platform("interpret")))
+           for c in configs}
+    return fns, timing_inputs(module, SOFTMAX, 1, 2)
+
+
+def test_retime_times_every_finalist_side_by_side():
+    fns, sets = _two_executables()
+    timings = finalists.retime(SOFTMAX.key, fns, sets, floor_s=None, min_samples=3, max_samples=4, budget_s=30)
+    assert sorted(t.config for t in timings) == sorted(fns)
+    assert all(t.median_s > 0 and t.n_timed >= 3 and not t.below_floor and t.finalists == 2 for t in timings)
+    assert finalists.winner(timings) is not None
+
+
+def test_a_time_below_the_roofline_floor_is_measured_again_and_never_wins():
+    fns, sets = _two_executables()
+    timings = finalists.retime(SOFTMAX.key, fns, sets, floor_s=math.inf, min_samples=3, max_samples=6, budget_s=60)
+    assert all(t.below_floor for t in timings)
+    assert finalists.winner(timings) is None
+
+
+def test_rotation_sets_read_past_the_caches():
+    assert finalists.rotation_sets(1 << 30) == 1
+    assert finalists.rotation_sets(40 << 20) == 4
+    assert finalists.rotation_sets(1) == finalists.MAX_INPUT_SETS
+
+
+def test_calibrate_stays_within_its_call_limits():
+    calls, once = timing.calibrate(lambda x: x + 1, [(jnp.ones(4),)], min_sample_s=1e-3, max_calls=50)
+    assert 1 <= calls <= 50 and once > 0
+
+
+# -- a sweep with both ----------------------------------------------------------------------------
+
+def test_a_sweep_compiles_in_child_processes_and_retimes_its_finalists(tmp_path, signing_key, ray_local):
+    out, trials = run_sweep(tmp_path, signing_key, space("softmax", [[32, 128]], trials=5,
+                                                         block_rows=[1, 2, 4, 8, 16, 32]),
+                            "--compile-processes", "2", "--finalists", "3")
+    summary = json.loads((out / "run.json").read_text())["summary"]
+    assert summary["compile_processes"] == {"cpu": 2} and summary["measured_trials"] == 5
+    assert all(t["outcome"] == outcomes.OK and t["compile_s"] > 0 for t in trials)
+    finals = runlog.read_finals(out)[SOFTMAX.key]
+    assert len(finals) == 3 and all(t.finalists == 3 for t in finals)
+    fastest = sorted(t["median_s"] for t in trials)[:3]
+    assert sorted(min(t["median_s"] for t in trials if t["config"] == f.config) for f in finals) == fastest
+    row = pq.read_table(out / "bundle" / "configs.parquet").to_pylist()[0]
+    winner = finalists.winner(finals)
+    assert row["config"] == winner.config and row["median_s"] == winner.median_s and row["finalists"] == 3
+    assert row["sweep_median_s"] == min(t["median_s"] for t in trials if t["config"] == winner.config)
