@@ -200,7 +200,7 @@ def test_pow2_spaces_load_as_in_the_repository():
     assert p.config == {"block_rows": 8, "strategy": "one_pass", "block_cols": 128}
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid", "pattern", "hybrid"])
 def test_every_sampler_spends_the_budget(sampler):
     searcher, answered = _searcher(_planned(MATMUL, trials=8, sampler=sampler))
     count = 0
@@ -210,7 +210,7 @@ def test_every_sampler_spends_the_budget(sampler):
     assert count + sum(a.outcome == outcomes.CACHED for a in answered) == 8
 
 
-@pytest.mark.parametrize("sampler", ["grid", "tpe"])
+@pytest.mark.parametrize("sampler", ["grid", "tpe", "pattern"])
 def test_resume_completes_a_trial_killed_while_its_knobs_were_drawn(tmp_path, sampler):
     planned = _planned({"block_m": {"pow2": [32, 64]}, "block_n": {"pow2": [32, 64]}, "block_k": {"values": [32]},
                         "group_m": {"values": [1]}}, trials=4, sampler=sampler)
@@ -233,7 +233,7 @@ def test_resume_completes_a_trial_killed_while_its_knobs_were_drawn(tmp_path, sa
         assert len(keys) == 4 and not answered
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid", "pattern", "hybrid"])
 def test_an_enumerable_space_wastes_no_draw(sampler):
     """Every ask is a valid config not yet measured (no invalid, pruned or cached answers), until
     every valid config is measured; then the searcher stops, whatever budget is left."""

@@ -12,6 +12,7 @@ from kernels.lowering import TARGETS
 DEFAULT_KEY = ".keys/dev_ed25519.pem"
 KEY_ENV = "FARM_SIGNING_KEY"        # the signing key's path, or the PEM itself (for Ray jobs)
 DTYPES = ("float32", "bfloat16", "float16")  # farm.search.space_parts.DTYPES; kept here so `farm show` loads no YAML
+SAMPLERS = ("tpe", "random", "grid", "pattern", "hybrid")  # farm.search.space_parts.SAMPLERS, kept here likewise
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -141,7 +142,7 @@ RESUME_SAFE = ("--workers", "--depth", "--compile-processes", "--finalists", "--
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     """The options of every command that runs a sweep (`sweep`, `retune`)."""
     parser.add_argument("--target", action="append", choices=TARGETS, help="only these targets (repeatable)")
-    parser.add_argument("--sampler", choices=("tpe", "random", "grid"), help="override the spaces' samplers")
+    parser.add_argument("--sampler", choices=SAMPLERS, help="override the spaces' samplers")
     parser.add_argument("--seed", type=int, help="override the spaces' sampler seeds")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS when set, as in a Ray job; "
                         "else start an embedded local Ray)")

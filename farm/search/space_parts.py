@@ -12,7 +12,7 @@ from kernels.lowering import TARGETS
 
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-SAMPLERS = ("tpe", "random", "grid")
+SAMPLERS = ("tpe", "random", "grid", "pattern", "hybrid")
 PARAM_KINDS = ("values", "range", "pow2")
 # Bounds on what one space may ask for, so that validating it takes bounded time and memory
 # (each breach is a one-line SpaceError naming the field and the bound).

@@ -52,7 +52,8 @@ def task_seed(planned: PlannedTask, seed: int | None = None) -> int:
 def make_sampler(planned: PlannedTask, name: str | None = None, seed: int | None = None, *,
                  multivariate: bool = False) -> optuna.samplers.BaseSampler:
     """The space's sampler (or `name`), seeded per task. `multivariate`: TPE models the knobs
-    jointly (what `farm.search.valid_set.ValidSetSampler` steers by)."""
+    jointly (what `farm.search.valid_set.ValidSetSampler` steers by). `pattern` and `hybrid` are
+    modes of that sampler; over a space too large to enumerate they are TPE."""
     name, task_seed_ = sampler_name(planned, name), task_seed(planned, seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=task_seed_)
@@ -114,6 +115,15 @@ def to_optuna(config: dict[str, Any], params: tuple[Param, ...]) -> dict[str, An
     by_name = {p.name: p for p in params}
     return {optuna_name(by_name[k]): (int(v).bit_length() - 1 if by_name[k].kind == "pow2" else v)
             for k, v in config.items() if k in by_name}
+
+
+def from_optuna(values: dict[str, Any], params: tuple[Param, ...]) -> dict[str, Any]:
+    """A config in real values from Optuna's parameter values (the inverse of `to_optuna`)."""
+    config = {}
+    for p in params:
+        value = values[optuna_name(p)]
+        config[p.name] = 1 << int(value) if p.kind == "pow2" else value
+    return config
 
 
 def enqueue_default(study: optuna.Study, params: tuple[Param, ...], default: dict[str, Any]) -> bool:

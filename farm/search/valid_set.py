@@ -11,7 +11,9 @@ its record says why it was never compiled).
 The wrapped sampler keeps its model: its proposal (TPE's, multivariate, over the knobs as
 ordered integers; a uniform draw for `random`) is moved to the nearest open valid config, with
 ordered knobs compared by their position in their choices and categorical knobs by equality.
-`grid` walks the open configs in enumeration order.
+`grid` walks the open configs in enumeration order. `pattern` searches around the best configs
+measured so far (`farm.search.pattern`) and draws a random open config when nothing near them is
+open; `hybrid` draws TPE's proposal there instead.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from farm.search import studies
+from farm.search import pattern, studies
 from farm.search.space_parts import Param
 from farm.tasks import config_json
 
@@ -44,6 +46,8 @@ class ValidSet:
                                                           for c in p.choices) for p in params], dtype=bool)
         self._coords = np.array([[_position(p, c[p.name]) for p in params] for c in self.configs],
                                 dtype=np.float64).reshape(len(self.configs), len(params))
+        self._choice = np.array([_choices(params, c) for c in self.configs],
+                                dtype=np.int64).reshape(len(self.configs), len(params))
 
     @classmethod
     def enumerate(cls, params: tuple[Param, ...], valid: Callable[[dict[str, Any]], bool]) -> ValidSet | None:
@@ -86,6 +90,12 @@ class ValidSet:
         gap = np.nan_to_num(gap, nan=0.0)
         return self.configs[candidates[int(np.argmin(gap.sum(axis=1)))]]
 
+    def steps(self, rows: np.ndarray, config: dict[str, Any]) -> np.ndarray:
+        """How far each config of `rows` (indices) is from `config`: an ordered knob's steps among
+        its choices plus one per changed categorical knob."""
+        gap = np.abs(self._choice[rows] - np.array(_choices(self.params, config)))
+        return np.where(self._ordered, gap, gap > 0).sum(axis=1)
+
     def pick(self, rng: random.Random) -> dict[str, Any] | None:
         """A uniformly random open config, or None."""
         candidates = np.flatnonzero(self.open)
@@ -95,6 +105,11 @@ class ValidSet:
         """The first open config in enumeration order, or None."""
         candidates = np.flatnonzero(self.open)
         return self.configs[candidates[0]] if len(candidates) else None
+
+
+def _choices(params: tuple[Param, ...], config: dict[str, Any]) -> list[int]:
+    """A config's knobs as indices into their choices."""
+    return [p.choices.index(config[p.name]) for p in params]
 
 
 def _position(p: Param, value: Any) -> float:
@@ -128,18 +143,25 @@ class ValidSetSampler(optuna.samplers.BaseSampler):
         """An open valid config, in Optuna's parameter values ({} when none is open)."""
         if self.mode == "grid":
             chosen = self.valid.first()
+        elif self.mode in ("pattern", "hybrid"):
+            chosen = pattern.propose(study, trial, self.valid, self._rng)
+            if chosen is None:   # nothing near the best configs is open: explore
+                chosen = self._tpe(study, trial) if self.mode == "hybrid" else self.valid.pick(self._rng)
         elif self.mode == "tpe":
-            proposal = self.base.sample_relative(study, trial, self.base.infer_relative_search_space(study, trial))
-            if len(proposal) == len(self._space):
-                chosen = self.valid.nearest(_from_optuna(proposal, self.valid.params))
-            else:   # the model's start-up trials: uniform over what is open
-                chosen = self.valid.pick(self._rng)
+            chosen = self._tpe(study, trial)
         else:
             chosen = self.valid.pick(self._rng)
         if chosen is None:
             return {}
         self.valid.close(config_json(chosen))   # in flight: never proposed twice
         return studies.to_optuna(chosen, self.valid.params)
+
+    def _tpe(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
+        """The open config nearest to the wrapped sampler's proposal (uniform during its start-up)."""
+        proposal = self.base.sample_relative(study, trial, self.base.infer_relative_search_space(study, trial))
+        if len(proposal) == len(self._space):
+            return self.valid.nearest(studies.from_optuna(proposal, self.valid.params))
+        return self.valid.pick(self._rng)   # the model's start-up trials: uniform over what is open
 
     def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, param_name: str,
                            param_distribution: optuna.distributions.BaseDistribution) -> Any:
@@ -155,12 +177,3 @@ class ValidSetSampler(optuna.samplers.BaseSampler):
         """The wrapped sampler's hook (the grid's stop is the searcher's budget, not the sampler's)."""
         if not isinstance(self.base, optuna.samplers.GridSampler):
             self.base.after_trial(study, trial, state, values)
-
-
-def _from_optuna(values: dict[str, Any], params: tuple[Param, ...]) -> dict[str, Any]:
-    """A config in real values from Optuna's parameter values."""
-    config = {}
-    for p in params:
-        value = values[studies.optuna_name(p)]
-        config[p.name] = 1 << int(value) if p.kind == "pow2" else value
-    return config
