@@ -1,0 +1,181 @@
+"""The pattern search strategy (a mode of the valid-set sampler) and the tabular replay benchmark,
+with the real Searcher and the real Optuna; no Ray."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+
+from bench import search_strategies
+from farm.bundle.records import TrialRecord
+from farm.cli import options
+from farm.measure import outcomes
+from farm.run import runlog
+from farm.search import pattern
+from farm.search.plan import PlannedTask, expand
+from farm.search.searcher import Answer, Proposal, Searcher
+from farm.search.space_parts import Param
+from farm.search.spaces import parse_space
+from farm.search.valid_set import ValidSet
+from farm.tasks import config_json
+
+KNOBS = {"block_m": {"pow2": [8, 64]}, "block_n": {"pow2": [8, 64]}, "block_k": {"pow2": [8, 64]},
+         "group_m": {"values": [1, 4]}}
+BEST = {"block_m": 16, "block_n": 32, "block_k": 16, "group_m": 4}
+
+
+def _planned(sampler: str = "pattern", trials: int = 200) -> PlannedTask:
+    space = parse_space({"kernel": "matmul", "dtypes": ["float32"], "shapes": [[64, 64, 64]],
+                         "targets": ["interpret"], "params": KNOBS, "sampler": sampler, "trials": trials,
+                         "constraints": ["block_m * block_n <= 32 * 64"]}, "inline.yaml")
+    return expand([space])[0]
+
+
+def _cost(config: dict[str, Any]) -> float:
+    """A bowl with its bottom at BEST: the further (in steps of a power of two), the slower."""
+    steps = sum(abs(config[k].bit_length() - BEST[k].bit_length()) for k in ("block_m", "block_n", "block_k"))
+    return 1e-5 * (1 + steps + (config["group_m"] != BEST["group_m"]))
+
+
+def _sweep(sampler: str, seed: int, in_flight: int) -> tuple[Searcher, list[Proposal], list[list[dict]]]:
+    """Every proposal of a replayed sweep over the bowl, `in_flight` answered oldest first, and
+    for each proposal the configs measured (told) before it was asked."""
+    searcher = Searcher.open(_planned(sampler), optuna.storages.InMemoryStorage(), seed=seed)
+    proposals, known, told, pending = [], [], [], deque()
+    while True:
+        while len(pending) < in_flight and (p := searcher.ask()) is not None:
+            pending.append(p)
+            proposals.append(p)
+            known.append(list(told))
+        if not pending:
+            return searcher, proposals, known
+        p = pending.popleft()
+        searcher.tell(Answer(p.trial, p.key, outcomes.OK, median_s=_cost(p.config)))
+        told.append(p.config)
+
+
+@pytest.mark.parametrize("sampler", ["pattern", "hybrid"])
+def test_pattern_proposes_every_open_valid_config_once_with_many_in_flight(sampler):
+    searcher, proposals, _ = _sweep(sampler, seed=0, in_flight=16)
+    keys = [p.key for p in proposals]
+    assert searcher.valid_set is not None and searcher.exhausted
+    assert len(set(keys)) == len(keys) == len(searcher.valid_set)          # never twice, every valid config
+    assert set(keys) == set(searcher.valid_set.keys)
+    assert all(p.config["block_m"] * p.config["block_n"] <= 32 * 64 for p in proposals)
+
+
+def test_pattern_repeats_for_a_seed():
+    first = [p.key for p in _sweep("pattern", seed=3, in_flight=4)[1]]
+    assert first == [p.key for p in _sweep("pattern", seed=3, in_flight=4)[1]]
+    assert first != [p.key for p in _sweep("pattern", seed=4, in_flight=4)[1]]
+
+
+def test_pattern_searches_around_the_best_configs_measured():
+    """One at a time: after the start-up, each proposal is a neighbour of one of the best configs
+    measured before it was asked, unless none of those has an open neighbour left."""
+    searcher, proposals, known = _sweep("pattern", seed=1, in_flight=1)
+    valid = searcher.valid_set
+    moves = 0
+    for p, before in zip(proposals, known):
+        if p.trial <= pattern.STARTUP:
+            continue
+        anchors = sorted(before, key=_cost)[:pattern.COPIES]      # ties: the earlier trial first
+        measured = {config_json(c) for c in before}
+        open_near = [c for c in valid.configs if config_json(c) not in measured
+                     and _nearest(valid, c, anchors) <= pattern.RADIUS]
+        moved = _nearest(valid, p.config, anchors) <= pattern.RADIUS
+        assert moved or not open_near
+        moves += moved
+    assert moves >= 10
+    found = next(i for i, p in enumerate(proposals) if p.config == BEST)
+    assert found < len(proposals) // 4        # the bowl's bottom, well before a quarter of its configs
+
+
+def _nearest(valid: ValidSet, config: dict[str, Any], anchors: list[dict[str, Any]]) -> int:
+    """Steps from `config` to the nearest of `anchors`."""
+    return int(valid.steps(np.array([valid.index[config_json(a)] for a in anchors]), config).min())
+
+
+GRID = (Param("block", (8, 16, 32, 64, 128, 256, 512), "pow2"), Param("strategy", ("a", "b", "c"), "values"))
+
+
+def test_neighbours_are_nearest_first_then_better_anchors_then_none():
+    valid = ValidSet.enumerate(GRID, lambda c: not (c["strategy"] == "c" and c["block"] == 8))
+    rng = random.Random(0)
+    around = [{"block": 16, "strategy": "a"}, {"block": 64, "strategy": "c"}]
+    valid.close(config_json(around[0]))
+    valid.close(config_json(around[1]))
+    first_steps = {config_json(c) for c in valid.configs if _nearest(valid, c, around[:1]) == 1}
+    taken = []
+    while (c := pattern.neighbour(valid, around, rng)) is not None:
+        taken.append(c)
+        valid.close(config_json(c))
+    distances = [min(_nearest(valid, c, [a]) for a in around) for c in taken]
+    assert {config_json(c) for c in taken[:len(first_steps)]} == first_steps   # the best anchor's next steps first
+    assert distances == sorted(distances) and max(distances) <= pattern.RADIUS
+    far = [c for c in valid.configs if valid.open[valid.index[config_json(c)]]]
+    assert far and all(_nearest(valid, c, around) > pattern.RADIUS for c in far)
+
+
+def test_pattern_and_hybrid_are_sampler_names():
+    assert _planned("hybrid").space.sampler.name == "hybrid"
+    args = options.build_parser().parse_args(["sweep", "x.yaml", "--sampler", "pattern"])
+    assert args.sampler == "pattern"
+
+
+# -- the replay benchmark ------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Settings:
+    sampler: str = "grid"
+
+
+def _table(tmp_path: Path) -> Path:
+    """A run folder that measured every valid config of the bowl (one compile error, the best)."""
+    planned = _planned("grid", trials=8)
+    valid = Searcher.open(planned, optuna.storages.InMemoryStorage()).valid_set
+    run = tmp_path / "run"
+    run.mkdir()
+    runlog.save_run(run, [planned], _Settings())
+    lines = []
+    for i, config in enumerate(valid.configs):
+        broken = config == {**BEST, "group_m": 1}
+        record = TrialRecord.for_task(planned.task, i, config_json(config),
+                                      outcomes.COMPILE_ERROR if broken else outcomes.OK,
+                                      median_s=None if broken else _cost(config), elapsed_s=0.5 * (i + 1))
+        lines.append(json.dumps(record.to_dict()))
+    (run / runlog.TRIALS_LOG).write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_the_replay_benchmark_reports_every_strategy(tmp_path):
+    run = _table(tmp_path)
+    (table,), rate = search_strategies.load(run)
+    assert table.missing == 0 and table.valid == len(table.answers) and table.best_s == _cost(BEST)
+    assert rate == pytest.approx(2.0)
+    rows = search_strategies.main([str(run), "--seeds", "2", "--in-flight", "4", "--out", str(tmp_path / "out")])
+    report = json.loads((tmp_path / "out" / "search_strategies.json").read_text())
+    assert {r["strategy"] for r in rows} == set(search_strategies.STRATEGIES)
+    assert {(r["task"], r["strategy"]) for r in report["rows"]} == {
+        (task, s) for task in (table.planned.task.key, "all tasks") for s in search_strategies.STRATEGIES}
+    runs = report["runs"][table.planned.task.key]
+    assert all(len(r) == 2 and all(n is None or 1 <= n <= 8 for n in r) for r in runs.values())
+    for row in rows:
+        assert row["median_trials"] is None or row["median_s"] == row["median_trials"] / 2.0
+    markdown = (tmp_path / "out" / "search_strategies.md").read_text()
+    assert all(f"| {s} |" in markdown for s in search_strategies.STRATEGIES)
+
+
+def test_a_replay_reaches_the_best_when_the_budget_covers_the_valid_set(tmp_path):
+    (table,), _ = search_strategies.load(_table(tmp_path))
+    for strategy in search_strategies.STRATEGIES:
+        (tmp_path / strategy).mkdir()
+        trials = search_strategies.replay(table, strategy, 0, in_flight=16, budget=table.valid, within=0.0,
+                                          workdir=tmp_path / strategy)
+        assert trials is not None and 1 <= trials <= table.valid
