@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
@@ -75,27 +75,44 @@ def test_pattern_repeats_for_a_seed():
     first = [p.key for p in _sweep("pattern", seed=3, in_flight=4)[1]]
     assert first == [p.key for p in _sweep("pattern", seed=3, in_flight=4)[1]]
     assert first != [p.key for p in _sweep("pattern", seed=4, in_flight=4)[1]]
+    hybrid = [p.key for p in _sweep("hybrid", seed=3, in_flight=4)[1]]
+    start = pattern.STARTUP + 1        # the default and the random start-up, then TPE every other proposal
+    assert hybrid[:start] == first[:start] and hybrid != first
 
 
-def test_pattern_searches_around_the_best_configs_measured():
-    """One at a time: after the start-up, each proposal is a neighbour of one of the best configs
-    measured before it was asked, unless none of those has an open neighbour left."""
+def test_pattern_strides_then_searches_around_the_best_configs_measured():
+    """One at a time, so the test knows what was open at each ask: after the start-up, a proposal
+    is the stride past the best config when that is open, else a neighbour of one of the best
+    configs measured when one is open, else a random open config."""
     searcher, proposals, known = _sweep("pattern", seed=1, in_flight=1)
-    valid = searcher.valid_set
-    moves = 0
+    replica = ValidSet(searcher.valid_set.configs, searcher.valid_set.params)
+    kinds = Counter()
     for p, before in zip(proposals, known):
-        if p.trial <= pattern.STARTUP:
-            continue
-        anchors = sorted(before, key=_cost)[:pattern.COPIES]      # ties: the earlier trial first
-        measured = {config_json(c) for c in before}
-        open_near = [c for c in valid.configs if config_json(c) not in measured
-                     and _nearest(valid, c, anchors) <= pattern.RADIUS]
-        moved = _nearest(valid, p.config, anchors) <= pattern.RADIUS
-        assert moved or not open_near
-        moves += moved
-    assert moves >= 10
+        if p.trial > pattern.STARTUP:
+            anchors = sorted(before, key=_cost)[:pattern.COPIES]      # ties: the earlier trial first
+            ahead = pattern.stride(replica, anchors)
+            open_near = [c for c in replica.configs if replica.open[replica.index[config_json(c)]]
+                         and _nearest(replica, c, anchors) <= pattern.RADIUS]
+            if ahead is not None:
+                assert p.config == ahead
+                kinds["stride"] += 1
+            elif open_near:
+                assert _nearest(replica, p.config, anchors) <= pattern.RADIUS
+                kinds["neighbour"] += 1
+        replica.close(p.key)
+    assert kinds["stride"] >= 1 and kinds["neighbour"] >= 10
     found = next(i for i, p in enumerate(proposals) if p.config == BEST)
     assert found < len(proposals) // 4        # the bowl's bottom, well before a quarter of its configs
+
+
+def test_a_stride_follows_the_slope_within_the_choices():
+    valid = ValidSet.enumerate(GRID, lambda c: True)
+    assert valid.beyond({"block": 16, "strategy": "a"}, {"block": 32, "strategy": "b"}) == {"block": 64, "strategy": "b"}
+    assert valid.beyond({"block": 8, "strategy": "a"}, {"block": 64, "strategy": "a"}) == {"block": 512, "strategy": "a"}
+    valid.close(config_json({"block": 512, "strategy": "a"}))     # measured: the end of the choices is as far as it goes
+    assert valid.beyond({"block": 64, "strategy": "a"}, {"block": 512, "strategy": "a"}) is None
+    valid.close(config_json({"block": 64, "strategy": "b"}))
+    assert valid.beyond({"block": 16, "strategy": "a"}, {"block": 32, "strategy": "b"}) is None    # not open
 
 
 def _nearest(valid: ValidSet, config: dict[str, Any], anchors: list[dict[str, Any]]) -> int:
@@ -168,6 +185,10 @@ def test_the_replay_benchmark_reports_every_strategy(tmp_path):
     assert all(len(r) == 2 and all(n is None or 1 <= n <= 8 for n in r) for r in runs.values())
     for row in rows:
         assert row["median_trials"] is None or row["median_s"] == row["median_trials"] / 2.0
+        if row["strategy"] == "tpe":     # the others are paired with it, seed by seed
+            assert row["won"] is None and row["lost"] is None
+        else:
+            assert 0 <= row["won"] + row["lost"] <= row["seeds"]
     markdown = (tmp_path / "out" / "search_strategies.md").read_text()
     assert all(f"| {s} |" in markdown for s in search_strategies.STRATEGIES)
 

@@ -1,17 +1,21 @@
-"""Pattern search over a task's valid configs: propose open neighbours of the best configs so far.
+"""Pattern search over a task's valid configs: strides and neighbours around the best configs so far.
 
 In the style of Helion's `PatternSearch` (helion/autotuner/pattern_search.py): start from the
 default config and a few random ones, then try single-knob moves around the best few configs
 (an ordered knob one step up or down among its choices, a categorical knob swapped), and when
-nothing near them is left, explore elsewhere. Helion measures a whole generation of neighbours
-and then moves; here every ask is answered from what is known at that moment, so a sweep with
-many proposals in flight keeps proposing: the best configs measured so far are the anchors,
-and while fewer than `COPIES` are measured the proposals in flight (the default first) fill in.
+nothing near them is left, explore elsewhere. Before the neighbours comes Hooke and Jeeves'
+pattern move: one stride further along the way from a next-best config to the best, so that a
+slope is followed in strides rather than steps (large block sizes several steps from the default).
+Helion measures a whole generation of neighbours and then moves; here every ask is answered from
+what is known at that moment, so a sweep with many proposals in flight keeps proposing. The
+anchors are the best configs measured so far; until the first result comes back (the default's)
+every proposal is random (searching around configs still in flight did worse in the replay).
 
 A neighbour is an open valid config at most `RADIUS` steps away: each ordered knob counts its
 steps among its choices, each changed categorical knob one. Two steps reach coupled moves that
 one step cannot (a strategy swapped together with the block size it needs). Nearer neighbours
 come first, then better anchors; ties are broken by the seeded generator, so a seed repeats.
+Measured against TPE and random with `bench/search_strategies.py` (BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -34,16 +38,10 @@ RADIUS = 2      # how far (in steps) a neighbour may be
 
 
 def anchors(study: optuna.Study, valid: ValidSet, copies: int = COPIES) -> list[dict[str, Any]]:
-    """The configs to search around: the best `copies` measured, best first, padded with the
-    proposals in flight (oldest first) while fewer are measured."""
-    names = {studies.optuna_name(p) for p in valid.params}
+    """The configs to search around: the best `copies` measured so far, best first."""
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
     done.sort(key=lambda t: (t.value, t.number))
-    chosen = [t.params for t in done[:copies]]
-    if len(chosen) < copies:
-        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        chosen += [t.params for t in running if set(t.params) == names][:copies - len(chosen)]
-    return [studies.from_optuna(params, valid.params) for params in chosen]
+    return [studies.from_optuna(t.params, valid.params) for t in done[:copies]]
 
 
 def neighbour(valid: ValidSet, around: Sequence[dict[str, Any]], rng: random.Random,
@@ -62,10 +60,20 @@ def neighbour(valid: ValidSet, around: Sequence[dict[str, Any]], rng: random.Ran
     return None
 
 
+def stride(valid: ValidSet, around: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Hooke and Jeeves' pattern move: the open config one stride past the best of `around`,
+    coming from one of the others (the next best first); None when none is open."""
+    for start in around[1:]:
+        if (ahead := valid.beyond(start, around[0])) is not None:
+            return ahead
+    return None
+
+
 def propose(study: optuna.Study, trial: optuna.trial.FrozenTrial, valid: ValidSet,
             rng: random.Random) -> dict[str, Any] | None:
-    """Pattern search's next config: random during start-up, then a neighbour of the anchors,
-    else None (the caller explores: a random open config, or TPE's)."""
+    """Pattern search's next config: random during start-up, then a stride past the best config
+    or a neighbour of the anchors, else None (the caller explores: a random open config, or TPE's)."""
     if trial.number <= STARTUP:
         return valid.pick(rng)
-    return neighbour(valid, anchors(study, valid), rng)
+    around = anchors(study, valid)
+    return stride(valid, around) or neighbour(valid, around, rng)

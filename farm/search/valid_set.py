@@ -13,7 +13,7 @@ ordered integers; a uniform draw for `random`) is moved to the nearest open vali
 ordered knobs compared by their position in their choices and categorical knobs by equality.
 `grid` walks the open configs in enumeration order. `pattern` searches around the best configs
 measured so far (`farm.search.pattern`) and draws a random open config when nothing near them is
-open; `hybrid` draws TPE's proposal there instead.
+open; `hybrid` takes TPE's proposal there instead, and for every other proposal.
 """
 from __future__ import annotations
 
@@ -96,6 +96,16 @@ class ValidSet:
         gap = np.abs(self._choice[rows] - np.array(_choices(self.params, config)))
         return np.where(self._ordered, gap, gap > 0).sum(axis=1)
 
+    def beyond(self, start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any] | None:
+        """The config one stride past `end` on the way from `start`: each ordered knob moved on by
+        its steps from `start` to `end` (within its choices), the others as in `end`; None unless
+        that config is open."""
+        a, b = np.array(_choices(self.params, start)), np.array(_choices(self.params, end))
+        last = np.array([len(p.choices) - 1 for p in self.params])
+        ahead = np.clip(np.where(self._ordered, 2 * b - a, b), 0, last)
+        i = self.index.get(config_json({p.name: p.choices[int(k)] for p, k in zip(self.params, ahead)}))
+        return self.configs[i] if i is not None and self.open[i] else None
+
     def pick(self, rng: random.Random) -> dict[str, Any] | None:
         """A uniformly random open config, or None."""
         candidates = np.flatnonzero(self.open)
@@ -144,8 +154,10 @@ class ValidSetSampler(optuna.samplers.BaseSampler):
         if self.mode == "grid":
             chosen = self.valid.first()
         elif self.mode in ("pattern", "hybrid"):
-            chosen = pattern.propose(study, trial, self.valid, self._rng)
-            if chosen is None:   # nothing near the best configs is open: explore
+            # hybrid: every other proposal after the start-up is TPE's, and TPE's where pattern has none
+            turn = self.mode == "hybrid" and trial.number > pattern.STARTUP and trial.number % 2 == 0
+            chosen = None if turn else pattern.propose(study, trial, self.valid, self._rng)
+            if chosen is None:   # TPE's turn, or nothing near the best configs is open: explore
                 chosen = self._tpe(study, trial) if self.mode == "hybrid" else self.valid.pick(self._rng)
         elif self.mode == "tpe":
             chosen = self._tpe(study, trial)
