@@ -1,7 +1,7 @@
 """Which search strategy gets near a task's best config in the fewest trials: a tabular replay.
 
     python bench/search_strategies.py RUN_DIR [--strategies tpe random pattern hybrid] [--seeds 20]
-        [--in-flight 16] [--budget N] [--within 0.02] [--trials-per-s R] [--out DIR]
+        [--in-flight 16] [--budget N] [--within 0.02] [--trials-per-s R] [--processes N] [--out DIR]
 
 RUN_DIR is a sweep that measured every valid config of its tasks (a grid sweep: `farm sweep SPACE
 --sampler grid --trials N`, N at least the valid set), or a bundle with `--space` for its spaces.
@@ -20,11 +20,13 @@ import argparse
 import dataclasses
 import json
 import math
+import multiprocessing
 import statistics
 import sys
 import tempfile
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -135,15 +137,37 @@ def replay(table: TaskTable, strategy: str, seed: int, *, in_flight: int = 16, b
             return measured
 
 
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One replay: a task's table under one strategy and seed."""
+
+    table: TaskTable
+    strategy: str
+    seed: int
+    in_flight: int
+    budget: int | None
+    within: float
+
+
+def run_job(job: Job) -> int | None:
+    """`replay` in a temporary folder (a process of its own may run it: it quiets Optuna there too)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with tempfile.TemporaryDirectory() as workdir:
+        return replay(job.table, job.strategy, job.seed, in_flight=job.in_flight, budget=job.budget,
+                      within=job.within, workdir=Path(workdir))
+
+
 def nearest_rank(values: Sequence[float], q: float) -> float:
     """The q-quantile by nearest rank (a value of the sample; misses are inf)."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def summarize(scores: dict[str, dict[str, list[int | None]]], trials_per_s: float) -> list[dict]:
+def summarize(scores: dict[str, dict[str, list[int | None]]], trials_per_s: float,
+              baseline: str = "tpe") -> list[dict]:
     """Per task (and all tasks pooled) and strategy: median and p90 trials, the same in seconds,
-    and the share of seeds that got within reach."""
+    the share of seeds that got within reach, and on how many seeds it took fewer (`won`) and more
+    (`lost`) trials than `baseline` with the same seed (a miss is more than any trial)."""
     rows = []
     pooled: dict[str, list[int | None]] = {}
     for task, by_strategy in [*scores.items(), ("all tasks", pooled)]:
@@ -151,11 +175,15 @@ def summarize(scores: dict[str, dict[str, list[int | None]]], trials_per_s: floa
             if task != "all tasks":
                 pooled.setdefault(strategy, []).extend(runs)
             values = [math.inf if r is None else float(r) for r in runs]
+            against = [math.inf if r is None else float(r) for r in by_strategy.get(baseline, [])]
+            paired = strategy != baseline and len(against) == len(values)
             median, p90 = nearest_rank(values, 0.5), nearest_rank(values, 0.9)
             rows.append({"task": task, "strategy": strategy, "seeds": len(runs),
                          "reached": sum(r is not None for r in runs) / len(runs),
                          "median_trials": _finite(median), "p90_trials": _finite(p90),
-                         "median_s": _finite(median / trials_per_s), "p90_s": _finite(p90 / trials_per_s)})
+                         "median_s": _finite(median / trials_per_s), "p90_s": _finite(p90 / trials_per_s),
+                         "won": sum(a < b for a, b in zip(values, against)) if paired else None,
+                         "lost": sum(a > b for a, b in zip(values, against)) if paired else None})
     return rows
 
 
@@ -169,15 +197,17 @@ def markdown(rows: Sequence[dict], tables: Sequence[TaskTable], settings: dict) 
     def cell(value: float | None, digits: int = 0) -> str:
         return "miss" if value is None else f"{value:.{digits}f}"
 
-    lines = ["# Trials to within {within:.0%} of the exhaustive best".format(**settings), "",
-             ", ".join(f"{k}: {v}" for k, v in settings.items()), "",
+    shown = {**settings, "budget": settings["budget"] or "the space's"}
+    lines = [f"# Trials to within {settings['within']:.0%} of the exhaustive best", "",
+             ", ".join(f"{k}: {v}" for k, v in shown.items()), "",
              "| task | valid configs | missing from the table | budget | best |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {t.planned.task.key} | {t.valid} | {t.missing} | {settings['budget'] or t.planned.space.trials} | "
               f"{t.best_s * 1e6:.1f} us |" for t in tables]
-    lines += ["", "| task | strategy | median trials | p90 trials | median s | p90 s | reached |",
-              "|---|---|---:|---:|---:|---:|---:|"]
+    header = "| task | strategy | median trials | p90 trials | median s | p90 s | reached | seeds won / lost vs tpe |"
+    lines += ["", header, "|---|---|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['task']} | {r['strategy']} | {cell(r['median_trials'])} | {cell(r['p90_trials'])} | "
-              f"{cell(r['median_s'], 1)} | {cell(r['p90_s'], 1)} | {r['reached']:.0%} |" for r in rows]
+              f"{cell(r['median_s'], 1)} | {cell(r['p90_s'], 1)} | {r['reached']:.0%} | "
+              f"{'-' if r['won'] is None else str(r['won']) + ' / ' + str(r['lost'])} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -193,20 +223,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--within", type=float, default=0.02, help="relative distance to the best")
     parser.add_argument("--trials-per-s", type=float, help="measured trials per second (default: the table's)")
     parser.add_argument("--tasks", nargs="+", default=[], help="only tasks whose key contains one of these")
+    parser.add_argument("--processes", type=int, default=1, help="replays run in this many processes")
     parser.add_argument("--out", type=Path, default=Path("artifacts/search_strategies"))
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     tables, rate = load(args.source, args.space)
     tables = [t for t in tables if not args.tasks or any(s in t.planned.task.key for s in args.tasks)]
     trials_per_s = args.trials_per_s or rate or 1.0
+    jobs = [Job(t, strategy, seed, args.in_flight, args.budget, args.within)
+            for t in tables for strategy in args.strategies for seed in range(args.seeds)]
+    if args.processes > 1:
+        with ProcessPoolExecutor(args.processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(run_job, jobs, chunksize=4))
+    else:
+        results = [run_job(job) for job in jobs]
     scores: dict[str, dict[str, list[int | None]]] = {}
-    for table in tables:
-        for strategy in args.strategies:
-            runs = scores.setdefault(table.planned.task.key, {}).setdefault(strategy, [])
-            for seed in range(args.seeds):
-                with tempfile.TemporaryDirectory() as workdir:
-                    runs.append(replay(table, strategy, seed, in_flight=args.in_flight, budget=args.budget,
-                                       within=args.within, workdir=Path(workdir)))
+    for job, result in zip(jobs, results):
+        scores.setdefault(job.table.planned.task.key, {}).setdefault(job.strategy, []).append(result)
     rows = summarize(scores, trials_per_s)
     settings = {"source": str(args.source), "seeds": args.seeds, "in_flight": args.in_flight,
                 "budget": args.budget, "within": args.within,
