@@ -96,8 +96,9 @@ class WorkerPool:
     """The sweep's actors; `submit` a flight to a worker with room, `wait` for events."""
 
     def __init__(self, task_pool: dict[str, str], *, interpret: bool, emulate: str | None, depth: int | None,
-                 measure: MeasureSettings, compile_processes: int | None = None) -> None:
+                 measure: MeasureSettings, compile_processes: int | None = None, worker_class: Any = None) -> None:
         self.task_pool = task_pool          # task key -> the pool that runs it
+        self.worker_class = worker_class or Worker   # the actor class; stand-ins for benchmarks
         self.interpret = interpret
         self.emulate = emulate
         self._depth = depth
@@ -141,7 +142,7 @@ class WorkerPool:
             options["resources"] = {"TPU": 1}
         if self.interpret or slot.pool == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
-        actor = Worker.options(
+        actor = self.worker_class.options(
             **options, max_concurrency=self.depth(slot), runtime_env={"env_vars": env},
             scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False),
         ).remote(interpret=self.interpret or slot.pool == "cpu", emulate=self.emulate, compile_processes=processes)

@@ -8,6 +8,7 @@ line is skipped). `save_run` copies the spaces and the settings into the run fol
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import fcntl
 import json
@@ -152,7 +153,11 @@ def replay(run_dir: Path) -> list[TrialRecord]:
 
 
 def _settings_json(settings: Any) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()}
+    """The settings' saved fields as JSON values (a field with metadata `saved: False`, such as a
+    benchmark's stand-in actor class, is left out)."""
+    fields = {f.name: copy.deepcopy(getattr(settings, f.name)) for f in dataclasses.fields(settings)
+              if f.metadata.get("saved", True)}
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()}
 
 
 def save_run(run_dir: Path, planned: Sequence[PlannedTask], settings: Any) -> None:

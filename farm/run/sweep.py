@@ -74,6 +74,9 @@ class SweepSettings:
     time_budget_s: float | None = None  # once workers are up, stop asking for trials after this long
     # task key -> configs queued first, in order, in a new study (farm retune: previous winners)
     warm_start: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    # The actor class of the workers: farm.run.actor.Worker when None; stand-ins for benchmarks
+    # (bench/driver_throughput.py). Not saved with the run.
+    worker_class: Any = dataclasses.field(default=None, repr=False, metadata={"saved": False})
 
     def measure(self) -> MeasureSettings:
         """What every worker needs to know to measure a config."""
@@ -315,7 +318,8 @@ class _Sweep:
             self.place()
         started = self._t0 = time.monotonic()
         self.pool = WorkerPool(self.task_pool, interpret=s.interpret, emulate=s.emulate, depth=s.depth,
-                               measure=s.measure(), compile_processes=s.compile_processes)
+                               measure=s.measure(), compile_processes=s.compile_processes,
+                               worker_class=s.worker_class)
         try:
             self._start()
             runlog.write_run_info(self.run_dir, self.planned, s, self.pool_info, self.summary)
