@@ -16,10 +16,12 @@ Two scenarios, each for every worker count:
   paced    each answer holds the worker's device `--paced-ms` (66.7 ms: 15 trials/s per GPU,
            the goal), so N workers ask for N x 15 trials/s: can the driver feed them?
 Per run: measured trials/s from the workers being warm to the last record, and sustained (the
-middle 80% of the measured trials: no ramp, no tail), asks/s and tells/s,
-milliseconds per ask (`Searcher.ask`, what proposes one config, answering invalid, pruned and
-cached draws on the way) and per tell (`_Sweep._finish`: the record, its line in trials.jsonl,
-then `Searcher.tell`), the share of the loop's wall time spent in each, and the driver's CPU time.
+middle 80% of the measured trials: no ramp, no tail); asks/s and tells/s; milliseconds per ask
+(`Searcher.ask`, what proposes one config, answering invalid, pruned and cached draws on the way)
+and per tell (`_Sweep._finish`: the record, its line in trials.jsonl, then `Searcher.tell`); the
+driver process's CPU time (all its threads, Ray's included) per second of the loop; and
+`starved` (paced): the share of the workers' time in the sustained window during which a worker
+held no trial at all, its device waiting for the driver (0%: every device kept fed).
 `--profile` adds cProfile's top functions of the largest instant run (the driver is slower under
 it; the raw stats go to driver_instant_N.prof). Prints a table and writes driver_throughput.json
 and driver_throughput.md to `--out`.
@@ -76,12 +78,14 @@ class StandInWorker:
 
     `run` answers from `synthetic(task, config)`, after `compile_s` (on the calling thread, as a
     compile would be) and `device_s` (holding the one device lock, as validation and timing do).
-    Make the Ray actor class with `stand_in()`.
+    It notes when it held no trial at all (its device starved); `duty()` leaves those gaps in
+    `stats_dir` for the benchmark. Make the Ray actor class with `stand_in()`.
     """
 
     compile_s = 0.0
     device_s = 0.0
     fail_share = 0.05
+    stats_dir: str | None = None
 
     def __init__(self, interpret: bool, emulate: str | None = None, compile_processes: int = 0) -> None:
         self.interpret = interpret
@@ -90,6 +94,10 @@ class StandInWorker:
         self._device = threading.Lock()
         self._busy_s = 0.0
         self._started = time.monotonic()
+        self._held = threading.Lock()
+        self._inside = 0                                  # trials handed to this worker, not yet answered
+        self._idle_from: float | None = time.time()
+        self._gaps: list[tuple[float, float]] = []        # wall-clock spans with no trial to work on
 
     def info(self, target: str | None = None) -> dict[str, Any]:
         """What `Worker.info` says, for a made-up device (GPU targets get an H200's capacity)."""
@@ -101,16 +109,26 @@ class StandInWorker:
 
     def run(self, task: TuningTask, config: dict[str, Any], trial_seed: int, settings: MeasureSettings) -> Measured:
         """A synthetic measurement of `config`, after the simulated compile and device time."""
-        if self.compile_s:
-            time.sleep(self.compile_s)
-        with self._device:
-            started = time.monotonic()
-            if self.device_s:
-                time.sleep(self.device_s)
-            result = synthetic(task, config, repetitions=settings.repetitions, fail_share=self.fail_share,
-                               compile_s=self.compile_s)
-            device_s = time.monotonic() - started
-            self._busy_s += device_s
+        with self._held:
+            if self._inside == 0 and self._idle_from is not None:
+                self._gaps.append((self._idle_from, time.time()))
+            self._inside += 1
+        try:
+            if self.compile_s:
+                time.sleep(self.compile_s)
+            with self._device:
+                started = time.monotonic()
+                if self.device_s:
+                    time.sleep(self.device_s)
+                result = synthetic(task, config, repetitions=settings.repetitions, fail_share=self.fail_share,
+                                   compile_s=self.compile_s)
+                device_s = time.monotonic() - started
+                self._busy_s += device_s
+        finally:
+            with self._held:
+                self._inside -= 1
+                if self._inside == 0:
+                    self._idle_from = time.time()
         result.worker = f"{socket.gethostname()}:{os.getpid()}"
         result.device_kind = "stand-in"
         return Measured(result, device_s)
@@ -129,6 +147,10 @@ class StandInWorker:
 
     def duty(self) -> dict[str, float]:
         """Seconds the (simulated) device was busy, and seconds since `reset_duty` (or start)."""
+        if self.stats_dir:
+            with self._held:
+                gaps = list(self._gaps)
+            Path(self.stats_dir, f"{os.getpid()}.json").write_text(json.dumps({"gaps": gaps}))
         return {"busy_s": self._busy_s, "alive_s": time.monotonic() - self._started}
 
     def reset_duty(self) -> None:
@@ -136,10 +158,12 @@ class StandInWorker:
         self._busy_s, self._started = 0.0, time.monotonic()
 
 
-def stand_in(*, device_s: float = 0.0, compile_s: float = 0.0, fail_share: float = 0.05) -> Any:
+def stand_in(*, device_s: float = 0.0, compile_s: float = 0.0, fail_share: float = 0.05,
+             stats_dir: Path | None = None) -> Any:
     """The Ray actor class of stand-in workers (what `SweepSettings.worker_class` takes)."""
     cls = type("StandInActor", (StandInWorker,), {"device_s": device_s, "compile_s": compile_s,
-                                                  "fail_share": fail_share, "__doc__": StandInWorker.__doc__})
+                                                  "fail_share": fail_share, "__doc__": StandInWorker.__doc__,
+                                                  "stats_dir": str(stats_dir) if stats_dir else None})
     return ray.remote(max_restarts=0, max_task_retries=0)(cls)
 
 
@@ -219,8 +243,13 @@ def planned_tasks(trials: int | None, target: str = "gpu-triton",
 
 
 def run_once(planned: Sequence[PlannedTask], run_dir: Path, *, workers: int, depth: int, worker_class: Any,
-             interpret: bool = False, profile: bool = False, resume: bool = False) -> dict[str, Any]:
-    """Run the real sweep on `workers` stand-ins; the driver's rates, costs and the sweep's result."""
+             interpret: bool = False, profile: bool = False, resume: bool = False,
+             stats_dir: Path | None = None) -> dict[str, Any]:
+    """Run the real sweep on `workers` stand-ins; the driver's rates, costs and the sweep's result.
+
+    `stats_dir`: where the stand-ins (made with the same `stats_dir`) leave the spans they held no
+    trial; `starved` is then their share of the workers' time in the sustained window.
+    """
     settings = sweep.SweepSettings(run_dir=run_dir, interpret=interpret, workers=workers, depth=depth,
                                    repetitions=1, compile_timeout_s=60.0, timing_timeout_s=60.0,
                                    worker_class=worker_class)
@@ -229,13 +258,13 @@ def run_once(planned: Sequence[PlannedTask], run_dir: Path, *, workers: int, dep
     profiler = cProfile.Profile() if profile else None
 
     def on_start() -> None:
-        marks["start"], marks["cpu"] = time.monotonic(), time.process_time()
+        marks["start"], marks["cpu"] = time.time(), time.process_time()
         if profiler is not None:
             profiler.enable()
 
     def on_record(record: TrialRecord) -> None:
         if "start" in marks:
-            finished.append((time.monotonic(), record.outcome))
+            finished.append((time.time(), record.outcome))
 
     timers = driver_timers()
     with timers:
@@ -252,6 +281,7 @@ def run_once(planned: Sequence[PlannedTask], run_dir: Path, *, workers: int, dep
     cut = len(times) // 10            # the sustained rate leaves out the ramp and the tail (10% each)
     middle = times[cut:len(times) - cut]
     sustained = (len(middle) - 1) / (middle[-1] - middle[0]) if len(middle) > 1 and middle[-1] > middle[0] else None
+    starved = _starved(stats_dir, middle[0], middle[-1], workers) if stats_dir and sustained else None
     asks, tells = timers.results["ask"], timers.calls["tell"]
     row = {
         "workers": workers, "depth": depth, "tasks": len(planned), "records": len(result.records),
@@ -264,7 +294,7 @@ def run_once(planned: Sequence[PlannedTask], run_dir: Path, *, workers: int, dep
         "submit_ms": 1e3 * timers.seconds["submit"] / max(timers.calls["submit"], 1),
         "wait_ms": 1e3 * timers.seconds["wait"] / max(timers.calls["wait"], 1),
         "share": {k: timers.seconds[k] / loop_s for k in ("ask", "tell", "submit", "wait")},
-        "driver_cpu_share": cpu_s / loop_s,
+        "driver_cpu": cpu_s / loop_s, "starved": starved,
         "outcomes": dict(sorted(_count(r.outcome for r in result.records).items())),
         "result": result,
     }
@@ -272,6 +302,15 @@ def run_once(planned: Sequence[PlannedTask], run_dir: Path, *, workers: int, dep
         row["profile"] = _top(profiler)
         row["profiler"] = profiler
     return row
+
+
+def _starved(stats_dir: Path, start: float, end: float, workers: int) -> float | None:
+    """The share of the workers' time in [start, end] during which they held no trial."""
+    files = sorted(Path(stats_dir).glob("*.json"))
+    if not files:
+        return None
+    idle = sum(max(0.0, min(b, end) - max(a, start)) for f in files for a, b in json.loads(f.read_text())["gaps"])
+    return idle / ((end - start) * max(workers, len(files)))
 
 
 def _count(items: Iterator[str] | Any) -> dict[str, int]:
@@ -315,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     counts = [int(x) for x in args.workers.split(",") if x]
     paced = [int(x) for x in args.paced_workers.split(",") if x] if args.paced_ms else []
     planned = planned_tasks(args.trials or None)
+    load = os.getloadavg()
     start_ray(max([*counts, *paced]))
     runs = [("instant", n, 0.0) for n in counts] + [("paced", n, args.paced_ms / 1e3) for n in paced]
     rows = []
@@ -322,10 +362,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     _print_header()
     with tempfile.TemporaryDirectory(prefix="driver-bench-") as root:
         for i, (scenario, n, device_s) in enumerate(runs):
-            worker_class = stand_in(device_s=device_s, fail_share=args.fail_share)
+            stats = Path(root) / f"{i:02d}-stats"
+            stats.mkdir()
+            worker_class = stand_in(device_s=device_s, fail_share=args.fail_share, stats_dir=stats)
             profile = args.profile and scenario == "instant" and n == max(counts)
             row = run_once(planned, Path(root) / f"{i:02d}-{scenario}-{n}", workers=n, depth=args.depth,
-                           worker_class=worker_class, profile=profile)
+                           worker_class=worker_class, profile=profile, stats_dir=stats)
             row.pop("result")
             profiler = row.pop("profiler", None)
             if profiler is not None:
@@ -333,11 +375,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 profiler.dump_stats(args.out / f"driver_{scenario}_{n}.prof")
             row.update(scenario=scenario, device_ms=device_s * 1e3,
                        offered_per_s=n / device_s if device_s else None)
+            if not device_s:
+                row["starved"] = None   # an instant worker waits for the driver by construction
             rows.append(row)
             _print_row(row)
     report = {"label": args.label, "argv": list(argv if argv is not None else sys.argv[1:]),
               "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                          "cpus": os.cpu_count(), "ray": ray.__version__, "optuna": optuna.__version__},
+                          "cpus": os.cpu_count(), "ray": ray.__version__, "optuna": optuna.__version__,
+                          "load_average": {"start": load[0], "end": os.getloadavg()[0]}},
               "tasks": len(planned), "trials": sum(p.trials for p in planned), "depth": args.depth,
               "goal_trials_per_s": GOAL_GPUS * GOAL_PER_GPU, "runs": rows}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -351,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 _COLUMNS = [("scenario", "{}"), ("workers", "{}"), ("device_ms", "{:.1f}"), ("offered_per_s", "{:.0f}"),
             ("measured", "{}"), ("trials_per_s", "{:.1f}"), ("sustained_per_s", "{:.1f}"), ("asks_per_s", "{:.1f}"), ("tells_per_s", "{:.1f}"), ("ask_ms", "{:.2f}"),
             ("tell_ms", "{:.2f}"), ("searcher_tell_ms", "{:.2f}"), ("log_append_ms", "{:.3f}"),
-            ("wait_ms", "{:.2f}"), ("driver_cpu_share", "{:.0%}")]
+            ("wait_ms", "{:.2f}"), ("driver_cpu", "{:.0%}"), ("starved", "{:.1%}")]
 
 
 def _cells(row: dict[str, Any]) -> list[str]:
@@ -369,11 +414,13 @@ def _print_row(row: dict[str, Any]) -> None:
 def markdown(report: dict[str, Any]) -> str:
     """The results as a Markdown table, with the machine and the goal."""
     m = report["machine"]
+    load = m["load_average"]
     lines = [f"# Driver throughput{' (' + report['label'] + ')' if report['label'] else ''}", "",
              (f"{report['tasks']} tasks (shipped spaces, gpu-triton), {report['trials']} trials, depth "
               f"{report['depth']}; {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, Ray {m['ray']}, "
               f"Optuna {m['optuna']}. Goal: {report['goal_trials_per_s']:.0f} trials/s ({GOAL_GPUS} GPUs x "
-              f"{GOAL_PER_GPU:.0f}/s)."), "",
+              f"{GOAL_PER_GPU:.0f}/s). Load average {load['start']:.1f} at the start, {load['end']:.1f} at "
+              f"the end."), "",
              "| " + " | ".join(key for key, _ in _COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in report["runs"]]
     for row in report["runs"]:

@@ -270,3 +270,25 @@ def test_an_oom_prunes_larger_configs_once_each():
     assert measured == {16: outcomes.OOM, 8: outcomes.OK}
     assert sorted(json.loads(a.config)["block_rows"] for a in answered) == [32, 64]
     assert all(a.outcome == outcomes.PRUNED for a in answered)
+
+
+def test_the_run_journal_is_optunas_journal_format(tmp_path):
+    # The sweep writes the journal without Optuna's lock and fsync; Optuna's own backend reads it,
+    # and what Optuna writes there reads back (one writer at a time).
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    ours = optuna.create_study(storage=studies.storage(tmp_path), study_name="s")
+    trial = ours.ask()
+    trial.suggest_int("x", 0, 4)
+    trial.set_user_attr("outcome", "ok")
+    ours.tell(trial, 1.0)
+    theirs = optuna.load_study(study_name="s", storage=JournalStorage(JournalFileBackend(
+        str(tmp_path / studies.JOURNAL))))
+    assert [(t.params, t.user_attrs, t.value) for t in theirs.trials] == [(trial.params, {"outcome": "ok"}, 1.0)]
+    theirs.tell(theirs.ask(), 2.0)
+    assert [t.value for t in optuna.load_study(study_name="s", storage=studies.storage(tmp_path)).trials] == [1.0, 2.0]
+    with open(tmp_path / studies.JOURNAL, "a") as f:
+        f.write('{"op_code": 5, "worker_id": "x"')      # a torn last line: `farm sweep --resume` cuts it first
+    with pytest.raises(ValueError, match="torn"):
+        studies.storage(tmp_path)

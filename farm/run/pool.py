@@ -58,9 +58,9 @@ class Flight:
     started_at: str | None = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class PoolWorker:
-    """A live actor, its slot and the flights it holds, in dispatch order."""
+    """A live actor, its slot and the flights it holds, in dispatch order (compared by identity)."""
 
     actor: Any
     slot: placement.Slot
@@ -174,8 +174,12 @@ class WorkerPool:
         return bool(self._refs)
 
     def wait(self, timeout: float = 1.0) -> list[Done | Crashed]:
-        """What finished within `timeout`: results, and crashes (their workers already replaced)."""
-        ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=timeout)
+        """What finished within `timeout` (once one has, every one ready by then): results, and
+        crashes (their workers already replaced)."""
+        refs = list(self._refs)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready and len(refs) > 1:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         return [event for ref in ready if (event := self._collect(ref)) is not None]
 
     def _collect(self, ref: Any) -> Done | Crashed | None:

@@ -423,14 +423,23 @@ class _Sweep:
                 self.stopped_early = True
 
     def _dispatch(self, queues: dict[str, deque[Searcher]]) -> None:
-        for worker in list(self.pool.workers):
-            pool = worker.slot.pool
-            while self.pool.has_room(worker):
+        """Fill the workers one flight each per round, so that every device starts early (not
+        after the workers before it got `depth` flights each), until they are full or their
+        pools have nothing more to propose now."""
+        hungry = [w for w in self.pool.workers if self.pool.has_room(w)]
+        done: set[str] = set()   # pools with nothing to propose now
+        while hungry:
+            for worker in hungry:
+                pool = worker.slot.pool
+                if pool in done:
+                    continue
                 flight = self.pool.next_retry(pool) or self._next_flight(queues[pool])
                 if flight is None:
-                    break
+                    done.add(pool)
+                    continue
                 flight.started_at = flight.started_at or artifacts.now()
                 self.pool.submit(worker, flight)
+            hungry = [w for w in hungry if w.slot.pool not in done and self.pool.has_room(w)]
 
     def _next_flight(self, queue: deque[Searcher]) -> Flight | None:
         """The next proposal of the pool's tasks, round robin."""

@@ -1,5 +1,11 @@
 """Optuna studies: one per task, in persistent journal storage; samplers and config suggestion.
 
+The journal is Optuna's file format (`optuna.journal`, one JSON operation a line), written by
+`RunJournal`: the sweep is its only writer (it holds the run folder's lock), so each operation is
+one append flushed to the OS, without Optuna's per-operation lock file and fsync, and is read
+back from memory. Open it anywhere with `storage(run_dir)` or with Optuna's own
+`JournalFileBackend`.
+
 Knobs map onto Optuna parameters so that the sampler sees their order: an integer `range` is
 `suggest_int` with its step; a `pow2` knob is its exponent, `suggest_int("log2_<name>", lo, hi)`
 (so TPE models 64 as between 32 and 128); other knobs are categories. Configs outside this
@@ -7,14 +13,16 @@ module are always in real values (`suggest`, `to_optuna`).
 """
 from __future__ import annotations
 
+import json
 import warnings
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import optuna
 from optuna.storages import JournalStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import BaseJournalBackend
 
 from farm.search.plan import PlannedTask
 from farm.search.space_parts import Param
@@ -24,7 +32,57 @@ JOURNAL = "optuna.journal"
 
 def storage(run_dir: Path) -> JournalStorage:
     """The run's Optuna storage; open it with `optuna.load_study(storage=...)` to analyse."""
-    return JournalStorage(JournalFileBackend(str(run_dir / JOURNAL)))
+    return JournalStorage(RunJournal(Path(run_dir) / JOURNAL))
+
+
+class RunJournal(BaseJournalBackend):
+    """Optuna's journal file for one writing process (a sweep holds its run folder's `RunLock`).
+
+    The format is `JournalFileBackend`'s. Optuna's backend takes a lock file, appends and fsyncs
+    for every operation and reads the file again before every access: a dozen fsyncs a trial
+    were over half of the driver's time. Here every operation is appended and flushed to the OS
+    before the call returns (a killed driver loses none of them, as with `trials.jsonl`), and
+    reads come from memory: what the file held when opened, then what was appended. Not for
+    two writers at once (the run folder's lock prevents them); readers may open the file anytime.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._unread: list[dict[str, Any]] = []   # operations from log number `_base` on
+        self._base = 0
+        self._file: IO[bytes] | None = None
+        if self.path.exists():
+            with open(self.path, "rb") as f:
+                for number, line in enumerate(f):
+                    if not line.endswith(b"\n"):
+                        raise ValueError(f"{self.path}: line {number + 1} is torn (no newline); expected a "
+                                         f"journal repaired by `farm sweep --resume`")
+                    self._unread.append(json.loads(line))
+
+    def read_logs(self, log_number_from: int) -> Iterator[dict[str, Any]]:
+        """The operations from `log_number_from` on (Optuna reads forward only: earlier ones are dropped)."""
+        if log_number_from < self._base:
+            raise ValueError(f"{self.path}: log {log_number_from} was already read; expected reads forward")
+        del self._unread[:log_number_from - self._base]
+        self._base = log_number_from
+        return iter(list(self._unread))
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        """Append operations and flush them to the OS."""
+        if self._file is None or self._file.closed:
+            self._file = open(self.path, "ab")  # noqa: SIM115 - kept open across appends; close() closes it
+        self._file.write("".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs).encode())
+        self._file.flush()
+        self._unread.extend(logs)
+
+    def close(self) -> None:
+        """Close the file (the next append opens it again)."""
+        file = getattr(self, "_file", None)
+        if file is not None:
+            file.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class AskTellGridSampler(optuna.samplers.GridSampler):
