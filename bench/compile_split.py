@@ -12,6 +12,7 @@ device process (see farm/measure/compile_pool.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -61,14 +62,14 @@ def main() -> None:
             row["compile_s"] = reply.compile_s
             row["bytes"] = len(reply.executable[0]) + len(reply.check_executable[0])
             try:
-                load_s, (executable, _) = _timed(lambda: compile_pool.load(reply))
+                load_s, (executable, _) = _timed(functools.partial(compile_pool.load, reply))
             except Exception as err:  # noqa: BLE001 - not portable: the worker compiles such tasks itself
                 row["load_error"] = str(err).splitlines()[0][:300]
             else:
                 inputs = timing_inputs(module, task, 0, 1)[0]
                 row["load_s"] = load_s
-                row["first_call_s"], _ = _timed(lambda: executable(*inputs))
-                row["second_call_s"], _ = _timed(lambda: executable(*inputs))
+                row["first_call_s"], _ = _timed(functools.partial(executable, *inputs))
+                row["second_call_s"], _ = _timed(functools.partial(executable, *inputs))
         else:
             row["error"] = str(reply)[:300]
         rows.append(row)

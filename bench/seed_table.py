@@ -4,6 +4,8 @@
     python bench/seed_table.py --bundle B --out OUT      # winners from a bundle's configs.parquet
     python bench/seed_table.py --tune 120 --out OUT      # tune with the farm first, then the table
     python bench/seed_table.py --small --out OUT         # CPU dry run: tiny shapes, interpret mode
+    python bench/seed_table.py --tune 120 --shape softmax:8192x50257 --shape rms_norm:4096x5120 --out OUT
+                                                         # users' shapes (or --spaces with 3-line spaces)
 
 For every (space, shape, dtype) it builds the farm's winner for each tuned target (the kernel's
 default config for each target when none was tuned, and says so) and the baselines of
@@ -66,9 +68,10 @@ import jax.numpy as jnp  # noqa: E402
 
 import kernels  # noqa: E402
 from bench import baselines  # noqa: E402
-from farm.measure import (
-    timing,  # noqa: E402
-    validate,  # noqa: E402
+from farm.measure import (  # noqa: E402
+    roofline,
+    timing,
+    validate,
 )
 from farm.search import (
     plan,  # noqa: E402
@@ -478,12 +481,35 @@ def _geomean(values: Sequence[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
-def summarize(results: list[dict[str, Any]], ceiling: dict[str, Any]) -> dict[str, Any]:
-    """Per row: the best farm column, speedups, the bound and % of its ceiling; geometric means."""
+def flag_below_floor(result: dict[str, Any], peaks: roofline.Peaks | None) -> list[str]:
+    """Mark the columns of a row whose time is below its roofline floor (bytes over the device's
+    peak bandwidth, flops over its peak): a measurement error, never a result (status
+    `below_floor`, left out of every comparison). Returns the names marked."""
+    if peaks is None:
+        return []
+    floor = result["bytes"] / peaks.bandwidth
+    if peaks.flops:
+        floor = max(floor, result["flops"] / peaks.flops)
+    result["floor_s"] = floor
+    marked = []
+    for name, c in result.get("columns", {}).items():
+        if c.get("status") == "ok" and c["median_s"] < floor:
+            c["status"], c["error"] = "below_floor", (
+                f"{c['median_s'] * 1e6:.1f} us is below the roofline floor {floor * 1e6:.1f} us ({peaks.source}): "
+                f"faster than the device can move the bytes or do the flops, a measurement error")
+            marked.append(name)
+    return marked
+
+
+def summarize(results: list[dict[str, Any]], ceiling: dict[str, Any],
+              peaks: roofline.Peaks | None = None) -> dict[str, Any]:
+    """Per row: the best farm column, speedups, the bound and % of its ceiling; geometric means.
+    Columns below the row's roofline floor (`flag_below_floor`) take part in none of them."""
     copy_bw, mm_rate = ceiling.get("copy_bytes_per_s") or 0, ceiling.get("bf16_flops_per_s") or 0
     ridge = mm_rate / copy_bw if copy_bw and mm_rate else None
     per_column: dict[str, list[float]] = {}
     for r in results:
+        flag_below_floor(r, peaks)
         ok = {n: c["median_s"] for n, c in r.get("columns", {}).items() if c.get("status") == "ok"}
         farm = {n: s for n, s in ok.items() if n.startswith("farm:")}
         others = {n: s for n, s in ok.items() if not n.startswith("farm:")}
@@ -530,6 +556,8 @@ def _cell(c: dict[str, Any] | None) -> str:
     status = c.get("status")
     if status == "ok":
         return _ms(c["median_s"])
+    if status == "below_floor":
+        return f"⚠ {_ms(c['median_s'])} below floor"
     return {"wrong_result": "✗ wrong", "unavailable": "n/a", "skipped": "skipped", "error": "error"}.get(status, "?")
 
 
@@ -721,6 +749,30 @@ def _versions() -> dict[str, Any]:
     return found
 
 
+def user_spaces(items: Sequence[str], folder: Path) -> list[Path]:
+    """Three-line space files (`user_<kernel>.yaml`, over each kernel's shipped space) for
+    `KERNEL:AxB[:DTYPE]` items; a malformed item is a one-line error naming it."""
+    shapes: dict[str, dict[str, list[list[int]]]] = {}
+    for item in items:
+        kernel, _, rest = item.partition(":")
+        dims, _, dtype = rest.partition(":")
+        try:
+            shape = [int(d) for d in dims.split("x")]
+        except ValueError:
+            raise SystemExit(f"--shape {item!r}: expected KERNEL:AxB[:DTYPE], e.g. softmax:8192x50257") from None
+        if not kernel or not all(d > 0 for d in shape):
+            raise SystemExit(f"--shape {item!r}: expected KERNEL:AxB[:DTYPE] with positive dimensions")
+        shapes.setdefault(kernel, {}).setdefault(dtype or "bfloat16", []).append(shape)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for kernel, by_dtype in shapes.items():
+        for dtype, dims in by_dtype.items():
+            path = folder / f"user_{kernel}_{dtype}.yaml"
+            path.write_text(f"kernel: {kernel}\nshapes: {json.dumps(dims)}\ndtypes: [{dtype}]\n")
+            paths.append(path)
+    return paths
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the seed table; returns the report it wrote."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -733,6 +785,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                              "--small: interpret mode), then measure its winners (with any --runs)")
     parser.add_argument("--trials", type=int, default=60, help="trial budget per task with --tune (default 60)")
     parser.add_argument("--spaces", nargs="*", type=Path, help="space files (default: those of --runs, else all)")
+    parser.add_argument("--shape", action="append", default=[], metavar="KERNEL:AxB[:DTYPE]",
+                        help="a user's shape, e.g. softmax:8192x50257 (repeatable; DTYPE default bfloat16): "
+                             "tuned and measured over the kernel's shipped space, like --spaces")
     parser.add_argument("--target", action="append", help="targets (default: the spaces' gpu-* targets; "
                                                           "interpret with --small on a CPU)")
     parser.add_argument("--small", action="store_true", help="the spaces' interpret shapes (a dry run)")
@@ -758,6 +813,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         keep = args.columns or [n for n in COLUMN_ORDER if not n.startswith("torch_compile")]
         args.columns = [n for n in keep if not n.startswith("torch_compile")]
     args.l2_bytes = l2_bytes() if gpu else DEFAULT_L2_BYTES
+    if args.shape:
+        args.spaces = [*(args.spaces or []), *user_spaces(args.shape, args.out / "user_spaces")]
     targets = args.target or (["interpret"] if args.small and not gpu else ["gpu-triton", "gpu-mosaic"])
     if args.tune:
         tuned = args.spaces or sorted((REPO / "search_spaces").glob("*.yaml"), key=lambda p: _order(p.stem))
@@ -810,7 +867,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             flush=True)
         write(report, args.out)
     report["ceilings"] = ceilings(args.small, gpu, args.repetitions)
-    report["geomean"] = summarize(report["results"], report["ceilings"])
+    report["geomean"] = summarize(report["results"], report["ceilings"], roofline.datasheet(device) if gpu else None)
     report["wall_s"] = round(time.monotonic() - started, 1)
     try:
         report["plots"] = plot(report, progress, args.out)

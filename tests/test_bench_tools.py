@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import kernels
 from bench import oom_probe, seed_table
 from farm.measure import outcomes
+from farm.search import spaces
 
 
 def _row(outcome, model_fits, kernel="matmul", target="gpu-triton", footprint=1000, requested=None):
@@ -79,3 +82,32 @@ def test_seed_table_tunes_with_the_farm_then_measures_its_winner(tmp_path, ray_l
     trials = [json.loads(line) for line in log.read_text().splitlines()]
     first = next(t for t in trials if t["trial"] == 0)   # the kernel's default config, measured first
     assert json.loads(first["config"]) == kernels.load("rms_norm").default_config((32, 512), "interpret")
+
+
+def test_seed_table_flags_a_time_below_the_roofline_as_a_measurement_error():
+    # rms norm at 8192x8192 in bf16 moves 268 MB a call: under 56 us is faster than the H200's
+    # 4.8 TB/s can move it (issue 17: a torch.compile figure at 121% of the copy ceiling).
+    module = kernels.load("rms_norm")
+    shape, dtype = (8192, 8192), "bfloat16"
+    result = {"kernel": "rms_norm", "shape": list(shape), "dtype": dtype, "flops": module.flops(shape),
+              "bytes": module.bytes_moved(shape, dtype), "columns": {
+                  "farm:gpu-triton": {"kind": "farm", "status": "ok", "median_s": 73.5e-6},
+                  "xla": {"kind": "baseline", "status": "ok", "median_s": 72.8e-6},
+                  "torch_compile": {"kind": "baseline", "status": "ok", "median_s": 42.6e-6}}}
+    peaks = seed_table.roofline.datasheet("NVIDIA H200")
+    summary = seed_table.summarize([result], {"copy_bytes_per_s": 4.26e12}, peaks)
+    assert result["columns"]["torch_compile"]["status"] == "below_floor"
+    assert "measurement error" in result["columns"]["torch_compile"]["error"]
+    assert result["best_other"] == "xla" and summary["speedup_vs_column"].keys() == {"xla"}
+    assert seed_table.flag_below_floor(result, None) == []      # no known peaks (a CPU): nothing flagged
+    assert "below floor" in seed_table._cell(result["columns"]["torch_compile"])
+
+
+def test_seed_table_takes_users_shapes(tmp_path):
+    paths = seed_table.user_spaces(["softmax:8192x50257", "softmax:4096x128256", "rms_norm:4096x5120:float32"],
+                                   tmp_path)
+    loaded = {p.name: spaces.load_space(p) for p in paths}
+    assert loaded["user_softmax_bfloat16.yaml"].targets[0].shapes == ((8192, 50257), (4096, 128256))
+    assert loaded["user_rms_norm_float32.yaml"].targets[0].dtypes == ("float32",)
+    with pytest.raises(SystemExit, match="KERNEL:AxB"):
+        seed_table.user_spaces(["softmax:8192xwide"], tmp_path)

@@ -120,6 +120,8 @@ def test_workers_get_compile_processes_from_their_share_of_the_node():
     assert pool.compile_processes(placement.Slot("gpu", "node", 0, cpus=1)) == 1
     cpu = placement.Slot("cpu", "node", 0, cpus=1)
     assert pool.compile_processes(cpu) == 0 and pool.depth(cpu) == 1
+    tpu = placement.Slot("tpu", "node", 0, cpus=48)     # one process per TPU chip: no children
+    assert pool.compile_processes(tpu) == 0 and pool.depth(tpu) == 2
     given = WorkerPool({}, interpret=False, emulate=None, depth=3, measure=MeasureSettings(), compile_processes=0)
     assert given.compile_processes(gpu) == 0 and given.depth(gpu) == 3
 

@@ -49,7 +49,7 @@ def test_space_fields(tmp_path):
     assert space.params[0].choices == (1, 2, 4, 8, 16, 32, 64)
     assert space.violated({"block_rows": 64}, (64, 256), "float32", "interpret") is None
     assert space.violated({"block_rows": 64}, (96, 256), "float32", "interpret") == "rows % block_rows == 0"
-    assert space.trials == 3 and space.sampler.name == "tpe"
+    assert space.trials == 3 and space.sampler.name == "pattern"   # the default
 
 
 def test_target_restricted_params_and_constraints(tmp_path):

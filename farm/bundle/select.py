@@ -67,7 +67,6 @@ def winner_rows(tasks: Sequence[TuningTask], records: Sequence[TrialRecord], *, 
         default_ok = best_record([r for r in task_records if r.config == default])
         timings = list((finals or {}).get(task.key, ()))
         final = finalist_winner(timings)
-        sweep_best = best
         if final is not None:
             best = best_record([r for r in task_records if r.config == final.config]) or best
         timed = final if final is not None else best
@@ -89,7 +88,7 @@ def winner_rows(tasks: Sequence[TuningTask], records: Sequence[TrialRecord], *, 
             "numerics_error": best and best.numerics_error,
             "default_config": default,
             "default_median_s": default_final.median_s if default_final else default_ok and default_ok.median_s,
-            "sweep_median_s": sweep_best and sweep_best.median_s,
+            "sweep_median_s": best and best.median_s,
             "finalists": len([t for t in timings if t.median_s is not None]) if final else 0,
             "floor_s": timings[0].floor_s if timings else None,
             "settled": final.settled if final else None,

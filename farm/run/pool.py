@@ -30,6 +30,10 @@ from farm.tasks import TuningTask
 
 logger = logging.getLogger(__name__)
 MAX_COMPILE_PROCESSES = 16    # per worker: each holds a JAX runtime (about 1 GB of host memory)
+# Pools whose workers compile in their own process by default: CPU workers (one per core
+# already) and TPU workers (a TPU chip opens in one process only; compile processes there would
+# need deviceless compilation against the chip's topology, not built: no TPU to test it on).
+NO_COMPILE_PROCESSES = ("cpu", "tpu")
 
 
 def connect(address: str | None) -> None:
@@ -111,10 +115,10 @@ class WorkerPool:
     def compile_processes(self, slot: placement.Slot) -> int:
         """Compile processes per worker: the setting, else on accelerators one per CPU of the slot's
         share of its node but two (the worker's own, and the driver's and Ray's), at most
-        MAX_COMPILE_PROCESSES; none on CPU workers (one per core already)."""
+        MAX_COMPILE_PROCESSES; none on CPU and TPU workers (NO_COMPILE_PROCESSES)."""
         if self._compile_processes is not None:
             return self._compile_processes
-        if slot.pool == "cpu":
+        if slot.pool in NO_COMPILE_PROCESSES:
             return 0
         return max(1, min(MAX_COMPILE_PROCESSES, slot.cpus - 2))
 

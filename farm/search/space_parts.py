@@ -61,7 +61,7 @@ class TargetSpec:
 class SamplerSpec:
     """Which Optuna sampler drives the studies of a space, and its seed."""
 
-    name: str = "tpe"
+    name: str = "pattern"
     seed: int = 0
 
 
@@ -244,7 +244,7 @@ def parse_sampler(value: Any, path: str) -> SamplerSpec:
         value = {"name": value}
     if not isinstance(value, dict) or set(value) - {"name", "seed"}:
         raise SpaceError(path, "sampler", "a sampler name or {name, seed}", value)
-    name = value.get("name", "tpe")
+    name = value.get("name", "pattern")
     if name not in SAMPLERS:
         raise SpaceError(path, "sampler.name", f"one of {list(SAMPLERS)}", name)
     seed = value.get("seed", 0)
