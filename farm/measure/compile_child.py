@@ -39,7 +39,10 @@ def handle(request: Any) -> Any:
     try:
         module = kernels.load(request.task.kernel)
         args = abstract_inputs(module, request.task)
-        executable, check = build_executables(module, request.task, request.config, request.interpret, args)
+        if request.topology is None:
+            executable, check = build_executables(module, request.task, request.config, request.interpret, args)
+        else:
+            executable, check = _deviceless(module, request, args)
     except Exception as err:  # noqa: BLE001 - every failure is data
         return Measurement(outcomes.COMPILE_ERROR, compile_s=time.perf_counter() - started).fail(
             full_text(err), outcomes.COMPILE_ERROR)
@@ -51,6 +54,23 @@ def handle(request: Any) -> Any:
                                      serialize_executable.serialize(check), compile_s)
     except Exception as err:  # noqa: BLE001 - e.g. host callbacks cannot be serialized
         return compile_pool.NotPortable(full_text(err)[:500])
+
+
+def _deviceless(module: Any, request: Any, args: Any) -> tuple[Any, Any]:
+    """Both builds compiled for `request.topology` (a TPU this process never opens): the inputs
+    placed on the topology's first device, under its mesh (so that the kernels trace for its
+    chip kind, not an assumed one)."""
+    import jax
+    from jax.experimental import topologies
+
+    from farm.measure.compiler import build_executables
+
+    topology = topologies.get_topology_desc(topology_name=request.topology, platform="tpu")
+    mesh = jax.sharding.Mesh(topology.devices[:1], ("tpu",), axis_types=(jax.sharding.AxisType.Explicit,))
+    placed = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed) for a in args]
+    with jax.set_mesh(mesh):
+        return build_executables(module, request.task, request.config, False, args)
 
 
 def main() -> None:

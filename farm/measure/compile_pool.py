@@ -20,6 +20,13 @@ compile limit is killed and replaced (`timeout`, the worker itself stays), a chi
 (`PR_SET_PDEATHSIG`), so a killed worker leaves no compiler behind. An executable that cannot
 be serialized (host callbacks, as in TPU interpret mode) comes back `NotPortable`: the device
 process compiles that task itself.
+
+TPU: a chip opens in one process only, so a TPU worker's children run with
+`JAX_PLATFORMS=cpu` and compile deviceless, for the chip's one-chip topology
+(`jax.experimental.topologies`, libtpu's compiler, Mosaic included). Shown on CPU with libtpu
+for v5e and v6e (tests/test_tpu_deviceless.py); loading such executables on a real chip was
+never run (no TPU here), so TPU workers start no compile processes unless asked
+(`--compile-processes N`).
 """
 from __future__ import annotations
 
@@ -46,11 +53,22 @@ MAX_REPLY_BYTES = 2 << 30     # an executable larger than this is refused (a run
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """What a child compiles."""
+    """What a child compiles; `topology` (e.g. "v5e:1x1"): compile for TPU without a chip."""
 
     task: TuningTask
     config: dict[str, Any]
     interpret: bool
+    topology: str | None = None
+
+
+# TPU device kinds whose deviceless compiles were run (on CPU, with libtpu installed): the
+# topology a compile child targets for a worker's chip. Other kinds compile in the worker.
+TPU_TOPOLOGIES = {"TPU v5 lite": "v5e:1x1", "TPU v6 lite": "v6e:1x1"}
+
+
+def tpu_topology(device_kind: str) -> str | None:
+    """The one-chip topology to compile for a TPU of `device_kind` without opening it (None: unknown)."""
+    return TPU_TOPOLOGIES.get(device_kind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,12 +181,13 @@ class CompilePool:
             self._idle.put(self._spawn())
 
     def compile(self, task: TuningTask, config: dict[str, Any], *, interpret: bool,
-                timeout_s: float | None = None) -> Reply:
-        """Compile one config in a free child (waiting for one); every failure is a value."""
+                timeout_s: float | None = None, topology: str | None = None) -> Reply:
+        """Compile one config in a free child (waiting for one); every failure is a value.
+        `topology`: compile for that TPU topology without a chip (`tpu_topology`)."""
         child = self._idle.get()
         started = time.perf_counter()
         try:
-            reply = child.ask(Request(task, config, interpret), timeout_s)
+            reply = child.ask(Request(task, config, interpret, topology), timeout_s)
         except TimeoutError:
             self._replace(child)
             return Measurement(outcomes.TIMEOUT, compile_s=time.perf_counter() - started,

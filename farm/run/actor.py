@@ -47,7 +47,16 @@ class Worker:
         self.emulate = emulate
         self._device = threading.Lock()
         self._compile_threads = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="compile")
-        self._compile_pool = compile_pool.CompilePool(compile_processes) if compile_processes > 0 else None
+        # The device first (a TPU chip opens in one process): TPU children compile deviceless for
+        # its topology and never touch it; a TPU kind without a known topology compiles here.
+        device = jax.devices()[0]
+        tpu = device.platform == "tpu" and not interpret
+        self._topology = compile_pool.tpu_topology(device.device_kind) if tpu else None
+        if tpu and self._topology is None and compile_processes:
+            logger.warning("no deviceless topology known for %s; compiling in the worker", device.device_kind)
+            compile_processes = 0
+        self._compile_pool = compile_pool.CompilePool(
+            compile_processes, {"JAX_PLATFORMS": "cpu"} if tpu else None) if compile_processes > 0 else None
         self._in_process: set[str] = set()    # tasks whose executables cannot leave their compiler
         self._peaks: tuple[roofline.Peaks | None] | None = None   # measured once, on first use
         self._busy_s = 0.0
@@ -92,7 +101,7 @@ class Worker:
         this worker must be replaced (a compile thread that cannot be stopped)."""
         if self._compile_pool is not None and task.key not in self._in_process:
             reply = self._compile_pool.compile(task, config, interpret=self.interpret,
-                                               timeout_s=settings.compile_timeout_s)
+                                               timeout_s=settings.compile_timeout_s, topology=self._topology)
             if isinstance(reply, Measurement):
                 return reply, False
             if isinstance(reply, compile_pool.Portable):

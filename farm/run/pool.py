@@ -31,8 +31,8 @@ from farm.tasks import TuningTask
 logger = logging.getLogger(__name__)
 MAX_COMPILE_PROCESSES = 16    # per worker: each holds a JAX runtime (about 1 GB of host memory)
 # Pools whose workers compile in their own process by default: CPU workers (one per core
-# already) and TPU workers (a TPU chip opens in one process only; compile processes there would
-# need deviceless compilation against the chip's topology, not built: no TPU to test it on).
+# already) and TPU workers (their children compile deviceless for the chip's topology, shown on
+# CPU with libtpu, but loading those executables on a chip was never run: `--compile-processes`).
 NO_COMPILE_PROCESSES = ("cpu", "tpu")
 
 

@@ -1,0 +1,44 @@
+"""TPU compile children compile without a chip: deviceless, for a TPU topology, with libtpu's own
+compiler (Mosaic included). Needs libtpu (`pip install libtpu`); skipped where it is missing (the
+CI image), run on the development machine (BENCHMARKS.md says how)."""
+from __future__ import annotations
+
+import pytest
+
+import kernels
+from farm.measure import compile_pool
+from farm.tasks import TuningTask
+
+pytest.importorskip("libtpu")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = compile_pool.CompilePool(1, {"JAX_PLATFORMS": "cpu"})   # as a TPU worker starts them
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize("topology", ["v5e:1x1", "v6e:1x1"])
+@pytest.mark.parametrize("kernel,shape", [("softmax", (1024, 2560)), ("matmul", (512, 512, 512)),
+                                          ("flash_attention", (1, 2, 512, 128))])
+def test_shipped_tpu_configs_compile_deviceless_in_a_child(pool, topology, kernel, shape):
+    task = TuningTask(kernel, shape, "bfloat16", "tpu")
+    config = kernels.load(kernel).default_config(shape, "tpu")
+    reply = pool.compile(task, config, interpret=False, timeout_s=600, topology=topology)
+    assert isinstance(reply, compile_pool.Portable), reply
+    assert len(reply.executable[0]) > 0 and len(reply.check_executable[0]) > 0
+
+
+def test_a_config_mosaic_refuses_is_a_compile_error(pool):
+    # 8 lanes: Mosaic TPU's blocks must tile (8, 128); the kernel's own check may or may not say so
+    task = TuningTask("matmul", (512, 512, 512), "bfloat16", "tpu")
+    config = {**kernels.load("matmul").default_config(task.shape, "tpu"), "block_n": 8}
+    reply = pool.compile(task, config, interpret=False, timeout_s=600, topology="v6e:1x1")
+    assert not isinstance(reply, compile_pool.Portable)
+    assert reply.outcome == "compile_error" and reply.error
+
+
+def test_known_topologies():
+    assert compile_pool.tpu_topology("TPU v6 lite") == "v6e:1x1"
+    assert compile_pool.tpu_topology("NVIDIA H200") is None
