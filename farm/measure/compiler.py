@@ -78,13 +78,15 @@ def build_executables(module: Any, task: TuningTask, config: dict[str, Any], int
 
 
 def compile_config(task: TuningTask, config: dict[str, Any], *, interpret: bool, trial_seed: int = 0,
-                   input_sets: int = 1) -> Compiled | Measurement:
-    """Build and compile the timed kernel ahead of time; a failure comes back as a Measurement."""
+                   input_sets: int = 1, with_inputs: bool = True) -> Compiled | Measurement:
+    """Build and compile the timed kernel ahead of time; a failure comes back as a Measurement.
+    `with_inputs=False`: compile for the input shapes only (the inputs are made later, on the device)."""
     module = kernels.load(task.kernel)
     started = time.perf_counter()
     try:
-        inputs = timing_inputs(module, task, trial_seed, input_sets)
-        executable, check_executable = build_executables(module, task, config, interpret, inputs[0])
+        inputs = timing_inputs(module, task, trial_seed, input_sets) if with_inputs else None
+        args = inputs[0] if inputs else abstract_inputs(module, task)
+        executable, check_executable = build_executables(module, task, config, interpret, args)
     except Exception as err:  # noqa: BLE001 - every failure is data
         return Measurement(outcomes.COMPILE_ERROR, compile_s=time.perf_counter() - started).fail(
             full_text(err), outcomes.COMPILE_ERROR)

@@ -113,26 +113,21 @@ class Worker:
                     logger.warning("%s: executables compiled in a child process do not load here (%s); this task "
                                    "compiles in the worker from now on", task.key, full_text(err)[:300])
             self._in_process.add(task.key)    # not portable: this task compiles here from now on
-        future = self._compile_threads.submit(self._compile, task, config, trial_seed)
+        future = self._compile_threads.submit(self._compile_here, task, config, trial_seed)
         try:
             return future.result(timeout=settings.compile_timeout_s), False
         except concurrent.futures.TimeoutError:
             # The compiler thread cannot be stopped; ask the driver for a fresh worker.
             return Measurement(outcomes.TIMEOUT, error=f"compile exceeded {settings.compile_timeout_s:.0f} s"), True
 
-    def _compile(self, task: TuningTask, config: dict[str, Any], trial_seed: int) -> Compiled | Measurement:
-        compiled = self._compile_here(task, config, trial_seed)
-        if isinstance(compiled, Compiled):
-            compiled.inputs = None     # made when the trial gets the device
-        return compiled
-
     def _compile_here(self, task: TuningTask, config: dict[str, Any], trial_seed: int) -> Compiled | Measurement:
+        """Compile in this process, for the input shapes (the inputs are made when the trial gets the device)."""
         if not self.interpret:
-            return compile_config(task, config, interpret=False, trial_seed=trial_seed)
+            return compile_config(task, config, interpret=False, trial_seed=trial_seed, with_inputs=False)
         # Pallas interpret mode keeps its simulated device's state in globals, which a compile
         # resets: in interpret mode compiles and runs take turns.
         with self._device:
-            return compile_config(task, config, interpret=True, trial_seed=trial_seed)
+            return compile_config(task, config, interpret=True, trial_seed=trial_seed, with_inputs=False)
 
     def retime(self, task: TuningTask, configs: list[str], settings: MeasureSettings,
                budget_s: float) -> list[FinalTiming]:
