@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # The tuning-throughput runs of BENCHMARKS.md (issue 16), on a GPU host, in one go:
-#   bash bench/throughput_runs.sh OUT [reference|suite1|suite2]...
+#   bash bench/throughput_runs.sh OUT [reference|suite1|suite2|suite300|suite_reference]...
 # reference: an exhaustive (grid) sweep of three of the user space's tasks on one GPU (rms norm at
 #            4096x5120 and 8192x4096, softmax at 16384x4000): every valid config measured once, the
 #            table bench/search_strategies.py replays (softmax at 8192x50257 comes from an earlier grid);
 # suite1 / suite2: the memory-bound suite (every memory-bound space's seed shapes, gpu-triton) plus
 #            the user shapes, 60 s of measuring on one GPU / on two, default settings.
+# suite300: the whole seed suite (every shipped space's GPU targets), 300 s of measuring on one GPU,
+#            default settings;
+# suite_reference: the same suite for 420 s with TPE and another seed, 14 compile processes, on GPU 1
+#            (CUDA_VISIBLE_DEVICES=1; run it beside suite300 on a two-GPU host:
+#            `bash bench/throughput_runs.sh OUT suite_reference & CUDA_VISIBLE_DEVICES=0 bash ... suite300`).
+# Then `python bench/suite_convergence.py --run OUT/suite300 --reference OUT/suite_reference` re-times
+# each task's winners side by side on one GPU.
 # Each run leaves OUT/<name>/{run.json,trials.jsonl.gz,finalists.jsonl}.
 set -euo pipefail
 out=$1; shift
@@ -33,6 +40,10 @@ for run in "$@"; do
               --trials 2000 --time-budget 60 --workers 1 ;;
     suite2) sweep suite2 $(for k in $memory_bound; do echo search_spaces/$k.yaml; done) $user --target gpu-triton \
               --trials 2000 --time-budget 60 ;;
+    suite300) sweep suite300 search_spaces/*.yaml --target gpu-triton --target gpu-mosaic --trials 5000 \
+                --time-budget 300 --workers 1 ;;
+    suite_reference) sweep suite_reference search_spaces/*.yaml --target gpu-triton --target gpu-mosaic --trials 5000 \
+                 --sampler tpe --seed 7 --time-budget 420 --workers 1 --compile-processes 14 ;;
     *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done

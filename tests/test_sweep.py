@@ -13,8 +13,10 @@ import pytest
 
 from farm import cli
 from farm.bundle import trust
-from farm.measure import outcomes
-from farm.search import studies
+from farm.measure import outcomes, timing
+from farm.run.sweep import RACE_AFTER, SweepSettings
+from farm.run.sweep import run_sweep as run_planned
+from farm.search import plan, spaces, studies
 from tests.sweeps import run_sweep, space
 
 
@@ -157,3 +159,24 @@ def test_the_default_config_is_measured_first_and_reported(demo_run):
         first = next(t for t in trials if t["task_key"] == row["task_key"] and t["trial"] == 0)
         assert first["config"] == row["default_config"] and first["outcome"] == outcomes.OK
         assert row["default_median_s"] == first["median_s"] and row["median_s"] <= row["default_median_s"]
+
+
+def test_racing_cuts_short_only_configs_slower_than_the_best_so_far(ray_local, tmp_path):
+    # race=1e-9: a config asked once RACE_AFTER configs measured ok is slower than 1e-9 x the best
+    # so far, so it is cut after timing.RACE_SAMPLES samples; race=None times every config in full.
+    text = space("matmul", [[64, 64, 64]], trials=7, block_m=[8, 16, 32, 64], block_n=[16, 32], block_k=[16])
+    (tmp_path / "space.yaml").write_text(text)
+    planned = plan.expand([spaces.load_space(tmp_path / "space.yaml")])
+    for race in (1e-9, None):
+        settings = SweepSettings(run_dir=tmp_path / f"run-{race}", interpret=True, repetitions=5, depth=1,
+                                 race=race, sample_budget_s=None)
+        ok = [r for r in run_planned(planned, settings, None).records if r.outcome == outcomes.OK]
+        assert len(ok) == 7
+        ok.sort(key=lambda r: r.trial)   # depth 1: asked in trial order
+        cut = [r.cut_short for r in ok]
+        if race is None:
+            assert not any(cut) and all(r.n_timed == 5 for r in ok)
+            continue
+        # The ask after the third ok result may leave before that result is told (one flight ahead).
+        assert not any(cut[:RACE_AFTER]) and all(cut[RACE_AFTER + 1:]), cut
+        assert all(r.n_timed == (timing.RACE_SAMPLES if r.cut_short else 5) for r in ok)

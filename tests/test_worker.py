@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from farm.measure import outcomes, validate
+from farm.measure import outcomes, timing, validate
 from farm.measure.device import measure
 from farm.tasks import TuningTask
 from kernels import softmax
@@ -111,17 +111,36 @@ def test_large_outputs_are_checked_on_the_device_with_the_same_answer(monkeypatc
     assert validate.relative_error(out[:, :95], ref) == math.inf
 
 
-def test_reference_cache_keeps_several_tasks_and_evicts_by_count_and_bytes():
-    from farm.measure.device import ReferenceCache
+def test_reference_cache_keeps_several_tasks_and_evicts_the_cheapest_to_remake():
+    from farm.measure.device import ReferenceCache, _Reference
 
     tasks = [TuningTask("softmax", (8, 128 * (i + 1)), "float32", "interpret") for i in range(3)]
     cache = ReferenceCache(size=2)
     first = cache.get(softmax, tasks[0])
     assert cache.get(softmax, tasks[1]) is not first
     assert cache.get(softmax, tasks[0]) is first          # kept while another task was served
-    cache.get(softmax, tasks[2])                            # over the count: task 1 (least recent) goes
-    assert cache.get(softmax, tasks[0]) is first
+    newest = cache.get(softmax, tasks[2])                   # over the count: one of the others goes
+    assert cache.get(softmax, tasks[2]) is newest and len(cache._entries) == 2
     tiny = ReferenceCache(size=8, max_bytes=1)              # over the byte budget: only the newest stays
     kept = tiny.get(softmax, tasks[0])
     tiny.get(softmax, tasks[1])
     assert tiny.get(softmax, tasks[0]) is not kept
+    # Round robin over more tasks than fit: keep what is dear to remake (attention's reference),
+    # remake what is cheap (a norm's), whatever was used last.
+    entries = {"attention": _Reference((), 4 << 30, 0.9), "norm": _Reference((), 1 << 30, 0.01),
+               "new": _Reference((), 1 << 30, 0.0)}
+    assert ReferenceCache.victim(entries, "new") == "norm"
+    assert ReferenceCache.victim(entries, "norm") == "new"
+
+
+def test_a_cutoff_stops_timing_after_the_race_samples():
+    # Measured in full, then with a cutoff below any time (cut after timing.RACE_SAMPLES samples)
+    # and above every time (not cut).
+    full = measure(SOFTMAX, {"block_rows": 8}, interpret=True, repetitions=5)
+    fn = jax.jit(lambda x: x * 2)
+    x = jnp.ones((64, 64))
+    cut = timing.time_calls(fn, [(x,)], repetitions=5, cutoff_s=1e-12)
+    kept = timing.time_calls(fn, [(x,)], repetitions=5, cutoff_s=10.0)
+    assert full.n_timed == 5 and not full.cut_short
+    assert cut.cut_short and len(cut.samples) == timing.RACE_SAMPLES
+    assert not kept.cut_short and len(kept.samples) == 5

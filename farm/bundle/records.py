@@ -41,6 +41,7 @@ class TrialRecord:
     min_s: float | None = None
     n_timed: int | None = None
     calls_per_sample: int | None = None
+    cut_short: bool | None = None       # timed in a few samples only: clearly slower than the best so far
     numerics_error: float | None = None
     compile_s: float | None = None
     device_s: float | None = None       # seconds the device spent validating and timing

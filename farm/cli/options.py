@@ -37,6 +37,14 @@ _positive_float = _number(float, 0.0, strict=True, expected="a positive number")
 _non_negative_float = _number(float, 0.0, strict=False, expected="a number >= 0")
 
 
+def _race(text: str) -> float:
+    """--race: 0 (off) or a factor above 1."""
+    value = _non_negative_float(text)
+    if 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected 0 (off) or a factor above 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = argparse.ArgumentParser(prog="farm", description="Autotune JAX Pallas kernels on Ray.")
@@ -135,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
 RUN_DEFAULTS = {"repetitions": 10, "input_sets": 1, "compile_timeout": 600.0, "timing_timeout": 300.0,
                 "max_attempts": 2}
 # Flags `--resume` applies; any other run flag that differs from the saved run is refused.
-RESUME_SAFE = ("--workers", "--depth", "--compile-processes", "--finalists", "--node-label", "--compile-timeout", "--timing-timeout", "--max-attempts",
-               "--time-budget", "--address", "--key", "--quiet")
+RESUME_SAFE = ("--workers", "--depth", "--compile-processes", "--finalists", "--node-label", "--compile-timeout",
+               "--timing-timeout", "--max-attempts", "--sample-budget", "--race", "--time-budget", "--address", "--key",
+               "--quiet")
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -163,6 +172,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--finalists", type=_count, metavar="N", help="best configs per task re-timed side by "
                         "side, on inputs rotated past the caches and against the roofline, before the winner is "
                         "chosen (default 4 on accelerators, 0 on CPU; 0: the sweep's fastest wins)")
+    parser.add_argument("--sample-budget", type=_non_negative_float, metavar="SECONDS",
+                        help="seconds of timing samples per config: a slow kernel gets fewer repetitions, 3 at least "
+                        "(default 0.5; 0: always --repetitions)")
+    parser.add_argument("--race", type=_race, metavar="FACTOR",
+                        help="stop timing a config once its first samples are FACTOR times the task's best so far "
+                        "(default 1.5; 0: time every config in full)")
     parser.add_argument("--compile-timeout", type=_positive_float, help="seconds to compile a config (default 600)")
     parser.add_argument("--timing-timeout", type=_positive_float,
                         help="seconds to validate and time a config (default 300)")

@@ -30,7 +30,14 @@ def _sweep_settings(args: argparse.Namespace, out: Path) -> Any:
         compile_processes=args.compile_processes, finalists=args.finalists, node_labels=placement.parse_labels(args.node_label), sampler=args.sampler, seed=args.seed,
         repetitions=_run_option(args, "repetitions"), input_sets=_run_option(args, "input_sets"),
         compile_timeout_s=_run_option(args, "compile_timeout"), timing_timeout_s=_run_option(args, "timing_timeout"),
-        max_attempts=_run_option(args, "max_attempts"), address=args.address, time_budget_s=args.time_budget)
+        max_attempts=_run_option(args, "max_attempts"), address=args.address, time_budget_s=args.time_budget,
+        **_measuring(args))
+
+
+def _measuring(args: argparse.Namespace) -> dict[str, Any]:
+    """--sample-budget and --race as SweepSettings fields (0 turns each off; left out: the default)."""
+    given = {"sample_budget_s": args.sample_budget, "race": args.race}
+    return {k: (v or None) for k, v in given.items() if v is not None}
 
 
 def signing_key(args: argparse.Namespace) -> Any:
@@ -120,7 +127,7 @@ def _resume_settings(args: argparse.Namespace) -> tuple[list[Any], Any]:
     _quiet_optuna()
     try:
         settings = SweepSettings(**{**saved, **{k: v for k, v in changed.items() if v is not None},
-                                    "run_dir": out, "address": args.address})
+                                    **_measuring(args), "run_dir": out, "address": args.address})
     except TypeError as err:
         raise FarmError(f"--resume {out}: {runlog.SWEEP_FILE} holds settings this version does not know "
                         f"({err}); expected a run folder written by this version") from None

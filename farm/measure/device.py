@@ -6,11 +6,11 @@ accelerator.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
 import socket
 import threading
+import time
 from typing import Any
 
 import jax
@@ -22,38 +22,62 @@ from farm.measure.outcomes import Measurement
 from farm.tasks import TuningTask
 
 
-class ReferenceCache:
-    """Validation inputs and the reference's outputs for the tasks a worker has seen lately.
+REFERENCE_MEMORY_SHARE = 0.4   # of an accelerator's memory, for the cached references of its tasks
+REFERENCE_BYTES_ON_HOST = 16 << 30   # where the device reports no memory limit (CPU)
 
-    Computing the float32 reference can cost more than the kernel (attention at S = 8k), so a
-    worker draws its validation inputs once per task (from its own key, independent of the
-    timing inputs) and checks every config of that task against the same reference. A worker
-    serving several tasks in turn keeps each one's entry (up to `size` entries and `max_bytes`
-    of device memory, least recently used out first), so that it is not recomputed per trial.
+
+@dataclasses.dataclass(frozen=True)
+class _Reference:
+    entry: tuple[Any, Any]   # (inputs, reference outputs)
+    nbytes: int
+    cost_s: float            # seconds it took to make: what evicting it costs the next trial
+
+
+class ReferenceCache:
+    """Validation inputs and the reference's outputs of the tasks a worker serves.
+
+    Computing the float32 reference can cost more than the kernel (attention at S = 8k: about a
+    second), so a worker draws its validation inputs once per task (from its own key,
+    independent of the timing inputs) and checks every config of that task against the same
+    reference. A sweep's worker serves its tasks round robin, and a least-recently-used cache
+    smaller than that set misses every time; so over `size` entries or `max_bytes` (default:
+    REFERENCE_MEMORY_SHARE of the device's memory) this evicts the entry cheapest to remake per
+    byte, never the one just made.
     """
 
-    def __init__(self, size: int = 8, max_bytes: int = 16 << 30) -> None:
+    def __init__(self, size: int = 64, max_bytes: int | None = None) -> None:
         self.size, self.max_bytes = size, max_bytes
-        self._entries: collections.OrderedDict[str, tuple[Any, Any]] = collections.OrderedDict()
+        self._entries: dict[str, _Reference] = {}
         self._lock = threading.Lock()
 
     @staticmethod
-    def _bytes(entry: tuple[Any, Any]) -> int:
-        return sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(entry))
+    def victim(entries: dict[str, _Reference], newest: str) -> str:
+        """The entry to evict: the cheapest to remake per byte, other than `newest`."""
+        return min((k for k in entries if k != newest), key=lambda k: entries[k].cost_s / max(1, entries[k].nbytes))
+
+    def _budget(self) -> int:
+        if self.max_bytes is None:
+            stats = jax.devices()[0].memory_stats() or {}
+            limit = stats.get("bytes_limit")
+            self.max_bytes = int(REFERENCE_MEMORY_SHARE * limit) if limit else REFERENCE_BYTES_ON_HOST
+        return self.max_bytes
 
     def get(self, module: Any, task: TuningTask) -> tuple[Any, Any]:
         """(inputs, reference outputs) for `task`; raises if the reference itself fails."""
         with self._lock:
             if task.key in self._entries:
-                self._entries.move_to_end(task.key)
-                return self._entries[task.key]
+                return self._entries[task.key].entry
+            started = time.perf_counter()
             dtype = jnp.dtype(task.dtype)
             inputs = module.make_inputs(task.shape, dtype, input_key(task, "check", os.getpid()))
             ref = jax.block_until_ready(module.reference(*validate.upcast(inputs)))
-            entry = self._entries[task.key] = (inputs, ref)
+            entry = (inputs, ref)
+            nbytes = sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(entry))
+            self._entries[task.key] = _Reference(entry, nbytes, time.perf_counter() - started)
+            budget = self._budget()
             while len(self._entries) > 1 and (len(self._entries) > self.size or sum(
-                    map(self._bytes, self._entries.values())) > self.max_bytes):
-                self._entries.popitem(last=False)
+                    e.nbytes for e in self._entries.values()) > budget):
+                del self._entries[self.victim(self._entries, task.key)]
             return entry
 
 
@@ -67,11 +91,17 @@ class MeasureSettings:
     repetitions: int = 10                 # timing sample pairs
     input_sets: int = 1                   # rotating input sets when timing (beat the cache)
     compile_timeout_s: float | None = None  # a compile that takes longer is `timeout` (the worker is replaced)
+    sample_budget_s: float | None = None  # seconds of timing samples per config: fewer repetitions (3 at least)
+    #                                       for a slow kernel; None: always `repetitions`
+    cutoff_s: float | None = None       # per trial: a time that cannot win; a config whose first samples are
+    #                                     all slower is cut short (`timing.time_calls`)
 
 
 def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
-                      time_budget_s: float | None = None, references: ReferenceCache | None = None) -> Measurement:
-    """On the device: validate a poisoned-output build against the reference, then time."""
+                      time_budget_s: float | None = None, references: ReferenceCache | None = None,
+                      cutoff_s: float | None = None) -> Measurement:
+    """On the device: validate a poisoned-output build against the reference, then time
+    (`time_budget_s` and `cutoff_s` as in `timing.time_calls`)."""
     task = c.task
     result = Measurement(outcomes.OK, compile_s=c.compile_s)
     try:
@@ -95,11 +125,11 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         return result
     try:
         t = timing.time_calls(c.executable, c.inputs, warmup=warmup, repetitions=repetitions,
-                              budget_s=time_budget_s)
+                              budget_s=time_budget_s, cutoff_s=cutoff_s)
     except Exception as err:  # noqa: BLE001
         return result.fail(full_text(err), outcomes.RUN_ERROR)
     result.median_s, result.min_s, result.spread = t.median_s, t.min_s, t.spread
-    result.n_timed, result.calls_per_sample = len(t.samples), t.calls_per_sample
+    result.n_timed, result.calls_per_sample, result.cut_short = len(t.samples), t.calls_per_sample, t.cut_short
     return result
 
 

@@ -58,18 +58,35 @@ def _stats(samples: Sequence[float]) -> tuple[float, float, float]:
     return median, (q[2] - q[0]) / median if median > 0 else 0.0, values[0]
 
 
+def median_error(values: Sequence[float]) -> float:
+    """The standard error of the median of `values`, relative to it (from the interquartile range:
+    sigma ~ IQR / 1.349, and the median's error ~ 1.2533 sigma / sqrt(n)); inf under 2 values."""
+    if len(values) < 2:
+        return math.inf
+    median, spread, _ = _stats(values)
+    return 1.2533 * spread / 1.349 / math.sqrt(len(values)) if median > 0 else math.inf
+
+
 def settled(samples: dict[str, list[float]], tie: float = 0.01) -> bool:
-    """Whether the leader is known: its p75 is below every other's p25, or the runner-up is
-    within `tie` of it (then either is as good)."""
+    """Whether the leader is known: against every other config, either the leader's p75 is below
+    the other's p25, or their medians are within `tie` and both medians are known that well (their
+    standard errors within `tie`: then either is as good). Noisy medians within `tie` are a tie of
+    noise, not of speed, and are not settled."""
     if len(samples) < 2:
         return True
     ranked = sorted(samples, key=lambda name: statistics.median(samples[name]))
-    leader, runner = samples[ranked[0]], samples[ranked[1]]
-    if statistics.median(runner) <= statistics.median(leader) * (1 + tie):
-        return True
+    leader = samples[ranked[0]]
+    lead, lead_error = statistics.median(leader), median_error(leader)
     lq = statistics.quantiles(leader, n=4) if len(leader) >= 2 else [leader[0]] * 3
-    return all(lq[2] < (statistics.quantiles(samples[n], n=4)[0] if len(samples[n]) >= 2 else samples[n][0])
-               for n in ranked[1:])
+    for name in ranked[1:]:
+        other = samples[name]
+        oq = statistics.quantiles(other, n=4) if len(other) >= 2 else [other[0]] * 3
+        if lq[2] < oq[0]:
+            continue
+        if statistics.median(other) <= lead * (1 + tie) and max(lead_error, median_error(other)) <= tie:
+            continue
+        return False
+    return True
 
 
 def retime(task_key: str, fns: dict[str, Any], input_sets: Sequence[Sequence[Any]], *, floor_s: float | None,

@@ -80,6 +80,7 @@ class Measurement:
     min_s: float | None = None
     n_timed: int = 0
     calls_per_sample: int = 0
+    cut_short: bool = False           # timing stopped early: clearly slower than the task's best so far
     numerics_error: float | None = None  # relative L2 error against the reference
     compile_s: float | None = None
     error: str | None = None

@@ -30,6 +30,7 @@ class Timing:
     spread: float  # (p75 - p25) / median
     samples: tuple[float, ...]
     calls_per_sample: int  # calls in the shorter sample of each pair
+    cut_short: bool = False  # stopped after RACE_SAMPLES samples: slower than the cutoff it was given
 
 
 def run_sample(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], calls: int) -> float:
@@ -67,18 +68,34 @@ def calibrate(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, mi
     return calls, once
 
 
+RACE_SAMPLES = 2   # samples a config must take, all slower than its cutoff, to be cut short
+
+
 def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, warmup: int = 2,
                repetitions: int = 10, min_sample_s: float = 2e-3, max_calls: int = 1000,
-               budget_s: float | None = None) -> Timing:
-    """Median per-call time of `fn` over `repetitions` sample pairs, after `warmup` calls."""
+               budget_s: float | None = None, cutoff_s: float | None = None) -> Timing:
+    """Median per-call time of `fn` over `repetitions` sample pairs, after `warmup` calls.
+
+    `budget_s`: fewer repetitions (at least 3) where that many would take longer. `cutoff_s`: a
+    time that cannot win (a multiple of the best so far); when each of the first RACE_SAMPLES
+    samples is slower, timing stops there (`cut_short`): a config that loses clearly costs a few
+    calls, not `repetitions` pairs of them.
+    """
     calls, once = calibrate(fn, input_sets, min_sample_s=min_sample_s, max_calls=max_calls, warmup=warmup)
     if budget_s is not None:  # shrink repetitions rather than overrun the time limit
         repetitions = max(3, min(repetitions, int(budget_s / max(3 * once * calls, 1e-9))))
-    samples = sorted(pair_per_call(fn, input_sets, calls) for _ in range(repetitions))
+    samples: list[float] = []
+    cut = False
+    for _ in range(repetitions):
+        samples.append(pair_per_call(fn, input_sets, calls))
+        if cutoff_s is not None and len(samples) == RACE_SAMPLES and min(samples) > cutoff_s:
+            cut = True
+            break
+    samples.sort()
     median = statistics.median(samples)
     q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [median, median, median]
     return Timing(median, samples[0], (q[2] - q[0]) / median if median > 0 else 0.0,
-                  tuple(samples), calls)
+                  tuple(samples), calls, cut)
 
 
 def time_side_by_side(fns: dict[str, Callable[..., Any]], input_sets: Sequence[Sequence[Any]], *,

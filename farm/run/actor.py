@@ -25,6 +25,7 @@ from farm.measure.compiler import (
 from farm.measure.device import MeasureSettings, validate_and_time
 from farm.measure.finalists import FinalTiming
 from farm.measure.outcomes import Measured, Measurement
+from farm.run.gate import CompileGate
 from farm.tasks import TuningTask
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class Worker:
         self.interpret = interpret
         self.emulate = emulate
         self._device = threading.Lock()
+        self._gate = CompileGate()             # finalists are re-timed with no compile running
         self._compile_threads = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="compile")
         # The device first (a TPU chip opens in one process): TPU children compile deviceless for
         # its topology and never touch it; a TPU kind without a known topology compiles here.
@@ -84,7 +86,8 @@ class Worker:
                 try:
                     if compiled.inputs is None:
                         compiled.inputs = timing_inputs(compiled.module, task, trial_seed, settings.input_sets)
-                    result = validate_and_time(compiled, repetitions=settings.repetitions)
+                    result = validate_and_time(compiled, repetitions=settings.repetitions,
+                                               time_budget_s=settings.sample_budget_s, cutoff_s=settings.cutoff_s)
                 except Exception as err:  # noqa: BLE001 - e.g. the inputs do not fit: data, not a crash
                     result = Measurement(outcomes.RUN_ERROR).fail(full_text(err), outcomes.RUN_ERROR)
                 finally:
@@ -98,7 +101,13 @@ class Worker:
     def _compiled(self, task: TuningTask, config: dict[str, Any], trial_seed: int,
                   settings: MeasureSettings) -> tuple[Compiled | Measurement, bool]:
         """The config compiled (by a compile process when there are any), or why not; and whether
-        this worker must be replaced (a compile thread that cannot be stopped)."""
+        this worker must be replaced (a compile thread that cannot be stopped). Not while
+        finalists are re-timed (`CompileGate`)."""
+        with self._gate.compiling():
+            return self._compile(task, config, trial_seed, settings)
+
+    def _compile(self, task: TuningTask, config: dict[str, Any], trial_seed: int,
+                 settings: MeasureSettings) -> tuple[Compiled | Measurement, bool]:
         if self._compile_pool is not None and task.key not in self._in_process:
             reply = self._compile_pool.compile(task, config, interpret=self.interpret,
                                                timeout_s=settings.compile_timeout_s, topology=self._topology)
@@ -143,7 +152,7 @@ class Worker:
             return failed
         module = kernels.load(task.kernel)
         per_set = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(abstract_inputs(module, task)))
-        with self._device:
+        with self._gate.quiet(), self._device:
             started = time.monotonic()
             try:
                 sets = timing_inputs(module, task, FINALS_SEED, finalists.rotation_sets(per_set))

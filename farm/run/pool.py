@@ -60,6 +60,7 @@ class Flight:
     attempt: int = 1          # runs that counted against the trial (its worker died under it)
     requeued: int = 0         # times it was moved to another worker, for whatever reason
     started_at: str | None = None
+    cutoff_s: float | None = None   # a time that cannot win (`MeasureSettings.cutoff_s`)
 
 
 @dataclasses.dataclass(eq=False)
@@ -168,7 +169,8 @@ class WorkerPool:
         if not worker.in_flight:
             worker.progress = time.monotonic()
         p = flight.proposal
-        ref = worker.actor.run.remote(flight.task, p.config, p.trial, self.measure)
+        measure = self.measure if flight.cutoff_s is None else dataclasses.replace(self.measure, cutoff_s=flight.cutoff_s)
+        ref = worker.actor.run.remote(flight.task, p.config, p.trial, measure)
         worker.in_flight[ref] = flight
         self._refs[ref] = worker
 

@@ -1,7 +1,7 @@
 """One sweep path: `run_sweep` measures planned tasks on Ray workers, picks winners, writes the bundle.
 
 Asynchronous ask/tell: whenever a worker has room (`depth` trials in flight), the next task of
-its pool (round robin) asks its searcher (`farm.search.searcher`) for a config; the searcher
+its pool (`farm.run.schedule`: round robin, fewer turns to tasks that stopped improving) asks its searcher (`farm.search.searcher`) for a config; the searcher
 answers invalid, pruned and cached configs itself. Faults are data: a worker that stops making
 progress is killed and replaced (its trial `timeout`), a trial whose worker died is re-queued up
 to `max_attempts` runs and then recorded `worker_lost` (its config quarantined), and a trial on
@@ -18,7 +18,7 @@ import functools
 import logging
 import shutil
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from farm.measure.finalists import FinalTiming
 from farm.measure.outcomes import Measurement
 from farm.run import placement, runlog
 from farm.run.pool import Crashed, Done, Flight, WorkerPool, connect
+from farm.run.schedule import StrideScheduler
 from farm.search import studies
 from farm.search.plan import PlannedTask
 from farm.search.searcher import Answer, Searcher
@@ -44,6 +45,7 @@ from farm.tasks import config_json
 logger = logging.getLogger(__name__)
 BUNDLE_DIR = "bundle"
 FINALISTS = 4               # configs per task re-timed side by side on accelerators (SweepSettings.finalists)
+RACE_AFTER = 3   # ok configs a task measures in full before racing cuts any short
 WARM_UP_COMPILE_S = 120.0   # the least time a worker's untimed first run may take to compile
 OnRecord = Callable[[TrialRecord], None]
 
@@ -62,6 +64,10 @@ class SweepSettings:
     sampler: str | None = None         # override the spaces' samplers
     seed: int | None = None            # override the spaces' sampler seeds
     repetitions: int = 10
+    sample_budget_s: float | None = 0.5  # seconds of timing samples per config (3 pairs at least); None: all
+    #                                    `repetitions` whatever the kernel's time (finalists are re-timed anyway)
+    race: float | None = 1.5           # cut a config's timing short once its first samples are this many times
+    #                                    the task's best so far (after RACE_AFTER ok configs); None: never
     input_sets: int = 1                # rotating input sets for timing (beat the cache)
     compile_timeout_s: float = 600.0
     timing_timeout_s: float = 300.0    # validation and timing of one config
@@ -80,7 +86,7 @@ class SweepSettings:
 
     def measure(self) -> MeasureSettings:
         """What every worker needs to know to measure a config."""
-        return MeasureSettings(self.repetitions, self.input_sets, self.compile_timeout_s)
+        return MeasureSettings(self.repetitions, self.input_sets, self.compile_timeout_s, self.sample_budget_s)
 
 
 @dataclasses.dataclass
@@ -347,8 +353,8 @@ class _Sweep:
     def _loop(self) -> None:
         """Dispatch and collect until no task wants trials and nothing is in flight."""
         measuring_since = time.monotonic()   # the time budget starts once the workers are up
-        queues = {pool: deque(searcher for k, searcher in self.searchers.items() if self.task_pool[k] == pool)
-                  for pool in self.pool_info}
+        queues = {pool: StrideScheduler(searcher for k, searcher in self.searchers.items()
+                                        if self.task_pool[k] == pool) for pool in self.pool_info}
         budget = self.settings.time_budget_s
         while True:
             if budget is not None and time.monotonic() - measuring_since > budget:
@@ -422,7 +428,7 @@ class _Sweep:
                 searcher.stop()
                 self.stopped_early = True
 
-    def _dispatch(self, queues: dict[str, deque[Searcher]]) -> None:
+    def _dispatch(self, queues: dict[str, StrideScheduler[Searcher]]) -> None:
         """Fill the workers one flight each per round, so that every device starts early (not
         after the workers before it got `depth` flights each), until they are full or their
         pools have nothing more to propose now."""
@@ -441,13 +447,16 @@ class _Sweep:
                 self.pool.submit(worker, flight)
             hungry = [w for w in hungry if w.slot.pool not in done and self.pool.has_room(w)]
 
-    def _next_flight(self, queue: deque[Searcher]) -> Flight | None:
-        """The next proposal of the pool's tasks, round robin."""
-        for _ in range(len(queue)):
-            searcher = queue[0]
-            queue.rotate(-1)
-            if searcher.wants_trials:
-                proposal = searcher.ask()
-                if proposal is not None:
-                    return Flight(searcher.planned.task, proposal)
-        return None
+    def _cutoff(self, searcher: Searcher) -> float | None:
+        """The time past which a new config of this task is cut short: `race` times its best so far."""
+        race = self.settings.race
+        best = searcher.best_median_s(RACE_AFTER) if race else None
+        return race * best if best is not None else None
+
+    def _next_flight(self, scheduler: StrideScheduler[Searcher]) -> Flight | None:
+        """The next proposal of the pool's tasks (`farm.run.schedule`: more turns to tasks that improve)."""
+        turn = scheduler.next()
+        if turn is None:
+            return None
+        searcher, proposal = turn
+        return Flight(searcher.planned.task, proposal, cutoff_s=self._cutoff(searcher))

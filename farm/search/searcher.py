@@ -129,6 +129,7 @@ class Searcher:
         self.dominance = pruning.Dominance(module)
         self.valid_set = valid_set                    # the task's valid configs, when enumerable
         self.measured: dict[str, Result] = {}        # config json -> its measured result
+        self.ok_times: list[float] = []               # the `ok` medians, in the order they were told
         self.asked = 0                                # trials counted against the budget
         self.skipped = 0                              # invalid and pruned draws
         self.exhausted = False
@@ -164,6 +165,17 @@ class Searcher:
     def key(self) -> str:
         """The task key (also the study name)."""
         return self.planned.task.key
+
+    def best_median_s(self, after: int = 1) -> float | None:
+        """The fastest `ok` time measured so far, once at least `after` configs measured `ok`."""
+        return min(self.ok_times) if len(self.ok_times) >= after else None
+
+    def stalled(self, trials: int, gain: float) -> bool:
+        """Whether the last `trials` `ok` configs beat the best before them by less than `gain`
+        (a fraction), and there was a best before them."""
+        if len(self.ok_times) <= trials:
+            return False
+        return min(self.ok_times[-trials:]) > min(self.ok_times[:-trials]) * (1 - gain)
 
     @property
     def wants_trials(self) -> bool:
@@ -263,6 +275,8 @@ class Searcher:
 
     def _remember(self, result: Result) -> None:
         self.measured[result.config] = result
+        if result.outcome == outcomes.OK and result.median_s is not None:
+            self.ok_times.append(result.median_s)
         if self.valid_set is not None:
             self.valid_set.close(result.config)
         if result.outcome == outcomes.OOM:

@@ -1,0 +1,64 @@
+"""A worker's gate between compiling and quiet timing.
+
+A sweep overlaps compiles (in child processes, or in threads of the worker for executables
+that cannot travel) with timing on the device, on purpose: the device never waits for the
+compiler, and a trial's timing noise is settled later, when the finalists are re-timed side by
+side. That re-timing must not share the host with compiles: in the H200 seed suite, finalists
+re-timed while the other tasks' finalists compiled had spreads of 29-38% (a 28 us cross
+entropy) where the same configs re-timed alone had 7-11%, and a Mosaic GPU attention's
+in-process compiles held the GIL under its timing thread. So quiet timing waits for compiles
+in progress to end and holds new ones back until it is done; compiles never wait for each other.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+
+class CompileGate:
+    """Many compiles at once, or one quiet timing: never both."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._compiling = 0
+        self._quiet = False
+
+    @contextlib.contextmanager
+    def compiling(self) -> Iterator[None]:
+        """Hold while compiling: waits while a quiet timing runs."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._quiet)
+            self._compiling += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._compiling -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Hold while timing finalists: waits for compiles in progress and for other quiet timings."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._quiet)
+            self._quiet = True                                     # new compiles wait from here
+            self._cond.wait_for(lambda: self._compiling == 0)      # compiles in progress end
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._quiet = False
+                self._cond.notify_all()
+
+    @property
+    def quiet_requested(self) -> bool:
+        """Whether a quiet timing runs or waits for compiles to end (new compiles wait)."""
+        with self._cond:
+            return self._quiet
+
+    @property
+    def active_compiles(self) -> int:
+        """Compiles in progress now."""
+        with self._cond:
+            return self._compiling

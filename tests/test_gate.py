@@ -1,0 +1,65 @@
+"""The worker's gate between compiles and quiet timing (`farm.run.gate`), with real threads."""
+from __future__ import annotations
+
+import threading
+import time
+
+from farm.run.gate import CompileGate
+
+
+def test_quiet_timing_waits_for_compiles_in_progress_and_holds_new_ones_back():
+    gate, events = CompileGate(), []
+    compiling, release_compile = threading.Event(), threading.Event()
+    quiet_started, release_quiet = threading.Event(), threading.Event()
+
+    def compile_(name: str, hold: threading.Event | None) -> None:
+        with gate.compiling():
+            events.append(f"{name} compiles")
+            if hold is not None:
+                compiling.set()
+                hold.wait(10)
+        events.append(f"{name} done")
+
+    def time_quietly() -> None:
+        with gate.quiet():
+            events.append("quiet")
+            quiet_started.set()
+            release_quiet.wait(10)
+        events.append("quiet done")
+
+    first = threading.Thread(target=compile_, args=("first", release_compile))
+    first.start()
+    assert compiling.wait(10)
+    quiet = threading.Thread(target=time_quietly)
+    quiet.start()
+    deadline = time.monotonic() + 10
+    while not gate.quiet_requested and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gate.quiet_requested and not quiet_started.is_set()   # a compile is in progress: the timing waits
+    second = threading.Thread(target=compile_, args=("second", None))
+    second.start()
+    second.join(0.2)
+    assert second.is_alive() and "second compiles" not in events   # held back behind the timing
+    release_compile.set()
+    assert quiet_started.wait(10)
+    assert gate.active_compiles == 0 and "second compiles" not in events
+    release_quiet.set()
+    for t in (first, quiet, second):
+        t.join(10)
+    assert events.index("first done") < events.index("quiet") < events.index("quiet done") < events.index(
+        "second compiles")
+
+
+def test_compiles_do_not_wait_for_each_other():
+    gate, inside = CompileGate(), threading.Barrier(3, timeout=10)
+
+    def compile_() -> None:
+        with gate.compiling():
+            inside.wait()           # all three inside at once, or the barrier times out
+
+    threads = [threading.Thread(target=compile_) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not inside.broken and gate.active_compiles == 0
