@@ -35,8 +35,9 @@ or triton.testing.do_bench for everything: XLA launches on its own streams, so a
 on torch's stream does not bracket JAX work, and do_bench's per-call wait would time JAX's host
 dispatch; queued calls with one wait time both frameworks the same way.
 
-Independent check (--check): for the first shape of a few spaces, farm.measure.timing.time_calls of each
-column (input set 0) runs under a CUPTI trace (torch.profiler, kernels of every stream, JAX's
+Independent check (--check): for the first shape of a few spaces (or of every space: --check all),
+right after the row is timed, farm.measure.timing.time_calls of each timed column (torch.compile's
+included; input set 0) runs under a CUPTI trace (torch.profiler, kernels of every stream, JAX's
 and torch's alike), and its per-call figure is compared with the device's own clock on the same
 samples: the span from a sample's first kernel start to its last kernel end, per call. Same
 calls, same GPU clocks: the difference is what farm.measure.timing gets wrong. Goal: within 5%. The
@@ -83,7 +84,7 @@ from kernels.lowering import Platform  # noqa: E402
 ORDER = ["softmax", "batch_softmax", "softmax_two_pass", "layer_norm", "rms_norm", "rms_norm_bwd", "welford",
          "cross_entropy", "cross_entropy_long", "swiglu", "geglu", "matmul", "bmm", "broadcast_matmul",
          "matmul_layernorm", "matmul_subtiled_epilogue", "flash_attention", "flash_attention_causal"]
-CHECK = ["softmax", "layer_norm", "cross_entropy", "matmul", "flash_attention"]
+CHECK = ["softmax", "rms_norm", "layer_norm", "cross_entropy", "matmul", "flash_attention"]
 COLUMN_ORDER = ["xla", "xla_cublas", "torch", "torch_compile", "torch_compile_max", "torch_sdpa",
                 "torch_sdpa_flash", "torch_sdpa_cudnn", "cudnn", "pallas_ops_triton", "pallas_ops_mgpu"]
 DEFAULT_L2_BYTES = 60 * 2**20
@@ -299,11 +300,11 @@ def _reset_torch() -> None:
         torch.cuda.empty_cache()
 
 
-def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> tuple[dict[str, Any], dict]:
+def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dict[str, Any]:
     """Build, check and time every column of one row; every failure is recorded, none raised.
 
     `late` 1 leaves out the torch.compile columns, 2 everything but farm and XLA (time budget).
-    Returns the result and, for a row of the timing check, its timed columns (kept for the check).
+    A row of the timing check (--check) also runs it, on every timed column, into `timing_check`.
     """
     _reset_torch()
     module = kernels.load(row.kernel)
@@ -378,13 +379,14 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> tup
     for name, t in timings.items():
         columns[name] |= {"status": "ok", "median_s": t.median_s, "min_s": t.min_s, "spread": t.spread,
                           "calls_per_sample": t.calls_per_sample, "samples": len(t.samples)}
-    keep = {}
-    if row.space in args.check and (row.shape, row.dtype) == args.first_shape.get(row.space):
-        # torch.compile columns are left out: the next row's dynamo reset would recompile them.
-        keep = {n: p for n, p in prepared.items() if n in timings and not n.startswith("torch_compile")}
+    if ({row.space, "all"} & set(args.check)) and (row.shape, row.dtype) == args.first_shape.get(row.space):
+        # Here, before the next row's dynamo reset: every timed column, torch.compile's included.
+        result["timing_check"] = timing_check({n: p for n, p in prepared.items() if n in timings}, args, gpu)
+        for c in result["timing_check"]:
+            c["table_s"] = columns[c["column"]].get("median_s")
     del prepared, case, fns
     gc.collect()
-    return result, keep
+    return result
 
 
 # -- the independent timing check ------------------------------------------------------------
@@ -801,7 +803,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                              "times that, everything but farm and XLA (default 300)")
     parser.add_argument("--max-temp-gb", type=float, default=40.0,
                         help="skip columns whose temporaries need more device memory (default 40)")
-    parser.add_argument("--check", nargs="*", default=CHECK, help=f"spaces for the timing check (default {CHECK})")
+    parser.add_argument("--check", nargs="*", default=CHECK, help=f"spaces for the timing check, or all (default {CHECK})")
     args = parser.parse_args(argv)
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -847,15 +849,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                               "searches": search_stats([r for recs in progress.values() for r in recs])}
     print(f"seed table: {len(rows)} rows on {device} ({'GPU' if gpu else 'CPU'}), winners for {len(winners)} tasks",
           flush=True)
-    kept: list[tuple[dict[str, Any], dict]] = []
     for row in rows:
         spent = time.monotonic() - started
         late = 2 if spent > 1.4 * args.budget_s else 1 if spent > args.budget_s else 0
         t0 = time.monotonic()
         try:
-            result, keep = measure_row(row, args, gpu, late)
-            if keep:
-                kept.append((result, keep))
+            result = measure_row(row, args, gpu, late)
         except Exception as err:  # noqa: BLE001
             result = {"space": row.space, "kernel": row.kernel, "shape": list(row.shape), "dtype": row.dtype,
                       "error": _short(err), "traceback": traceback.format_exc()[-2000:]}
@@ -865,6 +864,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"{row.label} ({result['wall_s']} s): " + ", ".join(
             f"{n} {_cell(c)}" for n, c in cols.items()) + (f" ERROR {result['error']}" if "error" in result else ""),
             flush=True)
+        if "timing_check" in result:
+            print(f"timing check {result['space']}: " + ", ".join(
+                f"{c['column']} {c['diff_pct']:+.1f}%" if "diff_pct" in c else f"{c['column']} ({c.get('error')})"
+                for c in result["timing_check"]), flush=True)
         write(report, args.out)
     report["ceilings"] = ceilings(args.small, gpu, args.repetitions)
     report["geomean"] = summarize(report["results"], report["ceilings"], roofline.datasheet(device) if gpu else None)
@@ -873,17 +876,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report["plots"] = plot(report, progress, args.out)
     except Exception as err:  # noqa: BLE001
         report["plots_error"] = _short(err)
-    write(report, args.out)
-    # Last, so that a profiler failure cannot cost the table: the independent timing check.
-    for result, keep in kept:
-        result["timing_check"] = timing_check(keep, args, gpu)
-        for c in result["timing_check"]:
-            c["table_s"] = result["columns"][c["column"]].get("median_s")
-        print(f"timing check {result['space']}: " + ", ".join(
-            f"{c['column']} {c['diff_pct']:+.1f}%" if "diff_pct" in c else f"{c['column']} ({c.get('error')})"
-            for c in result["timing_check"]), flush=True)
-    del kept
-    report["wall_s"] = round(time.monotonic() - started, 1)
     text = write(report, args.out)
     print(text[:text.index("## Every column")] if "## Every column" in text else text)
     return report

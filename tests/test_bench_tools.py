@@ -111,3 +111,17 @@ def test_seed_table_takes_users_shapes(tmp_path):
     assert loaded["user_rms_norm_float32.yaml"].targets[0].dtypes == ("float32",)
     with pytest.raises(SystemExit, match="KERNEL:AxB"):
         seed_table.user_spaces(["softmax:8192xwide"], tmp_path)
+
+
+def test_seed_table_runs_the_timing_check_on_every_timed_column_of_a_check_row(tmp_path):
+    # On CPU the CUPTI trace is unavailable: each timed column of the check row still gets its
+    # entry (saying why), next to the figure the table reports; rows not checked get none.
+    report = seed_table.main(["--small", "--out", str(tmp_path), "--spaces", "search_spaces/rms_norm.yaml",
+                              "search_spaces/softmax.yaml", "--columns", "xla", "--no-compile",
+                              "--repetitions", "3", "--check", "rms_norm"])
+    checked = [r for r in report["results"] if "timing_check" in r]
+    assert [r["space"] for r in checked] == ["rms_norm"]
+    (row,) = checked
+    timed = {n for n, c in row["columns"].items() if c.get("status") == "ok"}
+    assert "xla" in timed and {c["column"] for c in row["timing_check"]} == timed
+    assert all(c["table_s"] == row["columns"][c["column"]]["median_s"] and "error" in c for c in row["timing_check"])
