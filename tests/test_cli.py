@@ -28,3 +28,22 @@ def test_unknown_log_level_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--log-level", "chatty", "keygen"])
     assert exit_.value.code == 2 and "--log-level" in capsys.readouterr().err
+
+
+def test_race_and_sample_budget_reach_the_sweep_settings(tmp_path, capsys):
+    from farm.cli.options import build_parser
+    from farm.cli.tune import _sweep_settings
+
+    def settings(*flags: str):
+        args = build_parser().parse_args(["sweep", "--kernel", "softmax", *flags])
+        return _sweep_settings(args, tmp_path)
+
+    default = settings()
+    assert (default.race, default.sample_budget_s) == (1.5, 0.5)
+    given = settings("--race", "2", "--sample-budget", "1.25")
+    assert (given.race, given.sample_budget_s) == (2.0, 1.25)
+    off = settings("--race", "0", "--sample-budget", "0")
+    assert (off.race, off.sample_budget_s) == (None, None)
+    with pytest.raises(SystemExit) as exit_:
+        settings("--race", "0.5")
+    assert exit_.value.code == 2 and "--race: expected 0 (off) or a factor above 1" in capsys.readouterr().err

@@ -169,7 +169,8 @@ class WorkerPool:
         if not worker.in_flight:
             worker.progress = time.monotonic()
         p = flight.proposal
-        measure = self.measure if flight.cutoff_s is None else dataclasses.replace(self.measure, cutoff_s=flight.cutoff_s)
+        measure = (self.measure if flight.cutoff_s is None
+                   else dataclasses.replace(self.measure, cutoff_s=flight.cutoff_s))
         ref = worker.actor.run.remote(flight.task, p.config, p.trial, measure)
         worker.in_flight[ref] = flight
         self._refs[ref] = worker

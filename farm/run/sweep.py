@@ -1,11 +1,12 @@
 """One sweep path: `run_sweep` measures planned tasks on Ray workers, picks winners, writes the bundle.
 
 Asynchronous ask/tell: whenever a worker has room (`depth` trials in flight), the next task of
-its pool (`farm.run.schedule`: round robin, fewer turns to tasks that stopped improving) asks its searcher (`farm.search.searcher`) for a config; the searcher
-answers invalid, pruned and cached configs itself. Faults are data: a worker that stops making
-progress is killed and replaced (its trial `timeout`), a trial whose worker died is re-queued up
-to `max_attempts` runs and then recorded `worker_lost` (its config quarantined), and a trial on
-a node that left the cluster is re-queued elsewhere without penalty. Every finished trial is
+its pool (`farm.run.schedule`: round robin, fewer turns to tasks that stopped improving) asks
+its searcher (`farm.search.searcher`) for a config; the searcher answers invalid, pruned and
+cached configs itself. Faults are data: a worker that stops making progress is killed and
+replaced (its trial `timeout`), a trial whose worker died is re-queued up to `max_attempts`
+runs and then recorded `worker_lost` (its config quarantined), and a trial on a node that left
+the cluster is re-queued elsewhere without penalty. Every finished trial is
 appended to `trials.jsonl` (`farm.run.runlog`) before its searcher tells Optuna, so a killed
 driver resumes (`resume=True`) without measuring anything twice.
 
