@@ -125,3 +125,28 @@ def test_seed_table_runs_the_timing_check_on_every_timed_column_of_a_check_row(t
     timed = {n for n, c in row["columns"].items() if c.get("status") == "ok"}
     assert "xla" in timed and {c["column"] for c in row["timing_check"]} == timed
     assert all(c["table_s"] == row["columns"][c["column"]]["median_s"] and "error" in c for c in row["timing_check"])
+
+
+def test_suite_convergence_judges_a_run_against_references_side_by_side(tmp_path, ray_local, signing_key):
+    # Two real interpret sweeps of one small task: the run (4 configs) and a reference that
+    # measures every config (8); the bench re-times both winners on a real worker and reports
+    # the run's winner against the fastest of them.
+    from bench import suite_convergence
+    from tests.sweeps import run_sweep, space
+
+    text = space("matmul", [[64, 64, 64]], trials=4, block_m=[8, 16, 32, 64], block_n=[16, 32], block_k=[16])
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    run, _ = run_sweep(tmp_path / "a", signing_key, text, "--sampler", "random", "--seed", "1")
+    ref, _ = run_sweep(tmp_path / "b", signing_key, text, "--trials", "8")
+    report = suite_convergence.main(["--run", str(run), "--reference", str(ref), "--at", "0.001,1000",
+                                     "--budget-s", "0.5", "--out", str(tmp_path / "c.json")])
+    (row,) = report["rows"]
+    roles = row["roles"]
+    assert {"run", "ref0", "run@1000s"} <= set(roles) and "run@0.001s" not in roles   # nothing done by 1 ms
+    assert roles["run@1000s"] == roles["run"]     # no finalists on CPU: the winner is the fastest trial
+    timed = {t["config"]: t["median_s"] for t in row["timings"]}
+    assert set(timed) == set(roles.values()) and row["best_s"] == min(timed.values())
+    assert row["ratio"] == pytest.approx(timed[roles["run"]] / row["best_s"])
+    assert row["within"] == (row["ratio"] <= 1.02) and report["within"] == int(row["within"])
+    assert json.loads((tmp_path / "c.json").read_text())["rows"][0]["task"] == row["task"]
