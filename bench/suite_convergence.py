@@ -60,8 +60,9 @@ def read_run(path: Path) -> RunView:
         records = [TrialRecord.from_dict(json.loads(line)) for line in text.splitlines() if line.strip()]
     else:
         records = runlog.replay(path)
-    if not records:
-        raise SystemExit(f"{path}: no trials.jsonl or trials.jsonl.gz with records; expected a sweep's run folder")
+    if not records or not (path / "run.json").is_file():
+        raise SystemExit(f"{path}: expected a sweep's run folder (run.json and trials.jsonl or trials.jsonl.gz "
+                         f"with records)")
     settings = json.loads((path / "run.json").read_text()).get("settings", {})
     return RunView(path, records, runlog.read_finals(path), bool(settings.get("interpret")))
 
