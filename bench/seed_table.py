@@ -35,14 +35,17 @@ or triton.testing.do_bench for everything: XLA launches on its own streams, so a
 on torch's stream does not bracket JAX work, and do_bench's per-call wait would time JAX's host
 dispatch; queued calls with one wait time both frameworks the same way.
 
-Independent check (--check): for the first shape of a few spaces (or of every space: --check all),
+Independent check (--check): for the first shape of a few spaces (or every row: --check all),
 right after the row is timed, farm.measure.timing.time_calls of each timed column (torch.compile's
-included; input set 0) runs under a CUPTI trace (torch.profiler, kernels of every stream, JAX's
-and torch's alike), and its per-call figure is compared with the device's own clock on the same
-samples: the span from a sample's first kernel start to its last kernel end, per call. Same
-calls, same GPU clocks: the difference is what farm.measure.timing gets wrong. Goal: within 5%. The
-kernels' summed durations are reported too: far below the span, the calls are dispatch-bound
-and both clocks measure the host, not the kernel.
+included; input sets rotated as in the table) runs under a CUPTI trace (torch.profiler, kernels of
+every stream, JAX's and torch's alike), and its per-call figure is compared with the device's own
+clock on the same samples: the span from a sample's first kernel start to its last kernel end, per
+call. Same calls, same GPU clocks: the difference is what farm.measure.timing gets wrong. Goal:
+within 5%. The kernels' summed durations per call are reported too. Below 0.8 times the table's
+figure, the column is host-bound (marked): its calls are launched slower than the device runs
+them, and both clocks measure the host. Measured on the H200: a JAX call costs about 40-48 us of
+host time, so JAX columns of kernels shorter than that are host-bound; such rows are also
+compared on device time (the kernels' durations), in their own section.
 """
 from __future__ import annotations
 
@@ -89,6 +92,9 @@ COLUMN_ORDER = ["xla", "xla_cublas", "torch", "torch_compile", "torch_compile_ma
                 "torch_sdpa_flash", "torch_sdpa_cudnn", "cudnn", "pallas_ops_triton", "pallas_ops_mgpu"]
 DEFAULT_L2_BYTES = 60 * 2**20
 MAX_SETS = 256
+# A column whose CUPTI kernel time is below this fraction of its queued-call time is host-bound:
+# its calls are launched slower than the device runs them, and the table's figure is the host's.
+DISPATCH_BOUND = 0.8
 
 
 @dataclasses.dataclass
@@ -379,11 +385,17 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dic
     for name, t in timings.items():
         columns[name] |= {"status": "ok", "median_s": t.median_s, "min_s": t.min_s, "spread": t.spread,
                           "calls_per_sample": t.calls_per_sample, "samples": len(t.samples)}
-    if ({row.space, "all"} & set(args.check)) and (row.shape, row.dtype) == args.first_shape.get(row.space):
+    first = (row.shape, row.dtype) == args.first_shape.get(row.space)
+    if "all" in args.check or (row.space in args.check and first):
         # Here, before the next row's dynamo reset: every timed column, torch.compile's included.
-        result["timing_check"] = timing_check({n: p for n, p in prepared.items() if n in timings}, args, gpu)
+        result["timing_check"] = timing_check({n: p for n, p in prepared.items() if n in timings},
+                                              args, gpu, len(sets))
         for c in result["timing_check"]:
-            c["table_s"] = columns[c["column"]].get("median_s")
+            column = columns[c["column"]]
+            c["table_s"] = column.get("median_s")
+            if c.get("kernels_s") and column.get("median_s"):
+                column["kernels_s"] = c["kernels_s"]
+                column["dispatch_bound"] = c["kernels_s"] < DISPATCH_BOUND * column["median_s"]
     del prepared, case, fns
     gc.collect()
     return result
@@ -391,25 +403,41 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dic
 
 # -- the independent timing check ------------------------------------------------------------
 
-def traced_timing(p: baselines.Prepared, repetitions: int, min_sample_s: float) -> dict[str, float]:
-    """farm.measure.timing.time_calls of `p` (input set 0) run under a CUPTI trace (torch.profiler, every
-    stream): farm.measure.timing's per-call figure, and per call the median device span (first kernel
-    start to last kernel end) and summed kernel durations of its longer samples."""
+def _cuda_kernels(prof: Any) -> list[tuple[int, int]]:
+    """(start, end) of every CUDA kernel in a torch.profiler trace, in start order."""
     import torch
+
+    return sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                  if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0)
+
+
+def traced_timing(p: baselines.Prepared, repetitions: int, min_sample_s: float,
+                  n_sets: int = 1) -> dict[str, float]:
+    """farm.measure.timing.time_calls of `p` (input sets rotated as in the table) run under a CUPTI trace (torch.profiler, every
+    stream): farm.measure.timing's per-call figure, and per call the median device span (first kernel
+    start to last kernel end) and summed kernel durations of its longer samples.
+
+    How many kernels one call launches is read from a trace of one call. time_calls' calibration
+    runs a number of calls it chooses before the samples, so the samples are the trace's last
+    3 * calls_per_sample * samples calls (each pair: n calls, then 2n)."""
     from torch.profiler import ProfilerActivity, profile
 
     timing.run_sample(p.call, [(0,)], 2)   # warm
-    warmup = 2
+    with profile(activities=[ProfilerActivity.CUDA]) as one:
+        timing.run_sample(p.call, [(0,)], 1)
+    per = len(_cuda_kernels(one))
+    if not per:
+        raise RuntimeError("no kernel in the trace of one call")
+    sets = [(i,) for i in range(n_sets)]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t = timing.time_calls(p.call, [(0,)], warmup=warmup, repetitions=repetitions, min_sample_s=min_sample_s)
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                     if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0)
+        t = timing.time_calls(p.call, sets, warmup=2, repetitions=repetitions, min_sample_s=min_sample_s)
+    kernels = _cuda_kernels(prof)
     n = t.calls_per_sample
-    calls = warmup + len(t.samples) * 3 * n        # the warm-up calls, then pairs of n and 2n calls
-    if not kernels or len(kernels) % calls:
-        raise RuntimeError(f"{len(kernels)} kernels in the trace of {calls} calls")
-    per = len(kernels) // calls
-    spans, busy, at = [], [], warmup * per
+    sampled = len(t.samples) * 3 * n * per
+    if len(kernels) % per or len(kernels) < sampled:
+        raise RuntimeError(f"{len(kernels)} kernels in the trace of {len(t.samples)} sample pairs of "
+                           f"{n} and {2 * n} calls, {per} kernels a call")
+    spans, busy, at = [], [], len(kernels) - sampled
     for _ in t.samples:
         at += n * per
         chunk = kernels[at:at + 2 * n * per]
@@ -420,7 +448,8 @@ def traced_timing(p: baselines.Prepared, repetitions: int, min_sample_s: float) 
             "kernels_s": statistics.median(busy), "kernels_per_call": per}
 
 
-def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespace, gpu: bool) -> list[dict]:
+def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespace, gpu: bool,
+                 n_sets: int = 1) -> list[dict]:
     """farm.measure.timing's clock against a device clock on the same samples, for each column."""
     checks = []
     for name, p in prepared.items():
@@ -428,7 +457,7 @@ def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespa
         try:
             if not gpu:
                 raise baselines.Unavailable(baselines.CPU_ONLY)
-            entry |= traced_timing(p, args.repetitions, args.min_sample_s)
+            entry |= traced_timing(p, args.repetitions, args.min_sample_s, n_sets)
             entry["diff_pct"] = 100 * (entry["farm_timing_s"] - entry["device_s"]) / entry["device_s"]
         except baselines.Unavailable as err:
             entry["error"] = str(err)
@@ -503,6 +532,22 @@ def flag_below_floor(result: dict[str, Any], peaks: roofline.Peaks | None) -> li
     return marked
 
 
+def device_time(result: dict[str, Any]) -> None:
+    """The row compared on device time (the timing check's CUPTI kernel durations per call), where
+    the check ran: the farm's kernels against the fastest other column's, and which columns are
+    host-bound (their table figure is the host's launch rate, not the device's work)."""
+    timed = {n: c["kernels_s"] for n, c in result.get("columns", {}).items()
+             if c.get("status") == "ok" and c.get("kernels_s")}
+    farm = {n: t for n, t in timed.items() if n.startswith("farm:")}
+    others = {n: t for n, t in timed.items() if not n.startswith("farm:")}
+    result["dispatch_bound"] = sorted(n for n, c in result.get("columns", {}).items()
+                                      if c.get("dispatch_bound"))
+    if farm and others:
+        best_farm, best_other = min(farm, key=farm.get), min(others, key=others.get)
+        result |= {"device_farm": best_farm, "device_best_other": best_other,
+                   "device_speedup_vs_best_other": others[best_other] / farm[best_farm]}
+
+
 def summarize(results: list[dict[str, Any]], ceiling: dict[str, Any],
               peaks: roofline.Peaks | None = None) -> dict[str, Any]:
     """Per row: the best farm column, speedups, the bound and % of its ceiling; geometric means.
@@ -535,7 +580,10 @@ def summarize(results: list[dict[str, Any]], ceiling: dict[str, Any],
             r |= {"best_other": best_other, "speedup_vs_best_other": others[best_other] / farm[best_farm]}
         for n, s in others.items():
             per_column.setdefault(n, []).append(s / farm[best_farm])
+        device_time(r)
     return {"speedup_vs_xla": _geomean([r.get("speedup_vs_xla") for r in results]),
+            "device_speedup_vs_best_other": _geomean([r.get("device_speedup_vs_best_other")
+                                                      for r in results]),
             "speedup_vs_best_other": _geomean([r.get("speedup_vs_best_other") for r in results]),
             "speedup_vs_column": {n: _geomean(v) for n, v in per_column.items()},
             "rows_with_farm": sum("farm_s" in r for r in results), "rows": len(results)}
@@ -632,9 +680,23 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {key} | {st['sweep']} | {st['tasks_in_sweep']} | {st['tune_s']:.0f} "
                          f"| {st['within_2pct_s']:.0f} | {st['trials']} | {st['ok']} | {st['pruned']} "
                          f"| {st['failed']} |")
+    device_rows = [r for r in results if r.get("device_speedup_vs_best_other")]
+    if device_rows:
+        lines += ["", "## On device time (CUPTI kernel durations per call, rows with the timing check)", "",
+                  "Where a column is host-bound, the table above holds the host's launch rate for it; here "
+                  "every column is its kernels' time on the device.", "",
+                  "| row | farm kernels (ms) | best other | its kernels (ms) | farm/best other | host-bound "
+                  "columns |", "|---|---|---|---|---|---|"]
+        for r in device_rows:
+            farm, other = r["columns"][r["device_farm"]], r["columns"][r["device_best_other"]]
+            lines.append(f"| {r['space']} {'x'.join(map(str, r['shape']))} {r['dtype']} "
+                         f"| {_ms(farm['kernels_s'])} | {r['device_best_other']} | {_ms(other['kernels_s'])} "
+                         f"| {r['device_speedup_vs_best_other']:.2f}x | {', '.join(r['dispatch_bound'])} |")
+        lines.append(f"\nGeometric mean on device time, farm/best other: "
+                     f"{g(means.get('device_speedup_vs_best_other'))}.")
     checks = [(r, c) for r in results for c in r.get("timing_check", [])]
     if checks:
-        lines += ["", "## Independent timing check (input set 0; goal within 5%)", "",
+        lines += ["", "## Independent timing check (inputs rotated as in the table; goal within 5%)", "",
                   "| row | column | table (ms, rotated inputs) | farm.measure.timing (ms) | device clock (ms) | method "
                   "| difference | kernels only (ms) |", "|---|---|---|---|---|---|---|---|"]
         for r, c in checks:

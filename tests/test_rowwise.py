@@ -14,6 +14,7 @@ from farm.measure import validate
 from farm.search.spaces import load_space
 from kernels import rows
 from kernels.lowering import Platform
+from kernels.rows import triton as triton_rows
 from tests.rowwise_checks import SPACES, assert_matches, lower_for_device
 
 NAMES = ("softmax", "batch_softmax", "softmax_two_pass", "layer_norm", "rms_norm", "rms_norm_bwd")
@@ -101,3 +102,35 @@ def test_triton_puts_row_programs_on_the_unbounded_grid_axis() -> None:
     text = lower_for_device(kernels.load("softmax"), {"block_rows": 1, "strategy": "one_pass", "num_warps": 4},
                             (65536, 2560), "bfloat16", "gpu-triton")
     assert re.search(r"grid_x = 65536 : i32, grid_y = 1 : i32", text)
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "welford"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("config", [{"strategy": "fori_loop", "block_cols": 256},
+                                    {"strategy": "fori_loop", "block_cols": 128, "num_stages": 3},
+                                    {"strategy": "one_pass"}])
+def test_triton_reductions_read_odd_rows_through_aligned_flat_windows(name, dtype, config) -> None:
+    # 13 rows of 1001 columns: no row start after the first is 16-byte aligned, so each window
+    # starts up to 7 (bf16) or 3 (f32) elements early and the neighbours' elements are masked.
+    module, shape = kernels.load(name), (13, 1001)
+    config = {"block_rows": 1, "num_warps": 2, **config}
+    plan = module.KERNEL.plan(config, shape, "gpu-triton")
+    assert triton_rows.flat_rows(module.KERNEL.math, plan, jnp.dtype(dtype).itemsize)
+    assert_matches(module, config, shape, dtype, "gpu-triton")
+    text = lower_for_device(module, config, shape, dtype, "gpu-triton")
+    assert f"tensor<1x{13 * 1001}x" in text  # the kernel reads the flattened rows
+
+
+@pytest.mark.parametrize("name, shape, dtype, config", [
+    ("softmax", (13, 1001), "bfloat16", {"strategy": "fori_loop", "block_cols": 256}),  # writes rows
+    ("cross_entropy", (13, 1024), "bfloat16", {"strategy": "fori_loop", "block_cols": 256}),  # aligned
+    ("cross_entropy", (13, 1001), "bfloat16", {"strategy": "fori_loop", "block_cols": 256,
+                                               "block_rows": 2}),
+    ("cross_entropy", (13, 1020), "bfloat16", {"strategy": "one_pass"}),  # 1024 < 1020 + 7
+])
+def test_triton_keeps_row_windows_where_flat_ones_do_not_apply(name, shape, dtype, config) -> None:
+    module = kernels.load(name)
+    config = {"block_rows": 1, "num_warps": 2, **config}
+    plan = module.KERNEL.plan(config, shape, "gpu-triton")
+    assert not triton_rows.flat_rows(module.KERNEL.math, plan, jnp.dtype(dtype).itemsize)
+    assert_matches(module, config, shape, dtype, "gpu-triton")

@@ -31,7 +31,34 @@ def _and(a: jax.Array | None, b: jax.Array | None) -> jax.Array | None:
     return a & b
 
 
-def _triton_body(*refs: Any, math_: RowMath, p: Plan) -> None:
+# A vector load moves 16 bytes; Triton issues one only from an address it knows is aligned.
+VECTOR_BYTES = 16
+
+
+def flat_rows(math_: RowMath, p: Plan, itemsize: int) -> bool:
+    """Whether the plan reads rows through 16-byte-aligned windows of the flattened tensor.
+
+    A row of C elements starts at element r * C. When C * itemsize is not a multiple of 16
+    (odd vocabularies such as 50257), Triton cannot prove any row start after the first
+    aligned and loads element by element. A flat window starts at r * C rounded down to 16
+    bytes instead, so its loads are whole vectors; the up to 15 bytes of the neighbouring rows
+    it covers are masked in registers. Measured on the H200 (bench/results/h200/rows_probe/):
+    cross entropy at 8192x50257 went from 400 to 342-360 us (8192x50256, aligned: 332 us).
+    Kernels that write rows keep row-aligned windows: their flat stores need a mask per element
+    and ran 2x slower (softmax 8192x50257, 813 -> 1401-1944 us). So: per-row reductions (no row
+    or column outputs, no column inputs), one row per block, 32-bit offsets; one_pass needs
+    its power-of-two tile to cover the row and the bytes before it."""
+    slack = VECTOR_BYTES // itemsize - 1
+    if math_.writes_chunks or math_.col_inputs or p.block_rows != 1 or slack == 0:
+        return False
+    if (p.cols * itemsize) % VECTOR_BYTES == 0:
+        return False
+    if p.batch * p.rows * p.cols + p.block_cols + slack >= 2**31:
+        return False
+    return p.strategy != "one_pass" or p.block_cols >= p.cols + slack
+
+
+def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int) -> None:
     from jax.experimental.pallas import triton as pltriton
 
     row_in, col_in, vec_in, row_out, col_out, res_out, _ = split_refs(refs, math_)
@@ -44,18 +71,39 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan) -> None:
     n_out = n_row_out + math_.col_outputs
     # A loop that reads its chunks twice keeps them in L2 for the second walk.
     fold_policy = "evict_last" if math_.writes_chunks else None
+    align_shift = (VECTOR_BYTES // itemsize).bit_length() - 1
+    slack = (1 << align_shift) - 1 if flat else 0  # elements a flat window may start early
+    total = p.batch * p.rows * C
 
     def load_chunk(rows: jax.Array, row_valid: jax.Array | None, c0: Any, policy: str | None):
-        col_valid = (c0 + jnp.arange(width) < C)[None, :] if ragged_cols else None
-        mask = _and(row_valid, col_valid)
-        window = (b, pl.ds(rows, br), pl.ds(c0, width))
-        blocks = [pltriton.load(ref.at[window], mask=mask,
-                                other=None if mask is None else math_.pad,
-                                eviction_policy=policy).astype(F32) for ref in row_in]
+        """(blocks, window, store mask, column mask, column of the window's first element)."""
+        if flat:
+            # The window starts at the row's aligned start plus c0; shifting keeps the
+            # alignment visible to Triton (its divisibility of x << k is at least 2**k).
+            start = (b * p.rows + rows) * C
+            base = (start >> align_shift) << align_shift
+            first = c0 - (start - base)
+            columns = first + jnp.arange(width)
+            col_valid = ((columns >= 0) & (columns < C))[None, :]
+            window = (pl.ds(0, 1), pl.ds(base + c0, width))
+            in_array = (base + c0 + jnp.arange(width) < total)[None, :]
+            blocks = [jnp.where(col_valid,
+                                pltriton.load(ref.at[window], mask=in_array, other=math_.pad,
+                                              eviction_policy=policy).astype(F32),
+                                math_.pad) for ref in row_in]
+            mask = _and(row_valid, col_valid)
+        else:
+            first = c0
+            col_valid = (c0 + jnp.arange(width) < C)[None, :] if ragged_cols else None
+            mask = _and(row_valid, col_valid)
+            window = (b, pl.ds(rows, br), pl.ds(c0, width))
+            blocks = [pltriton.load(ref.at[window], mask=mask,
+                                    other=None if mask is None else math_.pad,
+                                    eviction_policy=policy).astype(F32) for ref in row_in]
         blocks += [pltriton.load(ref.at[pl.ds(0, 1), pl.ds(c0, width)], mask=col_valid,
                                  other=None if col_valid is None else 0.0).astype(F32)
                    for ref in col_in]
-        return blocks, window, mask, col_valid
+        return blocks, window, mask, col_valid, first
 
     def store_chunk(results, window, mask) -> list[jax.Array]:
         for ref, value in zip(row_out, results[:n_row_out]):
@@ -81,24 +129,31 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan) -> None:
         row_valid = (rows + jnp.arange(br) < p.rows)[:, None] if ragged_rows else None
         vec_window, vectors = row_vectors(rows, row_valid)
         if p.strategy == "one_pass":
-            blocks, window, mask, valid = load_chunk(rows, row_valid, 0, None)
-            outs = math_.rows(*blocks, *vectors, cols=C, valid=valid)
+            blocks, window, mask, valid, first = load_chunk(rows, row_valid, 0, None)
+            if flat:  # the window's columns start at -offset: the streamed form takes a start
+                stats = math_.update(math_.init((br, 1)), *blocks, *vectors, start=first,
+                                     valid=valid)
+                row_values = math_.finish(stats, C)
+                outs = (*math_.apply(row_values, *blocks, *vectors),
+                        *row_values[:math_.results])
+            else:
+                outs = math_.rows(*blocks, *vectors, cols=C, valid=valid)
             contributions = store_chunk(outs[:n_out], window, mask)
             store_results(vec_window, row_valid, outs[n_out:])
             return tuple(s + c for s, c in zip(sums, contributions))
 
         def fold(j: jax.Array, stats: Stats) -> Stats:
-            blocks, _, _, valid = load_chunk(rows, row_valid, j * width, fold_policy)
-            return math_.update(stats, *blocks, *vectors, start=j * width, valid=valid)
+            blocks, _, _, valid, first = load_chunk(rows, row_valid, j * width, fold_policy)
+            return math_.update(stats, *blocks, *vectors, start=first, valid=valid)
 
-        stats = lax.fori_loop(0, p.col_blocks, fold, math_.init((br, 1)))
+        stats = lax.fori_loop(0, chunks, fold, math_.init((br, 1)))
         row_values = math_.finish(stats, C)
         store_results(vec_window, row_valid, row_values[:math_.results])
         if not math_.writes_chunks:
             return sums
 
         def write(j: jax.Array, carry: int) -> int:
-            blocks, window, mask, _ = load_chunk(rows, row_valid, j * width, "evict_first")
+            blocks, window, mask, _, _ = load_chunk(rows, row_valid, j * width, "evict_first")
             contributions = store_chunk(math_.apply(row_values, *blocks, *vectors), window, mask)
             # fori_loop covers one block of rows per program: its partial sums are final.
             part = (b * p.row_blocks + program, pl.ds(j * width, width))
@@ -107,9 +162,11 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan) -> None:
                                mask=j * width + jnp.arange(width) < C if ragged_cols else None)
             return carry
 
-        lax.fori_loop(0, p.col_blocks, write, 0)
+        lax.fori_loop(0, chunks, write, 0)
         return sums
 
+    # A flat window starts up to 15 bytes before its row: it may take one more chunk.
+    chunks = pl.cdiv(C + slack, width) if flat else p.col_blocks
     sums = tuple(jnp.zeros((width,), F32) for _ in col_out)
     steps = p.rows_per_program // br
     sums = row_block(0, sums) if steps == 1 else lax.fori_loop(0, steps, row_block, sums)
@@ -120,12 +177,20 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan) -> None:
 
 
 def build_triton(math_: RowMath, p: Plan, dtype: Any, platform: Platform) -> Callable[..., Any]:
-    """The pallas_call of `math_` for a Triton plan: a function of the engine's arrays."""
+    """The pallas_call of `math_` for a Triton plan: a function of the engine's arrays.
+
+    With flat windows (`flat_rows`) the kernel sees the row tensor as (1, batch*rows*cols)."""
+    itemsize = jnp.dtype(dtype).itemsize
+    flat = flat_rows(math_, p, itemsize)
     out_shape = tuple(
         [jax.ShapeDtypeStruct((p.batch, p.rows, p.cols), dtype)] * math_.row_outputs
         + [jax.ShapeDtypeStruct((p.partials, p.cols), F32)] * math_.col_outputs
         + [jax.ShapeDtypeStruct((p.batch, p.rows), F32)] * math_.results)
-    body = functools.partial(_triton_body, math_=math_, p=p)
+    body = functools.partial(_triton_body, math_=math_, p=p, flat=flat, itemsize=itemsize)
     compiler = {"num_warps": p.config.num_warps, "num_stages": p.config.num_stages}
-    return pallas_call(body, platform=platform, config=compiler, out_shape=out_shape,
+    call = pallas_call(body, platform=platform, config=compiler, out_shape=out_shape,
                        grid=(p.row_blocks, p.batch), name=math_.name)
+    if not flat:
+        return call
+    n_in = math_.row_inputs
+    return lambda *arrays: call(*[x.reshape(1, -1) for x in arrays[:n_in]], *arrays[n_in:])
