@@ -866,7 +866,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-temp-gb", type=float, default=40.0,
                         help="skip columns whose temporaries need more device memory (default 40)")
     parser.add_argument("--check", nargs="*", default=CHECK,
-                        help=f"spaces for the timing check, or all (default {CHECK})")
+                        help=f"spaces whose first row gets the timing check, or all: every row (default {CHECK})")
     args = parser.parse_args(argv)
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)

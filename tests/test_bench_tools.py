@@ -109,7 +109,7 @@ def test_seed_table_compares_host_bound_rows_on_device_time():
     # was its 23.5 us kernel. The table's figures then favour torch; the device's do not.
     module = kernels.load("rms_norm")
     shape, dtype = (4096, 4096), "bfloat16"
-    ok = lambda median, kernels_: {"status": "ok", "median_s": median, "kernels_s": kernels_,  # noqa: E731
+    ok = lambda median, kernels_: {"status": "ok", "median_s": median, "kernels_s": kernels_,
                                    "dispatch_bound": kernels_ < seed_table.DISPATCH_BOUND * median}
     result = {"kernel": "rms_norm", "space": "norms_rms", "shape": list(shape), "dtype": dtype,
               "flops": module.flops(shape), "bytes": module.bytes_moved(shape, dtype), "columns": {
