@@ -3,7 +3,8 @@
 Arrays arrive as (batch, rows, cols) row tensors, (1, cols) column vectors, (batch, rows)
 per-row vectors and results, and column outputs as float32 (partials, cols) sums. The grid is
 (row programs, batch): the rows axis first, as CUDA allows 2**31 - 1 programs there and 65535
-on the others.
+on the others. Per-row reductions over rows of an odd byte width read the tensor flattened,
+through 16-byte-aligned windows (`flat_rows`), so that their loads are whole vectors.
 """
 from __future__ import annotations
 
