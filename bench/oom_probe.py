@@ -79,9 +79,9 @@ def verdict(task: TuningTask, config: dict[str, Any], interpret: bool) -> Measur
     """Compile (the farm's path) and run once; the outcome says whether it fit."""
     if interpret:
         with _DEVICE:
-            compiled = compile_config(task, config, interpret=True)
+            compiled = compile_config(task, config, interpret=True, calls=1)
     else:
-        compiled = compile_config(task, config, interpret=False)
+        compiled = compile_config(task, config, interpret=False, calls=1)   # one call: does it fit
     if isinstance(compiled, Measurement):
         return compiled
     try:

@@ -31,16 +31,19 @@ def _die_with_parent() -> None:
 def handle(request: Any) -> Any:
     """Compile one request's config for its task's input shapes; the reply `compile_pool` expects."""
     import kernels
-    from farm.measure import compile_pool, outcomes
+    from farm.measure import compile_pool, dispatch, outcomes
     from farm.measure.compiler import abstract_inputs, build_executables, full_text
     from farm.measure.outcomes import Measurement
 
     started = time.perf_counter()
+    calls = 1
     try:
         module = kernels.load(request.task.kernel)
         args = abstract_inputs(module, request.task)
         if request.topology is None:
-            executable, check = build_executables(module, request.task, request.config, request.interpret, args)
+            calls = dispatch.calls_per_dispatch(module, request.task, request.interpret)
+            executable, check = build_executables(module, request.task, request.config, request.interpret,
+                                                  args, calls)
         else:
             executable, check = _deviceless(module, request, args)
     except Exception as err:  # noqa: BLE001 - every failure is data
@@ -51,7 +54,7 @@ def handle(request: Any) -> Any:
 
     try:
         return compile_pool.Portable(serialize_executable.serialize(executable),
-                                     serialize_executable.serialize(check), compile_s)
+                                     serialize_executable.serialize(check), compile_s, calls)
     except Exception as err:  # noqa: BLE001 - e.g. host callbacks cannot be serialized
         return compile_pool.NotPortable(full_text(err)[:500])
 

@@ -78,6 +78,7 @@ class Portable:
     executable: tuple[bytes, Any, Any]
     check_executable: tuple[bytes, Any, Any]
     compile_s: float
+    calls: int = 1        # kernel calls the timed executable makes per dispatch (`farm.measure.dispatch`)
 
 
 @dataclasses.dataclass(frozen=True)

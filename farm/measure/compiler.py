@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 import kernels
-from farm.measure import outcomes
+from farm.measure import dispatch, outcomes
 from farm.measure.outcomes import Measurement
 from farm.tasks import TuningTask
 from kernels.lowering import Platform
@@ -45,6 +45,7 @@ class Compiled:
     inputs: list[tuple[Any, ...]] | None   # None: made on the device when the trial gets it
     compile_s: float
     check_executable: Any          # the poisoned-output build, compiled too (validation runs it)
+    calls_per_dispatch: int = 1    # kernel calls the timed executable makes (`farm.measure.dispatch`)
 
 
 def timing_inputs(module: Any, task: TuningTask, trial_seed: int, input_sets: int) -> list[tuple[Any, ...]]:
@@ -61,12 +62,13 @@ def abstract_inputs(module: Any, task: TuningTask) -> tuple[jax.ShapeDtypeStruct
 
 
 def build_executables(module: Any, task: TuningTask, config: dict[str, Any], interpret: bool,
-                      args: Sequence[Any]) -> tuple[Any, Any]:
+                      args: Sequence[Any], calls: int = 1) -> tuple[Any, Any]:
     """The timed kernel and its poisoned-output build (validation runs it), both compiled for `args`
-    (arrays or `jax.ShapeDtypeStruct`s). Raises what building, lowering or compiling raises."""
+    (arrays or `jax.ShapeDtypeStruct`s); the timed one makes `calls` calls per dispatch, on `calls`
+    sets of arguments (`farm.measure.dispatch`). Raises what building, lowering or compiling raises."""
     dtype = jnp.dtype(task.dtype)
     fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret))
-    executable = jax.jit(fn).lower(*args).compile()
+    executable = jax.jit(dispatch.repeated(fn, calls, len(args))).lower(*(list(args) * calls)).compile()
     check_fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret,
                                                                 poison_outputs=True))
     check_executable = jax.jit(check_fn).lower(*args).compile()
@@ -78,17 +80,20 @@ def build_executables(module: Any, task: TuningTask, config: dict[str, Any], int
 
 
 def compile_config(task: TuningTask, config: dict[str, Any], *, interpret: bool, trial_seed: int = 0,
-                   input_sets: int = 1, with_inputs: bool = True) -> Compiled | Measurement:
+                   input_sets: int = 1, with_inputs: bool = True,
+                   calls: int | None = None) -> Compiled | Measurement:
     """Build and compile the timed kernel ahead of time; a failure comes back as a Measurement.
-    `with_inputs=False`: compile for the input shapes only (the inputs are made later, on the device)."""
+    `with_inputs=False`: compile for the input shapes only (the inputs are made later, on the device).
+    `calls`: kernel calls per timed dispatch (None: `dispatch.calls_per_dispatch`'s rule)."""
     module = kernels.load(task.kernel)
+    calls = calls or dispatch.calls_per_dispatch(module, task, interpret)
     started = time.perf_counter()
     try:
-        inputs = timing_inputs(module, task, trial_seed, input_sets) if with_inputs else None
+        inputs = timing_inputs(module, task, trial_seed, max(input_sets, calls)) if with_inputs else None
         args = inputs[0] if inputs else abstract_inputs(module, task)
-        executable, check_executable = build_executables(module, task, config, interpret, args)
+        executable, check_executable = build_executables(module, task, config, interpret, args, calls)
     except Exception as err:  # noqa: BLE001 - every failure is data
         return Measurement(outcomes.COMPILE_ERROR, compile_s=time.perf_counter() - started).fail(
             full_text(err), outcomes.COMPILE_ERROR)
     return Compiled(module, task, config, interpret, trial_seed, executable, inputs,
-                    time.perf_counter() - started, check_executable)
+                    time.perf_counter() - started, check_executable, calls)

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from farm.measure import outcomes, software, timing, validate
+from farm.measure import dispatch, outcomes, software, timing, validate
 from farm.measure.compiler import Compiled, compile_config, full_text, input_key
 from farm.measure.outcomes import Measurement
 from farm.tasks import TuningTask
@@ -123,9 +123,12 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         result.error = (f"relative error {result.numerics_error:.3g} exceeds the {task.dtype} "
                         f"tolerance {bound:.3g} (NaN/inf or unwritten outputs count as inf)")
         return result
+    calls = c.calls_per_dispatch
     try:
-        t = timing.time_calls(c.executable, c.inputs, warmup=warmup, repetitions=repetitions,
-                              budget_s=time_budget_s, cutoff_s=cutoff_s)
+        t = timing.time_calls(c.executable, dispatch.grouped_sets(c.inputs, calls), warmup=warmup,
+                              repetitions=repetitions, budget_s=time_budget_s,
+                              cutoff_s=None if cutoff_s is None else cutoff_s * calls)
+        t = dispatch.per_call(t, calls)
     except Exception as err:  # noqa: BLE001
         return result.fail(full_text(err), outcomes.RUN_ERROR)
     result.median_s, result.min_s, result.spread = t.median_s, t.min_s, t.spread

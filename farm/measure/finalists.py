@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from farm.measure import timing
+from farm.measure import dispatch, timing
 
 ROTATE_PAST_BYTES = 128 << 20   # twice the largest last-level cache of the devices we target (H200: 50 MB)
 MAX_INPUT_SETS = 16
@@ -91,8 +91,18 @@ def settled(samples: dict[str, list[float]], tie: float = 0.01) -> bool:
 
 def retime(task_key: str, fns: dict[str, Any], input_sets: Sequence[Sequence[Any]], *, floor_s: float | None,
            min_samples: int = 6, max_samples: int = 30, budget_s: float = 10.0,
-           min_sample_s: float = 5e-3) -> list[FinalTiming]:
-    """Re-time `fns` (config JSON -> compiled callable) side by side; one FinalTiming each."""
+           min_sample_s: float = 5e-3, calls: int = 1) -> list[FinalTiming]:
+    """Re-time `fns` (config JSON -> compiled callable) side by side; one FinalTiming each.
+    `calls`: kernel calls each callable makes per dispatch (`farm.measure.dispatch`); the
+    results are per kernel call."""
+    if calls > 1:
+        results = retime(task_key, fns, dispatch.grouped_sets(input_sets, calls),
+                         floor_s=None if floor_s is None else floor_s * calls, min_samples=min_samples,
+                         max_samples=max_samples, budget_s=budget_s, min_sample_s=min_sample_s)
+        return [dataclasses.replace(
+            t, median_s=None if t.median_s is None else t.median_s / calls,
+            min_s=None if t.min_s is None else t.min_s / calls, floor_s=floor_s,
+            input_sets=len(input_sets)) for t in results]
     started = time.perf_counter()
     calls = {name: timing.calibrate(fn, input_sets, min_sample_s=min_sample_s)[0] for name, fn in fns.items()}
     samples: dict[str, list[float]] = {name: [] for name in fns}

@@ -84,8 +84,9 @@ class Worker:
             with self._device:
                 started = time.monotonic()
                 try:
-                    if compiled.inputs is None:
-                        compiled.inputs = timing_inputs(compiled.module, task, trial_seed, settings.input_sets)
+                    if compiled.inputs is None:    # a set per call of a dispatch (farm.measure.dispatch)
+                        compiled.inputs = timing_inputs(compiled.module, task, trial_seed,
+                                                        max(settings.input_sets, compiled.calls_per_dispatch))
                     result = validate_and_time(compiled, repetitions=settings.repetitions,
                                                time_budget_s=settings.sample_budget_s, cutoff_s=settings.cutoff_s)
                 except Exception as err:  # noqa: BLE001 - e.g. the inputs do not fit: data, not a crash
@@ -117,7 +118,7 @@ class Worker:
                 try:
                     executable, check = compile_pool.load(reply)
                     return Compiled(kernels.load(task.kernel), task, config, self.interpret, trial_seed, executable,
-                                    None, reply.compile_s, check), False
+                                    None, reply.compile_s, check, reply.calls), False
                 except Exception as err:  # noqa: BLE001 - e.g. Mosaic GPU's host-compiled parts do not travel
                     logger.warning("%s: executables compiled in a child process do not load here (%s); this task "
                                    "compiles in the worker from now on", task.key, full_text(err)[:300])
@@ -150,16 +151,22 @@ class Worker:
         fns = {c: b.executable for c, b in zip(configs, built) if isinstance(b, Compiled)}
         if not fns:
             return failed
+        calls = {b.calls_per_dispatch for b in built if isinstance(b, Compiled)}
+        if len(calls) != 1:
+            raise RuntimeError(f"{task.key}: finalists compiled with different calls per dispatch {calls}")
+        calls_per_dispatch = calls.pop()
         module = kernels.load(task.kernel)
         per_set = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(abstract_inputs(module, task)))
         with self._gate.quiet(), self._device:
             started = time.monotonic()
             try:
-                sets = timing_inputs(module, task, FINALS_SEED, finalists.rotation_sets(per_set))
+                sets = timing_inputs(module, task, FINALS_SEED,
+                                     max(finalists.rotation_sets(per_set), calls_per_dispatch))
                 if self._peaks is None:
                     self._peaks = (roofline.peaks_for_device(),)
                 floor = roofline.floor_s(module, task.shape, task.dtype, self._peaks[0])
-                timings = finalists.retime(task.key, fns, sets, floor_s=floor, budget_s=budget_s)
+                timings = finalists.retime(task.key, fns, sets, floor_s=floor, budget_s=budget_s,
+                                           calls=calls_per_dispatch)
             finally:
                 self._busy_s += time.monotonic() - started
         return timings + failed
