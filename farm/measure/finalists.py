@@ -104,7 +104,7 @@ def retime(task_key: str, fns: dict[str, Any], input_sets: Sequence[Sequence[Any
             min_s=None if t.min_s is None else t.min_s / calls, floor_s=floor_s,
             input_sets=len(input_sets)) for t in results]
     started = time.perf_counter()
-    calls = {name: timing.calibrate(fn, input_sets, min_sample_s=min_sample_s)[0] for name, fn in fns.items()}
+    per_sample = {name: timing.calibrate(fn, input_sets, min_sample_s=min_sample_s)[0] for name, fn in fns.items()}
     samples: dict[str, list[float]] = {name: [] for name in fns}
     below: set[str] = set()
     retried: set[str] = set()
@@ -112,7 +112,7 @@ def retime(task_key: str, fns: dict[str, Any], input_sets: Sequence[Sequence[Any
     while True:
         rounds += 1
         for name, fn in fns.items():
-            samples[name].append(timing.pair_per_call(fn, input_sets, calls[name]))
+            samples[name].append(timing.pair_per_call(fn, input_sets, per_sample[name]))
         n = min(len(s) for s in samples.values())
         if n < min_samples:
             continue
