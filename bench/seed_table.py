@@ -43,7 +43,7 @@ clock on the same samples: the span from a sample's first kernel start to its la
 call. Same calls, same GPU clocks: the difference is what farm.measure.timing gets wrong. Goal:
 within 5%. The kernels' summed durations per call are reported too. Below 0.8 times the table's
 figure, the column is host-bound (marked): its calls are launched slower than the device runs
-them, and both clocks measure the host. Measured on the H200: a JAX call costs about 40-48 us of
+them, and both clocks measure the host. Measured on the H200: a JAX call costs about 35-50 us of
 host time, so JAX columns of kernels shorter than that are host-bound; such rows are also
 compared on device time (the kernels' durations), in their own section.
 """
@@ -413,8 +413,8 @@ def _cuda_kernels(prof: Any) -> list[tuple[int, int]]:
 
 def traced_timing(p: baselines.Prepared, repetitions: int, min_sample_s: float,
                   n_sets: int = 1) -> dict[str, float]:
-    """farm.measure.timing.time_calls of `p` (input sets rotated as in the table) run under a CUPTI trace (torch.profiler, every
-    stream): farm.measure.timing's per-call figure, and per call the median device span (first kernel
+    """farm.measure.timing.time_calls of `p` (input sets rotated as in the table) run under a CUPTI
+    trace (torch.profiler, every stream): farm.measure.timing's per-call figure, and per call the median device span (first kernel
     start to last kernel end) and summed kernel durations of its longer samples.
 
     How many kernels one call launches is read from a trace of one call. time_calls' calibration
