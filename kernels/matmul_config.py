@@ -27,11 +27,26 @@ class Epilogue:
 
     fn(acc, *vectors): acc is an (r, c) f32 tile; each vector is an input of length n, sliced to
     the tile's columns and broadcast to (r, c) f32. full_rows: fn needs whole rows (c == n).
+    row_stats: the kernel also returns per-tile row statistics of the f32 product (before fn),
+    a (2, n // tile_n, m) f32 array: [0] each row's sum over one tile's tile_n columns, [1] its
+    sum of squared deviations from that tile's mean; `combine_row_stats` turns them into each
+    row's mean and variance over all n (a split reduction: no program needs whole rows).
     """
 
     fn: Callable[..., jax.Array] = _identity
     vectors: int = 0
     full_rows: bool = False
+    row_stats: bool = False
+
+
+def combine_row_stats(stats: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
+    """(mean, variance) of each of m rows of n columns from per-tile `Epilogue.row_stats`
+    (Chan et al.'s pairwise update, exact in real arithmetic, no cancellation of E[x^2] - E[x]^2)."""
+    sums, squares = stats[0], stats[1]  # (tiles, m)
+    tile = n // stats.shape[1]
+    mean = jnp.sum(sums, axis=0) / n
+    spread = sums / tile - mean
+    return mean, (jnp.sum(squares, axis=0) + tile * jnp.sum(spread * spread, axis=0)) / n
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +97,8 @@ class MatmulConfig(Knobs):
 
     # (preferred, align) of block_m, block_n and block_k in `default` (see `fit`); per target.
     DEFAULT_TILES: ClassVar[tuple[tuple[int, int], ...]] = ()
+    # Whether this target's kernel implements `Epilogue.row_stats`.
+    ROW_STATS: ClassVar[bool] = False
 
     def validate(self) -> None:
         """Tiles are positive."""
@@ -105,6 +122,9 @@ class MatmulConfig(Knobs):
             raise ConfigError(f"epi_n = {epi_n} must divide block_n = {bn}")
         if problem.epilogue.full_rows and epi_n != bn:
             raise ConfigError("this epilogue needs whole rows: epi_n must equal block_n")
+        if problem.epilogue.row_stats and (not self.ROW_STATS or problem.batch):
+            raise Unsupported(f"{type(self).__name__}: row statistics are implemented for unbatched "
+                              "Mosaic GPU matmuls only")
 
     @classmethod
     def default(cls, problem: Problem) -> Self:
@@ -204,6 +224,12 @@ class TritonMatmulConfig(InterpretMatmulConfig):
         return triton_dot_buffers(self.num_stages, self.num_warps, bm) * (bm * bk + bk * bn) * item
 
 
+# Shared memory Mosaic GPU adds to a kernel's own buffers (barriers, alignment). JAX 0.10.2 adds at
+# most 1 KiB; JAX 0.11.2 on the H200 counted up to 1616 bytes more than that for the same configs
+# (232528 bytes for one this model, with 1 KiB, put at 230912), so the model allows 2.75 KiB.
+MGPU_SMEM_OVERHEAD = 2816
+
+
 class MosaicTiles(NamedTuple):
     """A Mosaic GPU config's tiles with defaults resolved."""
 
@@ -221,9 +247,15 @@ class MosaicTiles(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class MosaicGpuMatmulConfig(MatmulConfig):
-    """Mosaic GPU (Hopper): pipeline kind and depth, warpgroup split, tile order, epilogue tile.
+    """Mosaic GPU (Hopper): pipeline kind and depth, warpgroup split, tile order, epilogue tile,
+    cluster.
 
-    epi_m and epi_n: None means 64 (at most the warpgroup's tile).
+    epi_m and epi_n: None means 64 (at most the warpgroup's tile). cluster ("none" | "m" | "n"):
+    the warp-specialized kernel runs blocks in pairs (a 2-block cluster) whose tiles lie side by
+    side along m or n; the operand both blocks share (B along m, A along n) is fetched once and
+    multicast by TMA to both blocks' shared memory, halving its L2 traffic. delay_release (0 | 1,
+    warp-specialized only): WGMMAs left in flight when a K step ends; with 1, a step's operand
+    slots are released one step late, so the tensor cores never wait for the issuing warpgroup.
     """
 
     mgpu_pipeline: Literal["warp_specialized", "pipelined"] = "pipelined"
@@ -232,14 +264,33 @@ class MosaicGpuMatmulConfig(MatmulConfig):
     grid_minor: Literal["m", "n"] = "n"
     grid_tile_width: int = 1
     epi_m: int | None = None
+    cluster: Literal["none", "m", "n"] = "none"
+    delay_release: int = 0
+
+    ROW_STATS = True
 
     def validate(self) -> None:
-        """A pipeline at least two steps deep, a positive tile width."""
+        """A pipeline at least two steps deep, a positive tile width, clusters only when
+        warp-specialized."""
         super().validate()
         if self.max_concurrent_steps < 2:
             raise Unsupported("gpu-mosaic: max_concurrent_steps must be at least 2")
         if self.grid_tile_width < 1:
             raise ConfigError(f"grid_tile_width must be positive, got {self.grid_tile_width}")
+        if self.cluster != "none" and not self.warp_specialized:
+            raise Unsupported("gpu-mosaic: cluster applies to the warp_specialized pipeline only")
+        if self.delay_release not in (0, 1) or (self.delay_release and not self.warp_specialized):
+            raise Unsupported(f"gpu-mosaic: delay_release is 0, or 1 with warp_specialized; got {self.delay_release}")
+
+    @property
+    def cluster_size(self) -> int:
+        """Blocks per cluster: 2 when clustered, else 1."""
+        return 1 if self.cluster == "none" else 2
+
+    def cluster_tile(self) -> tuple[int, int]:
+        """(rows, columns) of C one cluster computes."""
+        cta_m, cta_n = self.program_tile()
+        return cta_m * (2 if self.cluster == "m" else 1), cta_n * (2 if self.cluster == "n" else 1)
 
     @property
     def warp_specialized(self) -> bool:
@@ -268,22 +319,26 @@ class MosaicGpuMatmulConfig(MatmulConfig):
         if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
             raise Unsupported(f"gpu-mosaic matmul takes bfloat16 or float16, not {jnp.dtype(dtype)}")
         t = self.tiles()
+        cluster_m, cluster_n = self.cluster_tile()
+        if problem.m % cluster_m or problem.n % cluster_n:
+            raise ConfigError(f"cluster {self.cluster!r}: a cluster's tile ({cluster_m}, {cluster_n}) must "
+                              f"divide (m, n) = ({problem.m}, {problem.n})")
         if t.bm % 64 or t.bn % 64 or t.bk % 64 or t.bn > 256:
             raise Unsupported("gpu-mosaic: block_m, block_n, block_k must be multiples of 64, block_n <= 256")
         if t.bm % t.epi_m or t.bn % t.epi_n or t.epi_m % 64:
             raise Unsupported("gpu-mosaic: epi_m (a multiple of 64) and epi_n must divide the tile")
 
     def footprint(self, problem: Problem, dtype: Any) -> int:
-        """Shared memory: the pipeline's operand slots, each compute warpgroup's output staging slots
-        and vector tiles (one is allocated even without vectors), plus 1 KiB for barriers and
-        alignment: at most 1 KiB above what Mosaic GPU itself counts
-        (tests/test_kernels_matmul_family.py)."""
+        """Shared memory: the pipeline's operand slots, each compute warpgroup's output staging slots,
+        vector tiles and row statistics, plus MGPU_SMEM_OVERHEAD for barriers and alignment (at
+        least what Mosaic GPU itself counts: tests/test_kernels_matmul_family.py)."""
         t = self.tiles()
         item, out_item = _sizes(problem, dtype)
         operands = t.steps * (t.cta_m * t.bk + t.bk * t.cta_n) * item
         staging = t.wgs * t.slots * t.epi_m * t.epi_n * out_item
-        vectors = t.wgs * max(problem.epilogue.vectors, 1) * t.bn * item
-        return operands + staging + vectors + 1024
+        vectors = t.wgs * problem.epilogue.vectors * t.bn * item
+        stats = t.wgs * 2 * t.bm * 4 if problem.epilogue.row_stats else 0
+        return operands + staging + vectors + stats + MGPU_SMEM_OVERHEAD
 
     @classmethod
     def default(cls, problem: Problem) -> MosaicGpuMatmulConfig:

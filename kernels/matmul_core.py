@@ -35,7 +35,10 @@ sub-tiles of epi_n output columns, each loaded, transformed, cast and stored on 
                              (batch, m, n) grid, `plgpu.emit_pipeline` over K with WGMMA
                              released one step late.
               max_concurrent_steps (pipeline depth), epi_m and epi_n (64), grid_minor ("m" | "n") and
-              grid_tile_width: the persistent kernel's tile order (`plgpu.planar_snake`).
+              grid_tile_width: the persistent kernel's tile order (`plgpu.planar_snake`);
+              cluster ("none" | "m" | "n", warp-specialized only): blocks run in 2-block
+              clusters side by side along m or n, and TMA multicasts the operand both read;
+              delay_release (0 | 1, warp-specialized only): WGMMAs left in flight per K step.
 """
 from __future__ import annotations
 
@@ -59,6 +62,7 @@ from kernels.matmul_config import (  # noqa: F401 - the family's problem and con
     TpuMatmulConfig,
     TritonMatmulConfig,
     as_config,
+    combine_row_stats,
     fit,
     parse_config,
 )

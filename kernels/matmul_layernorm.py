@@ -6,11 +6,19 @@ ln_strategy (default two_phase, which any tiles allow):
                accumulator stays on chip and the epilogue normalises it before the only store.
                On TPU a (256, 4096) f32 accumulator is 4 MiB of VMEM, so this fits; on Triton
                the accumulator lives in registers and only small n fit (see the search space).
-  "two_phase"  phase 1 is the plain tiled matmul writing A @ B in float32 (any block_n); phase
-               2 a row kernel (ln_rows rows per program; default 8, or m) normalising it: 8 extra bytes of
-               traffic per output element, no constraint on the tiles.
-Other knobs as in `kernels.matmul_core`. No gpu-mosaic version: its WGMMA accumulators cannot
-hold whole 4096-wide rows, and phase 2 alone is not a Mosaic GPU showcase.
+  "two_phase"  phase 1 is the plain tiled matmul writing A @ B (any block_n); phase 2 a row
+               kernel (ln_rows rows per program; default 8, or m) normalising it: the product
+               is written and read once more, with no constraint on the tiles.
+  "tile_stats" (gpu-mosaic: WGMMA accumulators cannot hold whole 4096-wide rows) a split
+               reduction: phase 1 is the Mosaic GPU matmul whose epilogue also stores, per row
+               and per warpgroup tile, the f32 product's sum and squared deviations
+               (`Epilogue.row_stats`); phase 2 combines them (`combine_row_stats`) and
+               normalises the product in one elementwise pass that XLA fuses. Phase 2 reads each
+               stored element once and never reduces, so it runs at the copy rate.
+ln_store ("float32" | "input"): the dtype two_phase and tile_stats store the product in between
+the phases: float32 (exact), or the input dtype (half the traffic; the statistics are still
+taken from the f32 accumulator, so only the product's rounding reaches the output).
+Other knobs as in `kernels.matmul_core`.
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ from kernels.lowering import Platform, pallas_call
 
 NAME = "matmul_layernorm"
 SHAPE_NAMES = ("m", "n", "k")
-TARGETS = ("interpret", "tpu", "gpu-triton")
+TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 EPS = 1e-5
 
 
@@ -43,17 +51,21 @@ FUSED = matmul_core.Epilogue(fn=_layer_norm, vectors=2, full_rows=True)
 
 @dataclasses.dataclass(frozen=True)
 class LayerNormKnobs(Knobs):
-    """This kernel's own knobs: the strategy, and two_phase's rows per program (None: 8 when
-    they divide m, else m)."""
+    """This kernel's own knobs: the strategy, two_phase's rows per program (None: 8 when they
+    divide m, else m) and the dtype of the product stored between the phases."""
 
-    ln_strategy: Literal["fused", "two_phase"] = "two_phase"
+    ln_strategy: Literal["fused", "two_phase", "tile_stats"] = "two_phase"
     ln_rows: int | None = None
+    ln_store: Literal["float32", "input"] = "float32"
 
     def rows(self, m: int) -> int:
         """ln_rows with its default resolved."""
         if self.ln_rows is not None:
             return self.ln_rows
         return 8 if m % 8 == 0 else m
+
+
+TILE_STATS = matmul_core.Epilogue(row_stats=True)
 
 
 def _typed(config: dict[str, Any], target: str) -> tuple[matmul_core.MatmulConfig, LayerNormKnobs]:
@@ -66,7 +78,10 @@ def _problem(own: LayerNormKnobs, shape: tuple[int, ...]) -> matmul_core.Problem
     m, n, k = shape
     if own.ln_strategy == "fused":
         return matmul_core.Problem(m, n, k, epilogue=FUSED)
-    return matmul_core.Problem(m, n, k, out_dtype=jnp.float32)
+    store = jnp.float32 if own.ln_store == "float32" else None  # None: the input dtype
+    if own.ln_strategy == "tile_stats":
+        return matmul_core.Problem(m, n, k, epilogue=TILE_STATS, out_dtype=store)
+    return matmul_core.Problem(m, n, k, out_dtype=store)
 
 
 def reference(a: jax.Array, b: jax.Array, gamma: jax.Array, beta: jax.Array) -> jax.Array:
@@ -107,7 +122,7 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
     m, n, _ = shape
     core, own = _typed(config, target)
     matmul_bytes = matmul_core.footprint(_problem(own, shape), core, dtype, target)
-    if own.ln_strategy == "fused":
+    if own.ln_strategy != "two_phase":  # fused: one kernel; tile_stats: phase 2 is XLA's
         return matmul_bytes
     rows = own.rows(m)
     if target == "gpu-triton":  # the row kernel keeps its rows in registers: only reduction scratch
@@ -118,7 +133,12 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
 
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """The two-phase scheme with the plain matmul's default tiles (any n works)."""
+    """The two-phase scheme (tile_stats on gpu-mosaic) with the plain matmul's default tiles (any
+    n works), the product stored in float32."""
+    if target == "gpu-mosaic":  # no row kernel: ln_rows is not one of its knobs
+        own = LayerNormKnobs(ln_strategy="tile_stats")
+        return {k: v for k, v in own.to_dict().items() if k != "ln_rows"} | matmul_core.default_config(
+            _problem(own, shape), target)
     own = LayerNormKnobs()
     own = dataclasses.replace(own, ln_rows=own.rows(shape[0]))
     return own.to_dict() | matmul_core.default_config(_problem(own, shape), target)
@@ -131,6 +151,8 @@ def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target:
     m = shape[0]
     if own.ln_strategy == "two_phase" and m % own.rows(m):
         raise ConfigError(f"ln_rows = {own.rows(m)} must divide m = {m}")
+    if own.ln_strategy == "two_phase" and target == "gpu-mosaic":
+        raise Unsupported("gpu-mosaic: two_phase's row kernel is not a Mosaic GPU kernel; use tile_stats")
     return problem, core, own
 
 
@@ -157,12 +179,28 @@ def _row_norm(core: matmul_core.MatmulConfig, rows: int, shape: tuple[int, ...],
     return lambda x, gamma, beta: call(x, gamma.reshape(1, n), beta.reshape(1, n))
 
 
+def _tile_stats(phase1, n: int, dtype: Any):
+    """Phase 2 of tile_stats: each row's mean and variance from phase 1's per-tile statistics,
+    then one elementwise pass over the stored product (XLA fuses it)."""
+
+    def tile_stats(a: jax.Array, b: jax.Array, gamma: jax.Array, beta: jax.Array) -> jax.Array:
+        product, stats = phase1(a, b)
+        mean, var = matmul_core.combine_row_stats(stats, n)
+        scale = jax.lax.rsqrt(var + EPS)[:, None]
+        centred = product.astype(jnp.float32) - mean[:, None]
+        return (centred * scale * gamma.astype(jnp.float32) + beta.astype(jnp.float32)).astype(dtype)
+
+    return tile_stats
+
+
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
     """The Pallas matmul + layer norm for `config`: a function of (a, b, gamma, beta)."""
     problem, core, own = _checked(config, shape, dtype, platform.target)
     phase1 = matmul_core.build(problem, core, dtype, platform)
     if own.ln_strategy == "fused":
         return phase1
+    if own.ln_strategy == "tile_stats":
+        return _tile_stats(phase1, shape[1], dtype)
     phase2 = _row_norm(core, own.rows(shape[0]), shape, dtype, platform)
     if platform.target == "tpu":
         from kernels.tpu_mesh import traced_for_tpu

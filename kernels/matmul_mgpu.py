@@ -44,6 +44,19 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
         rows, cols = pl.ds(m_idx * t.cta_m, t.cta_m), pl.ds(n_idx * t.cta_n, t.cta_n)
         return a_gmem.at[rows, :], b_gmem.at[:, cols], out_gmem.at[rows, cols], cols
 
+    row_stats = epilogue.row_stats
+
+    def store_row_stats(acc, stats_smem, stats_gmem, rows, col_tile):
+        # Each row's sum over this warpgroup's bn columns and its squared deviations from their
+        # mean (see Epilogue.row_stats): two (bm,) f32 vectors, stored by 1-D TMA copies.
+        sums = jnp.sum(acc, axis=1)
+        centred = acc - lax.broadcast_in_dim(sums * (1.0 / bn), (bm, bn), [0])
+        stats_smem[0] = sums
+        stats_smem[1] = jnp.sum(centred * centred, axis=1)
+        plgpu.commit_smem()
+        for i in range(2):
+            plgpu.copy_smem_to_gmem(stats_smem.at[i], stats_gmem.at[i, col_tile, rows])
+
     def epilogue_store(acc, vec_smem, out_smem, out_tile):
         # acc: this warpgroup's (bm, bn) f32 tile; stored one (epi_m, epi_n) sub-tile at a time
         # through two SMEM slots, so the TMA store of one overlaps the math of the next.
@@ -66,7 +79,13 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
             plgpu.copy_gmem_to_smem(ref.at[cols], vec_smem.at[v], vec_barrier)
 
     out_shape = (problem.out_shape(dtype),)
-    vec_scratch = plgpu.SMEM((max(n_vec, 1), bn), dtype)
+    if row_stats:
+        out_shape += (jax.ShapeDtypeStruct((2, problem.n // bn, problem.m), jnp.float32),)
+    # Shared memory only for what the epilogue uses: at the largest tiles and depths, 512 bytes of
+    # unused vector tile are the difference between fitting and not.
+    vec_scratch = plgpu.SMEM((n_vec, bn), dtype) if n_vec else None
+    vec_barrier = plgpu.Barrier(num_arrivals=n_vec) if n_vec else None
+    stats_scratch = plgpu.SMEM((2, bm), jnp.float32) if row_stats else None
 
     if not config.warp_specialized:
         def body(a_gmem, b_gmem, *refs):
@@ -74,7 +93,7 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
             bi, m_idx, n_idx = (lax.axis_index(a) for a in ("b", "m", "n"))
             a_view, b_view, out_tile, cols = views(a_gmem, b_gmem, out_gmem, bi, m_idx, n_idx)
 
-            def scoped(out_smem, vec_smem, vec_barrier):
+            def scoped(out_smem, vec_smem, vec_barrier, stats_smem):
                 if n_vec:
                     load_vectors(vec_gmem, vec_smem, vec_barrier, cols)
 
@@ -91,25 +110,35 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
                     plgpu.wgmma_wait(0)
                     if n_vec:
                         plgpu.barrier_wait(vec_barrier)
-                    epilogue_store(acc_ref[...], vec_smem, out_smem, out_tile)
+                    acc = acc_ref[...]
+                    epilogue_store(acc, vec_smem, out_smem, out_tile)
+                    if row_stats:
+                        store_row_stats(acc, stats_smem, refs[n_vec + 1], pl.ds(m_idx * bm, bm), n_idx)
 
                 pl.run_scoped(with_acc, plgpu.ACC((bm, bn), jnp.float32))
                 plgpu.wait_smem_to_gmem(0)
 
             pl.run_scoped(scoped, plgpu.SMEM((t.slots, epi_m, epi_n), out_dtype, transforms=out_transforms),
-                          vec_scratch, plgpu.Barrier(num_arrivals=max(n_vec, 1)))
+                          vec_scratch, vec_barrier, stats_scratch)
 
         call = mosaic_kernel(
             body, platform=platform, out_shape=out_shape, grid=(batches, m_iters, n_iters),
             grid_names=("b", "m", "n"),
             compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
             name="matmul_mgpu_pipelined")
-        return lambda a, b, *vectors: call(a, b, *vectors)[0]
+        return lambda a, b, *vectors: _outputs(call(a, b, *vectors), row_stats)
 
     split = config.wg_split
     grid_minor = {"m": 0, "n": 1}[config.grid_minor]
     tile_width = config.grid_tile_width
-    tiles = batches * m_iters * n_iters
+    # Clusters of two blocks side by side along m or n; the operand both share is multicast.
+    cluster_blocks = config.cluster_size
+    cl_m, cl_n = (cluster_blocks if config.cluster == d else 1 for d in ("m", "n"))
+    m_clusters, n_clusters = m_iters // cl_m, n_iters // cl_n
+    tiles = batches * m_clusters * n_clusters
+    share_a = ("cluster",) if config.cluster == "n" else ()  # both blocks read the same rows of A
+    share_b = ("cluster",) if config.cluster == "m" else ()  # ... or the same columns of B
+    delay = config.delay_release  # WGMMAs in flight at a step's end; its slots are released this late
 
     def ws_body(a_gmem, b_gmem, *refs):
         vec_gmem, out_gmem = refs[:n_vec], refs[n_vec]
@@ -119,7 +148,8 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
             return plgpu.emit_pipeline_warp_specialized(
                 mma_body, grid=(k_iters,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
                 max_concurrent_steps=steps, compute_context=compute_context,
-                in_specs=[spec((t.cta_m, bk), lambda kk: (0, kk)), spec((bk, t.cta_n), lambda kk: (kk, 0))],
+                in_specs=[spec((t.cta_m, bk), lambda kk: (0, kk), delay_release=delay, **_collective(share_a)),
+                          spec((bk, t.cta_n), lambda kk: (kk, 0), delay_release=delay, **_collective(share_b))],
             )
 
         ignore = lambda *_, **__: None  # noqa: E731 - allocations do not depend on the bodies
@@ -129,28 +159,33 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
             pl.run_scoped,
             allocations=pipeline(ignore, ignore).get_allocations(a0, b0),
             out_smem=plgpu.SMEM((2, t.slots, epi_m, epi_n), out_dtype, transforms=out_transforms),
-            vec_smem=plgpu.SMEM((2, max(n_vec, 1), bn), dtype),
-            vec_barriers=plgpu.Barrier(num_arrivals=max(n_vec, 1), num_barriers=2),
+            vec_smem=plgpu.SMEM((2, n_vec, bn), dtype) if n_vec else None,
+            vec_barriers=plgpu.Barrier(num_arrivals=n_vec, num_barriers=2) if n_vec else None,
+            stats_smem=plgpu.SMEM((2, 2, bm), jnp.float32) if row_stats else None,
             collective_axes="wg",
         )
-        def _scope(allocations, out_smem, vec_smem, vec_barriers):
+        def _scope(allocations, out_smem, vec_smem, vec_barriers, stats_smem):
             wg = lax.axis_index("wg")
+            block = lax.axis_index("cluster") if cluster_blocks > 1 else 0
 
             @plgpu.nd_loop((tiles,), collective_axes="sm")
             def _tile_loop(info):
                 (lin,) = info.index
-                bi = lax.div(lin, m_iters * n_iters)
-                m_idx, n_idx = plgpu.planar_snake(lax.rem(lin, m_iters * n_iters), (m_iters, n_iters),
-                                                  grid_minor, tile_width)
+                bi = lax.div(lin, m_clusters * n_clusters)
+                m_idx, n_idx = plgpu.planar_snake(lax.rem(lin, m_clusters * n_clusters),
+                                                  (m_clusters, n_clusters), grid_minor, tile_width)
+                m_idx, n_idx = m_idx * cl_m + block * (cl_m - 1), n_idx * cl_n + block * (cl_n - 1)
                 a_view, b_view, out_tile, cols = views(a_gmem, b_gmem, out_gmem, bi, m_idx, n_idx)
                 if split == "m":
                     wg_rows, wg_cols = pl.ds(wg * bm, bm), slice(None)
                     wg_out = out_tile.at[wg_rows, :]
                     wg_vec_cols = cols
+                    stats_rows, stats_tile = pl.ds(m_idx * t.cta_m + wg * bm, bm), n_idx
                 else:
                     wg_rows, wg_cols = slice(None), pl.ds(wg * bn, bn)
                     wg_out = out_tile.at[:, wg_cols]
                     wg_vec_cols = pl.ds(n_idx * t.cta_n + wg * bn, bn)
+                    stats_rows, stats_tile = pl.ds(m_idx * t.cta_m, bm), n_idx * 2 + wg
 
                 def compute_context(eval_pipeline):
                     if n_vec:
@@ -161,13 +196,15 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
                         acc = acc_ref[...]
                         if n_vec:
                             plgpu.barrier_wait(vec_barriers.at[wg])
-                        epilogue_store(acc, vec_smem.at[wg], out_smem.at[wg], wg_out)
+                        epilogue_store(acc, vec_smem.at[wg] if n_vec else None, out_smem.at[wg], wg_out)
+                        if row_stats:
+                            store_row_stats(acc, stats_smem.at[wg], refs[n_vec + 1], stats_rows, stats_tile)
 
                     pl.run_scoped(with_acc, plgpu.ACC((bm, bn), jnp.float32))
 
                 def mma(_, a_smem, b_smem, acc_ref):
                     plgpu.wgmma(acc_ref, a_smem.at[wg_rows], b_smem.at[:, wg_cols])
-                    plgpu.wgmma_wait(0)
+                    plgpu.wgmma_wait(delay)
                     return acc_ref
 
                 pipeline(mma, compute_context)(a_view, b_view, allocations=allocations)
@@ -175,11 +212,23 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     def launch(*args):
+        clustered = dict(cluster=(cluster_blocks,), cluster_names=("cluster",)) if cluster_blocks > 1 else {}
         call = mosaic_kernel(
-            ws_body, platform=platform, out_shape=out_shape, grid=(min(num_sms(), tiles),),
-            grid_names=("sm",), num_threads=3, thread_name="wg",
+            ws_body, platform=platform, out_shape=out_shape,
+            grid=(min(num_sms() // cluster_blocks, tiles),), grid_names=("sm",), **clustered,
+            num_threads=3, thread_name="wg",
             compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
             name="matmul_mgpu_warp_specialized")
-        return call(*args)[0]
+        return _outputs(call(*args), row_stats)
 
     return launch
+
+
+def _outputs(results: tuple[jax.Array, ...], row_stats: bool) -> Any:
+    """The product, or (product, row statistics) when the epilogue keeps them."""
+    return tuple(results) if row_stats else results[0]
+
+
+def _collective(axes: tuple[str, ...]) -> dict[str, Any]:
+    """BlockSpec keywords multicasting a tile over `axes` (none when unclustered)."""
+    return {"collective_axes": axes} if axes else {}

@@ -74,6 +74,8 @@ def mosaic_kernel(
     out_shape: Sequence[jax.ShapeDtypeStruct],
     grid: tuple[int, ...],
     grid_names: tuple[str, ...],
+    cluster: tuple[int, ...] = (),
+    cluster_names: tuple[str, ...] = (),
     num_threads: int | None = None,
     thread_name: str | None = None,
     compiler_params: Any = None,
@@ -86,6 +88,8 @@ def mosaic_kernel(
         raise ValueError(f"mosaic_kernel builds gpu-mosaic kernels, not {platform.target!r}")
     out_shape = tuple(out_shape)
     mesh = dict(grid=grid, grid_names=grid_names, num_threads=num_threads, thread_name=thread_name)
+    if cluster:  # only when clustered: Mosaic GPU's interpreter rejects any cluster argument
+        mesh.update(cluster=cluster, cluster_names=cluster_names)
     if platform.interpret or not platform.poison_outputs:
         kernel = plgpu.kernel(body, out_type=out_shape, compiler_params=compiler_params,
                               interpret=interpret_params() if platform.interpret else None, **mesh)

@@ -19,7 +19,8 @@ from farm.measure import outcomes, validate
 from farm.measure.device import measure
 from farm.search.spaces import load_space
 from farm.tasks import TuningTask
-from kernels import matmul_core, mgpu_launch
+from kernels import matmul_config, matmul_core, mgpu_launch
+from kernels.knobs import ConfigError, Unsupported
 from kernels.lowering import Platform
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,6 +86,7 @@ NUMERICS = [
     ("broadcast_matmul", "tpu", _blocks(128, 256, 128, k_strategy="emit_pipeline", fold_batch=True)),
     ("matmul_layernorm", "gpu-triton", _blocks(16, 256, 32, ln_strategy="fused", **TRITON)),
     ("matmul_layernorm", "gpu-triton", _blocks(32, 64, 32, ln_strategy="two_phase", ln_rows=4, **TRITON)),
+    ("matmul_layernorm", "gpu-triton", _blocks(32, 64, 32, ln_strategy="two_phase", ln_store="input", **TRITON)),
     ("matmul_layernorm", "tpu", _blocks(32, 256, 128, ln_strategy="fused", k_strategy="grid")),
     ("matmul_layernorm", "tpu", _blocks(64, 256, 128, ln_strategy="fused", k_strategy="emit_pipeline")),
     ("matmul_layernorm", "tpu", _blocks(64, 128, 128, ln_strategy="two_phase", ln_rows=16, k_strategy="resident")),
@@ -146,7 +148,7 @@ def test_build_refuses_unsupported_configs():
                                                jnp.float32, Platform("interpret"))
     with pytest.raises(NotImplementedError, match="bfloat16 or float16"):
         kernels.load("matmul").build(_blocks(64, 64, 64), MM, jnp.float32, Platform("gpu-mosaic"))
-    with pytest.raises(NotImplementedError, match="no gpu-mosaic"):
+    with pytest.raises(NotImplementedError, match="use tile_stats"):
         kernels.load("matmul_layernorm").build(_blocks(64, 256, 64, ln_strategy="two_phase"), LN,
                                                jnp.bfloat16, Platform("gpu-mosaic"))
 
@@ -170,6 +172,7 @@ MGPU = [
                                  fold_batch=False)),
     ("matmul_subtiled_epilogue", _blocks(64, 64, 64, mgpu_pipeline="warp_specialized",
                                          max_concurrent_steps=2, epi_n=32, grid_minor="m")),
+    ("matmul", _blocks(64, 64, 64, mgpu_pipeline="warp_specialized", max_concurrent_steps=3, delay_release=1)),
 ]
 
 
@@ -177,6 +180,67 @@ MGPU = [
 def test_mosaic_gpu_kernels_lower_for_cuda(name, config):
     shape = (2, 128, 128, 128) if name == "bmm" else None
     assert "mosaic_gpu" in _lower(name, config, "gpu-mosaic", shape=shape)
+
+
+@pytest.mark.parametrize("cluster", ["m", "n"])
+def test_mosaic_gpu_clusters_lower_for_cuda_and_need_an_even_tile_count(cluster):
+    # Pallas's GPU interpreter has no clusters: lowering is what the CPU can check; the GPU
+    # validates every clustered config's numerics when a sweep measures it.
+    config = _blocks(64, 64, 64, mgpu_pipeline="warp_specialized", max_concurrent_steps=2, wg_split="n",
+                     cluster=cluster)
+    plain = _lower("matmul", {**config, "cluster": "none"}, "gpu-mosaic", shape=(256, 512, 128))
+    clustered = _lower("matmul", config, "gpu-mosaic", shape=(256, 512, 128))
+    assert "mosaic_gpu" in clustered and clustered != plain
+    # a block's tile is 64 x 128; a cluster's is twice that along `cluster`
+    odd = (192, 512, 128) if cluster == "m" else (256, 384, 128)
+    with pytest.raises(ConfigError, match="cluster"):
+        matmul_core.check(matmul_core.Problem(*odd), config, jnp.bfloat16, "gpu-mosaic")
+    matmul_core.check(matmul_core.Problem(*odd), {**config, "cluster": "none"}, jnp.bfloat16, "gpu-mosaic")
+    with pytest.raises(Unsupported, match="warp_specialized"):
+        matmul_core.check(matmul_core.Problem(256, 512, 128), {**config, "mgpu_pipeline": "pipelined"},
+                          jnp.bfloat16, "gpu-mosaic")
+
+
+def test_row_statistics_of_tiles_combine_to_each_rows_mean_and_variance():
+    # rows with a large common offset: E[x^2] - E[x]^2 would lose the variance; Chan's update keeps it
+    x = 1000.0 + jax.random.normal(jax.random.key(0), (8, 96), jnp.float32) * jnp.arange(1, 9)[:, None]
+    tiles = x.reshape(8, 3, 32)
+    sums = tiles.sum(-1)
+    squares = ((tiles - tiles.mean(-1, keepdims=True)) ** 2).sum(-1)
+    mean, var = matmul_core.combine_row_stats(jnp.stack([sums.T, squares.T]), 96)
+    assert jnp.allclose(mean, x.mean(-1), rtol=1e-6)
+    assert jnp.allclose(var, x.var(-1), rtol=1e-4)
+
+
+TILE_STATS = dict(ln_strategy="tile_stats", max_concurrent_steps=2)
+
+
+@pytest.mark.parametrize("pipeline,split,store", [("pipelined", "n", "float32"), ("pipelined", "n", "input"),
+                                                  ("warp_specialized", "n", "input"),
+                                                  ("warp_specialized", "m", "float32")])
+def test_mosaic_gpu_layer_norm_from_tile_statistics_in_the_gpu_interpreter(pipeline, split, store, monkeypatch):
+    # 2 x 4 warpgroup tiles, each storing its rows' statistics over 64 columns; one "SM", so the
+    # persistent kernel loops over several blocks.
+    monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 1)
+    config = _blocks(64, 64, 64, mgpu_pipeline=pipeline, wg_split=split, ln_store=store, **TILE_STATS)
+    error = _run("matmul_layernorm", config, "gpu-mosaic", jnp.bfloat16, (128, 256, 128))
+    assert error <= validate.tolerance("bfloat16", kernels.load("matmul_layernorm"))
+
+
+@pytest.mark.parametrize("split,cluster", [("m", "m"), ("n", "n")])
+def test_mosaic_gpu_layer_norm_from_tile_statistics_lowers_in_clusters(split, cluster):
+    # Pallas's GPU interpreter has no clusters: the CPU checks the lowering, the GPU the numerics.
+    config = _blocks(64, 64, 64, mgpu_pipeline="warp_specialized", wg_split=split, cluster=cluster, **TILE_STATS)
+    assert "mosaic_gpu" in _lower("matmul_layernorm", config, "gpu-mosaic", shape=(256, 512, 128))
+
+
+def test_tile_statistics_are_a_mosaic_gpu_strategy():
+    module = kernels.load("matmul_layernorm")
+    assert "Mosaic GPU" in module.check_config(_blocks(32, 64, 32, ln_strategy="tile_stats", **TRITON), LN,
+                                                 jnp.bfloat16, "gpu-triton")
+    assert "tile_stats" in module.check_config(_blocks(64, 64, 64, ln_strategy="two_phase"), LN, jnp.bfloat16,
+                                               "gpu-mosaic")
+    assert module.default_config(LN, "gpu-mosaic")["ln_strategy"] == "tile_stats"
 
 
 @pytest.mark.parametrize("name,config", [MGPU[0], MGPU[4]])
@@ -199,7 +263,7 @@ def test_mosaic_gpu_poisoned_build_writes_into_a_nan_buffer():
 
 SEED = (8192, 8192, 8192)
 SMEM_CASES = [
-    _blocks(128, 128, 64, mgpu_pipeline="warp_specialized", max_concurrent_steps=4),  # fits: 230480 B
+    _blocks(128, 128, 64, mgpu_pipeline="warp_specialized", max_concurrent_steps=4),  # fits: 229968 B
     _blocks(128, 128, 64, mgpu_pipeline="warp_specialized", max_concurrent_steps=5),  # does not
     _blocks(128, 128, 64, mgpu_pipeline="pipelined", max_concurrent_steps=6),
     _blocks(64, 256, 128, mgpu_pipeline="pipelined", max_concurrent_steps=3, epi_n=128),
@@ -224,7 +288,7 @@ def test_mosaic_gpu_footprint_bounds_mosaics_own_shared_memory_count(config, mon
     with pytest.raises(ValueError, match="exceeds available shared memory") as info:
         _lower("matmul", config, "gpu-mosaic", shape=SEED)
     actual = int(re.search(r"smem_bytes=(\d+)", str(info.value)).group(1))
-    assert actual <= model <= actual + 1024
+    assert actual <= model <= actual + matmul_config.MGPU_SMEM_OVERHEAD
 
 
 def test_footprints_grow_with_tiles_and_depth():
