@@ -101,16 +101,20 @@ class TritonAttentionConfig(AttentionConfig):
 
 @dataclasses.dataclass(frozen=True)
 class MosaicGpuAttentionConfig(AttentionConfig):
-    """Mosaic GPU (Hopper): the FA3-style warp-specialized kernel or a pipelined one, and its depth."""
+    """Mosaic GPU (Hopper): the FA3-style warp-specialized kernel or a pipelined one, its depth, and
+    how the warp-specialized kernel overlaps softmax with the matmuls (ws_schedule)."""
 
     mgpu_pipeline: Literal["warp_specialized", "pipelined"] = "warp_specialized"
     max_concurrent_steps: int = 2
+    ws_schedule: Literal["pingpong", "intra_overlap"] = "pingpong"
 
     def validate(self) -> None:
-        """A K/V pipeline at least two steps deep."""
+        """A K/V pipeline at least two steps deep; ws_schedule only for the warp-specialized kernel."""
         super().validate()
         if self.max_concurrent_steps < 2:
             raise Unsupported("gpu-mosaic: max_concurrent_steps must be at least 2")
+        if self.ws_schedule != "pingpong" and not self.warp_specialized:
+            raise Unsupported("gpu-mosaic: ws_schedule applies to the warp_specialized kernel only")
 
     @property
     def warp_specialized(self) -> bool:

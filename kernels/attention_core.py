@@ -29,6 +29,11 @@ Strategies and knobs (all targets: block_q, block_kv):
               mgpu_pipeline "pipelined": one warpgroup per block_q rows, `plgpu.emit_pipeline`
                   over K/V blocks carrying (acc, m, l); causal masks every block (no skipping).
               max_concurrent_steps: K/V pipeline depth (>= 2).
+              ws_schedule (warp-specialized only): "pingpong" (the default): the two compute
+                  warpgroups take turns on the tensor cores (a schedule barrier), each waiting
+                  for its own QK^T before its softmax; "intra_overlap" (FlashAttention-3's
+                  intra-warpgroup pipelining): each warpgroup issues QK^T of block j and P V of
+                  block j - 1 together and runs block j's softmax while P V is in flight.
 
 TPU VMEM model (`TpuAttentionConfig.footprint`, bytes; it = dtype bytes, 128 = lanes of the m/l scratch):
   Q and O tiles, double-buffered:   2 * 2 * block_q * head_dim * it

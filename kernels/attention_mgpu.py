@@ -68,23 +68,121 @@ def _pv(acc: jax.Array, p: jax.Array, v_tile: Any, interpret: bool, while_runnin
     return pl.run_state(mma)(plgpu.ACC.init(acc))
 
 
-def _softmax_step(qk: jax.Array, acc: jax.Array, m_i: jax.Array, l_i: jax.Array, scale_log2: float,
-                  dtype: Any, causal_origin: tuple[Any, Any] | None) -> tuple[jax.Array, ...]:
-    """One online-softmax step in base 2: P (in `dtype`), acc rescaled, the new max and sum.
+def _online_softmax(qk: jax.Array, m_i: jax.Array, l_i: jax.Array, scale_log2: float, dtype: Any,
+                    causal_origin: tuple[Any, Any] | None,
+                    mask_on: Any = True) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """One online-softmax step in base 2: P (in `dtype`), the accumulator's rescale factor, the new
+    max and sum.
 
-    causal_origin: (first query row, first key) of the block, to mask keys after each row.
-    Row maxima stay finite: key block 0 is unmasked for every row and is processed first.
+    causal_origin: (first query row, first key) of the block, to mask keys after each row (when
+    the traced `mask_on` holds). Row maxima stay finite: key block 0 is processed first, and
+    every row keeps its first key.
     """
     if causal_origin is not None:
         q_start, kv_start = causal_origin
         rows = q_start + lax.broadcasted_iota(jnp.int32, qk.shape, 0)
         cols = kv_start + lax.broadcasted_iota(jnp.int32, qk.shape, 1)
-        qk = jnp.where(cols <= rows, qk, -jnp.inf)
+        qk = jnp.where((cols <= rows) | jnp.logical_not(mask_on), qk, -jnp.inf)
     m_next = jnp.maximum(m_i, qk.max(axis=1) * scale_log2)
     alpha = jnp.exp2(m_i - m_next)
     p = jnp.exp2(qk * scale_log2 - lax.broadcast_in_dim(m_next, qk.shape, [0]))
-    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-    return p.astype(dtype), acc, m_next, l_i * alpha + p.sum(axis=1)
+    return p.astype(dtype), alpha, m_next, l_i * alpha + p.sum(axis=1)
+
+
+def _rescale(acc: jax.Array, alpha: jax.Array) -> jax.Array:
+    return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+
+def _softmax_step(qk: jax.Array, acc: jax.Array, m_i: jax.Array, l_i: jax.Array, scale_log2: float,
+                  dtype: Any, causal_origin: tuple[Any, Any] | None) -> tuple[jax.Array, ...]:
+    """`_online_softmax` with the accumulator rescaled: P, acc, the new max and sum."""
+    p, alpha, m_next, l_next = _online_softmax(qk, m_i, l_i, scale_log2, dtype, causal_origin)
+    return p, _rescale(acc, alpha), m_next, l_next
+
+
+def _intra_overlap_loop(qo_smem: Any, k_smem: Any, v_smem: Any, barriers: tuple[Any, ...], kv_steps: Any,
+                        steps: int, bq: int, bkv: int, dim: int, scale_log2: float, dtype: Any,
+                        q_base: Any, causal: bool, interpret: bool) -> tuple[jax.Array, jax.Array]:
+    """FlashAttention-3's intra-warpgroup pipelining over one warpgroup's K/V blocks 0..kv_steps-1.
+
+    Step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back, waits for S_j only, runs
+    block j's softmax while P V is still on the tensor cores, then waits for it and rescales O.
+    Returns (O unnormalised, l). Interpret mode runs the same schedule with `jnp.dot`s.
+    """
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    k_loaded, v_loaded, k_consumed, v_consumed = barriers
+    unmasked = lax.div(q_base, bkv)  # blocks before this are below the diagonal for every row
+
+    def slot(j):
+        j = jnp.asarray(j, jnp.int32)
+        return lax.rem(j, jnp.array(steps, jnp.int32))
+
+    def softmax(j, qk, m_i, l_i, masked):
+        # masked: True, False, or traced (block 0); only blocks from `unmasked` on cross the diagonal
+        origin = (q_base, j * bkv) if causal and masked is not False else None
+        return _online_softmax(qk, m_i, l_i, scale_log2, dtype, origin,
+                               mask_on=True if masked is True else j >= unmasked)
+
+    def run(s_ref, o_ref):
+        def scores(j):  # issue S_j (after its K block landed)
+            plgpu.barrier_wait(k_loaded.at[slot(j)])
+            if interpret:
+                return jnp.dot(qo_smem[...], k_smem.at[slot(j)][...].T, preferred_element_type=jnp.float32)
+            s_ref[...] = jnp.zeros((bq, bkv), jnp.float32)
+            plgpu.wgmma(s_ref, qo_smem, plgpu.transpose_ref(k_smem.at[slot(j)], (1, 0)))
+            return None
+
+        def pv(j, p, o):  # issue O += P_j V_j (after its V block landed)
+            plgpu.barrier_wait(v_loaded.at[slot(j)])
+            if interpret:
+                return o + jnp.dot(p, v_smem.at[slot(j)][...], preferred_element_type=jnp.float32)
+            plgpu.wgmma(o_ref, p, v_smem.at[slot(j)])
+            return None
+
+        zero = lax.convert_element_type(0, jnp.int32)
+        qk = scores(zero)
+        if not interpret:
+            qk = plgpu.wgmma_accumulator_load(s_ref, wait_n=0)
+        plgpu.barrier_arrive(k_consumed.at[slot(zero)])
+        p, _, m_i, l_i = softmax(zero, qk, jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
+                                 masked=None)
+        o = jnp.zeros((bq, dim), jnp.float32)
+
+        def step(j, carry, masked=False):
+            p, o, m_i, l_i = carry
+            qk = scores(j)
+            o_next = pv(j - 1, p, o)
+            if not interpret:  # S_j was issued first: wait for it alone, P V stays in flight
+                qk = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
+            plgpu.barrier_arrive(k_consumed.at[slot(j)])
+            p, alpha, m_i, l_i = softmax(j, qk, m_i, l_i, masked)
+            if not interpret:
+                o_next = plgpu.wgmma_accumulator_load(o_ref, wait_n=0)
+            plgpu.barrier_arrive(v_consumed.at[slot(j - 1)])
+            o_next = _rescale(o_next, alpha)
+            if not interpret:
+                o_ref[...] = o_next
+            return p, o_next, m_i, l_i
+
+        carry = (p, o, m_i, l_i)
+        if causal:  # blocks 1 .. unmasked - 1 need no mask, the rest do
+            first_masked = jnp.maximum(unmasked, 1)
+            carry = lax.fori_loop(1, first_masked, step, carry)
+            carry = lax.fori_loop(first_masked, kv_steps, functools.partial(step, masked=True), carry)
+        else:
+            carry = lax.fori_loop(1, kv_steps, step, carry)
+        p, o, _, l_i = carry
+        last = kv_steps - 1
+        o = pv(last, p, o)
+        if not interpret:
+            o = plgpu.wgmma_accumulator_load(o_ref, wait_n=0)
+        plgpu.barrier_arrive(v_consumed.at[slot(last)])
+        return o, l_i
+
+    if interpret:
+        return run(None, None)
+    return pl.run_scoped(run, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC((bq, dim), jnp.float32))
 
 
 def _smem_transforms() -> tuple[Any, ...]:
@@ -105,6 +203,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
     dtype = jnp.dtype(dtype)
     scale_log2 = math.log2(math.e) / math.sqrt(dim)  # softmax in base 2, scale folded in
     compute_wgs = 2
+    intra_overlap = config.ws_schedule == "intra_overlap"
 
     def kernel(q_ref, k_ref, v_ref, out_ref, smem, loaded, consumed, schedule_barrier):
         b, h = lax.axis_index("batch"), lax.axis_index("heads")
@@ -121,6 +220,25 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             plgpu.barrier_arrive(schedule_barrier)
             plgpu.barrier_wait(schedule_barrier)
 
+        def release(j, _, twice=True):
+            # A K/V block this warpgroup does not need: observe its arrival, release it, and
+            # (ping-pong) keep the schedule barrier's phases in step with the other warpgroup.
+            slot = lax.rem(j, jnp.array(steps, j.dtype))
+            plgpu.barrier_wait(k_loaded.at[slot])
+            plgpu.barrier_wait(v_loaded.at[slot])
+            plgpu.barrier_arrive(k_consumed.at[slot])
+            plgpu.barrier_arrive(v_consumed.at[slot])
+            if twice:
+                schedule()
+                schedule()
+
+        def store(acc, l_i, qo_smem, q_base):
+            acc = acc / lax.broadcast_in_dim(l_i, (bq, dim), [0])
+            qo_smem[...] = acc.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(qo_smem, out_ref.at[b, h, pl.ds(q_base, bq)])
+            plgpu.wait_smem_to_gmem(0)
+
         @pl.when(wg < compute_wgs)
         def _compute():
             plgpu.set_max_registers(232, action="increase")
@@ -129,6 +247,14 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             kv_steps = lax.div(q_base + bq + bkv - 1, bkv) if causal else cta_kv_steps
             plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], qo_smem, q_loaded.at[wg])
             plgpu.barrier_wait(q_loaded.at[wg])
+            if intra_overlap:
+                acc, l_i = _intra_overlap_loop(
+                    qo_smem, k_smem, v_smem, (k_loaded, v_loaded, k_consumed, v_consumed), kv_steps, steps,
+                    bq, bkv, dim, scale_log2, dtype, q_base, causal, platform.interpret)
+                if causal:  # release the blocks the other warpgroup still needs, unread
+                    lax.fori_loop(kv_steps, cta_kv_steps, functools.partial(release, twice=False), None)
+                store(acc, l_i, qo_smem, q_base)
+                return
             carry = (jnp.zeros((bq, dim), jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32),
                      jnp.zeros((bq,), jnp.float32))
             plgpu.barrier_wait(k_loaded.at[0])
@@ -167,22 +293,10 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                 acc, _, l_i = lax.fori_loop(unmasked, kv_steps, functools.partial(kv_step, masked=True),
                                             carry)
 
-                def release(j, _):
-                    slot = lax.rem(j, jnp.array(steps, j.dtype))
-                    plgpu.barrier_wait(k_loaded.at[slot])
-                    plgpu.barrier_wait(v_loaded.at[slot])
-                    plgpu.barrier_arrive(k_consumed.at[slot])
-                    plgpu.barrier_arrive(v_consumed.at[slot])
-                    schedule()
-                    schedule()
-
                 lax.fori_loop(kv_steps, cta_kv_steps, release, None)
             pl.when(wg == 0)(schedule)
-            acc = acc / lax.broadcast_in_dim(l_i, (bq, dim), [0])
-            qo_smem[...] = acc.astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(qo_smem, out_ref.at[b, h, pl.ds(q_base, bq)])
-            plgpu.wait_smem_to_gmem(0)
+            store(acc, l_i, qo_smem, q_base)
+
 
         @pl.when(wg == compute_wgs)
         def _memory():

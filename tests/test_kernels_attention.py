@@ -121,11 +121,13 @@ def test_triton_attention_lowers_for_cuda():
 MGPU_CONFIGS = [
     {"block_q": 64, "block_kv": 64, "mgpu_pipeline": "warp_specialized", "max_concurrent_steps": 2},
     {"block_q": 64, "block_kv": 64, "mgpu_pipeline": "pipelined", "max_concurrent_steps": 3},
+    {"block_q": 64, "block_kv": 64, "mgpu_pipeline": "warp_specialized", "max_concurrent_steps": 2,
+     "ws_schedule": "intra_overlap"},
 ]
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("config", MGPU_CONFIGS, ids=lambda c: c["mgpu_pipeline"])
+@pytest.mark.parametrize("config", MGPU_CONFIGS, ids=lambda c: c["mgpu_pipeline"] + c.get("ws_schedule", ""))
 def test_mosaic_gpu_kernels_in_the_gpu_interpreter(name, config):
     error = _error(name, config, "gpu-mosaic", MGPU_SHAPE, jnp.bfloat16)
     assert error <= validate.tolerance("bfloat16")
@@ -137,6 +139,8 @@ def test_mosaic_gpu_kernels_in_the_gpu_interpreter(name, config):
                          "max_concurrent_steps": 2}),
     ((1, 2, 1024, 128), {"block_q": 64, "block_kv": 128, "mgpu_pipeline": "warp_specialized",
                          "max_concurrent_steps": 2}),
+    ((1, 2, 1024, 128), {"block_q": 64, "block_kv": 128, "mgpu_pipeline": "warp_specialized",
+                         "max_concurrent_steps": 2, "ws_schedule": "intra_overlap"}),
     ((1, 2, 1024, 128), {"block_q": 128, "block_kv": 128, "mgpu_pipeline": "pipelined",
                          "max_concurrent_steps": 3}),
 ])
