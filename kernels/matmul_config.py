@@ -40,13 +40,18 @@ class Epilogue:
 
 
 def combine_row_stats(stats: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
-    """(mean, variance) of each of m rows of n columns from per-tile `Epilogue.row_stats`
-    (Chan et al.'s pairwise update, exact in real arithmetic, no cancellation of E[x^2] - E[x]^2)."""
+    """(mean, variance) of each of m rows of n columns from per-tile `Epilogue.row_stats`.
+
+    One pass over the tiles (one reduction, which XLA fuses into one kernel): the sum and the sum
+    of squares of each row about a shift, its first tile's mean, which is exact in real arithmetic
+    and cancels only (mean - shift)^2, not mean^2 as E[x^2] - E[x]^2 would."""
     sums, squares = stats[0], stats[1]  # (tiles, m)
     tile = n // stats.shape[1]
-    mean = jnp.sum(sums, axis=0) / n
-    spread = sums / tile - mean
-    return mean, (jnp.sum(squares, axis=0) + tile * jnp.sum(spread * spread, axis=0)) / n
+    shift = sums[0] / tile
+    about = sums - tile * shift  # each tile's sum about the shift
+    total = jnp.sum(about, axis=0)
+    spread = jnp.sum(squares + about * about / tile, axis=0)  # per tile: M2 + tile * (mean - shift)^2
+    return shift + total / n, (spread - total * total / n) / n
 
 
 @dataclasses.dataclass(frozen=True)

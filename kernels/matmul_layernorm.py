@@ -52,11 +52,13 @@ FUSED = matmul_core.Epilogue(fn=_layer_norm, vectors=2, full_rows=True)
 @dataclasses.dataclass(frozen=True)
 class LayerNormKnobs(Knobs):
     """This kernel's own knobs: the strategy, two_phase's rows per program (None: 8 when they
-    divide m, else m) and the dtype of the product stored between the phases."""
+    divide m, else m; also tile_stats' Triton phase 2), the dtype of the product stored between
+    the phases, and what runs tile_stats' phase 2 (XLA, or one Triton kernel)."""
 
     ln_strategy: Literal["fused", "two_phase", "tile_stats"] = "two_phase"
     ln_rows: int | None = None
     ln_store: Literal["float32", "input"] = "float32"
+    ln_phase2: Literal["xla", "triton"] = "xla"
 
     def rows(self, m: int) -> int:
         """ln_rows with its default resolved."""
@@ -133,15 +135,14 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
 
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """The two-phase scheme (tile_stats on gpu-mosaic) with the plain matmul's default tiles (any
-    n works), the product stored in float32."""
-    if target == "gpu-mosaic":  # no row kernel: ln_rows is not one of its knobs
-        own = LayerNormKnobs(ln_strategy="tile_stats")
-        return {k: v for k, v in own.to_dict().items() if k != "ln_rows"} | matmul_core.default_config(
-            _problem(own, shape), target)
-    own = LayerNormKnobs()
+    """The two-phase scheme (tile_stats on gpu-mosaic, its phase 2 by XLA) with the plain matmul's
+    default tiles (any n works), the product stored in float32."""
+    own = LayerNormKnobs(ln_strategy="tile_stats" if target == "gpu-mosaic" else "two_phase")
     own = dataclasses.replace(own, ln_rows=own.rows(shape[0]))
-    return own.to_dict() | matmul_core.default_config(_problem(own, shape), target)
+    knobs = own.to_dict()
+    if target != "gpu-mosaic":  # only tile_stats has a phase 2 to choose
+        del knobs["ln_phase2"]
+    return knobs | matmul_core.default_config(_problem(own, shape), target)
 
 
 def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str):
@@ -153,6 +154,11 @@ def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target:
         raise ConfigError(f"ln_rows = {own.rows(m)} must divide m = {m}")
     if own.ln_strategy == "two_phase" and target == "gpu-mosaic":
         raise Unsupported("gpu-mosaic: two_phase's row kernel is not a Mosaic GPU kernel; use tile_stats")
+    if own.ln_strategy == "tile_stats" and own.ln_phase2 == "triton":
+        tiles, rows = shape[1] // core.block_n, own.rows(m)
+        if m % rows or any(d & (d - 1) for d in (tiles, rows, shape[1])):
+            raise Unsupported(f"tile_stats' Triton phase 2 takes power-of-two n ({shape[1]}), tiles per row "
+                              f"({tiles}) and ln_rows ({rows}) dividing m; use ln_phase2 xla")
     return problem, core, own
 
 
@@ -179,18 +185,63 @@ def _row_norm(core: matmul_core.MatmulConfig, rows: int, shape: tuple[int, ...],
     return lambda x, gamma, beta: call(x, gamma.reshape(1, n), beta.reshape(1, n))
 
 
-def _tile_stats(phase1, n: int, dtype: Any):
+def _tile_stats(phase1, own: LayerNormKnobs, shape: tuple[int, ...], dtype: Any, platform: Platform):
     """Phase 2 of tile_stats: each row's mean and variance from phase 1's per-tile statistics,
-    then one elementwise pass over the stored product (XLA fuses it)."""
+    then one pass over the stored product: XLA's fusions, or one Triton row kernel."""
+    m, n, _ = shape
+    if own.ln_phase2 == "triton":
+        normalise = _triton_normalise(own.rows(m), shape, dtype, platform)
+    else:
+        def normalise(product, stats, gamma, beta):
+            mean, var = matmul_core.combine_row_stats(stats, n)
+            scale = jax.lax.rsqrt(var + EPS)[:, None]
+            centred = product.astype(jnp.float32) - mean[:, None]
+            return (centred * scale * gamma.astype(jnp.float32) + beta.astype(jnp.float32)).astype(dtype)
 
     def tile_stats(a: jax.Array, b: jax.Array, gamma: jax.Array, beta: jax.Array) -> jax.Array:
         product, stats = phase1(a, b)
-        mean, var = matmul_core.combine_row_stats(stats, n)
-        scale = jax.lax.rsqrt(var + EPS)[:, None]
-        centred = product.astype(jnp.float32) - mean[:, None]
-        return (centred * scale * gamma.astype(jnp.float32) + beta.astype(jnp.float32)).astype(dtype)
+        return normalise(product, stats, gamma, beta)
 
     return tile_stats
+
+
+def _triton_normalise(rows: int, shape: tuple[int, ...], dtype: Any, platform: Platform):
+    """One Pallas Triton kernel for phase 2 of tile_stats: a program takes `rows` rows of the
+    product and their per-tile statistics, combines those as `combine_row_stats` does (sums
+    about the first tile's mean), and normalises; the statistics array is passed three times,
+    each BlockSpec selecting one part (sums, squares, the first tile's sums), so nothing is
+    sliced or copied outside the kernel."""
+    m, n, _ = shape
+
+    def body(sums_ref, squares_ref, first_ref, y_ref, gamma_ref, beta_ref, o_ref):
+        sums, squares = sums_ref[...], squares_ref[...]  # (tiles, rows)
+        tile = n // sums.shape[0]
+        shift = first_ref[...] / tile  # (1, rows)
+        about = sums - tile * shift
+        total = jnp.sum(about, axis=0, keepdims=True)
+        spread = jnp.sum(squares + about * about / tile, axis=0, keepdims=True)
+        mean = shift + total / n
+        rstd = jax.lax.rsqrt((spread - total * total / n) / n + EPS)
+        y = y_ref[...].astype(jnp.float32)  # (rows, n)
+        centred = y - jnp.transpose(mean)
+        out = centred * jnp.transpose(rstd) * gamma_ref[...].astype(jnp.float32) + beta_ref[...].astype(jnp.float32)
+        o_ref[...] = out.astype(o_ref.dtype)
+
+    def stats_spec(part: int, tiles: int) -> pl.BlockSpec:
+        return pl.BlockSpec((None, tiles, rows), lambda i: (part, 0, i))
+
+    def normalise(product, stats, gamma, beta):
+        tiles = stats.shape[1]
+        row_spec, vec_spec = pl.BlockSpec((rows, n), lambda i: (i, 0)), pl.BlockSpec((1, n), lambda i: (0, 0))
+        call = pallas_call(
+            body, platform=dataclasses.replace(platform, target="gpu-triton"),
+            config={"num_warps": 4 if rows * n <= 8192 else 8, "num_stages": 1},
+            out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(m // rows,),
+            in_specs=[stats_spec(0, tiles), stats_spec(1, tiles), stats_spec(0, 1), row_spec, vec_spec, vec_spec],
+            out_specs=row_spec, name="tile_stats_layer_norm")
+        return call(stats, stats, stats, product, gamma.reshape(1, n), beta.reshape(1, n))
+
+    return normalise
 
 
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
@@ -200,7 +251,7 @@ def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: 
     if own.ln_strategy == "fused":
         return phase1
     if own.ln_strategy == "tile_stats":
-        return _tile_stats(phase1, shape[1], dtype)
+        return _tile_stats(phase1, own, shape, dtype, platform)
     phase2 = _row_norm(core, own.rows(shape[0]), shape, dtype, platform)
     if platform.target == "tpu":
         from kernels.tpu_mesh import traced_for_tpu

@@ -202,8 +202,10 @@ def test_mosaic_gpu_clusters_lower_for_cuda_and_need_an_even_tile_count(cluster)
 
 
 def test_row_statistics_of_tiles_combine_to_each_rows_mean_and_variance():
-    # rows with a large common offset: E[x^2] - E[x]^2 would lose the variance; Chan's update keeps it
+    # rows with a large offset: E[x^2] - E[x]^2 in f32 would lose the variance; sums about a shift keep it
     x = 1000.0 + jax.random.normal(jax.random.key(0), (8, 96), jnp.float32) * jnp.arange(1, 9)[:, None]
+    naive = (x * x).mean(-1) - x.mean(-1) ** 2
+    assert not jnp.allclose(naive, x.var(-1), rtol=1e-4)  # the case is hard enough to tell them apart
     tiles = x.reshape(8, 3, 32)
     sums = tiles.sum(-1)
     squares = ((tiles - tiles.mean(-1, keepdims=True)) ** 2).sum(-1)
@@ -225,6 +227,20 @@ def test_mosaic_gpu_layer_norm_from_tile_statistics_in_the_gpu_interpreter(pipel
     config = _blocks(64, 64, 64, mgpu_pipeline=pipeline, wg_split=split, ln_store=store, **TILE_STATS)
     error = _run("matmul_layernorm", config, "gpu-mosaic", jnp.bfloat16, (128, 256, 128))
     assert error <= validate.tolerance("bfloat16", kernels.load("matmul_layernorm"))
+
+
+@pytest.mark.parametrize("rows", [2, 8])
+def test_tile_statistics_with_a_triton_phase_2(rows, monkeypatch):
+    # Mosaic GPU's phase 1 in the GPU interpreter, the Triton normalising kernel in Pallas's
+    monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 1)
+    config = _blocks(64, 64, 64, mgpu_pipeline="warp_specialized", ln_store="input", ln_phase2="triton",
+                     ln_rows=rows, **TILE_STATS)
+    error = _run("matmul_layernorm", config, "gpu-mosaic", jnp.bfloat16, (128, 256, 128))
+    assert error <= validate.tolerance("bfloat16", kernels.load("matmul_layernorm"))
+    text = _lower("matmul_layernorm", config, "gpu-mosaic", shape=(256, 512, 128))
+    assert "mosaic_gpu" in text and "__gpu$xla.gpu.triton" in text
+    module = kernels.load("matmul_layernorm")
+    assert "power-of-two" in module.check_config(config, (128, 384, 128), jnp.bfloat16, "gpu-mosaic")
 
 
 @pytest.mark.parametrize("split,cluster", [("m", "m"), ("n", "n")])
