@@ -21,12 +21,22 @@ def best_record(records: Sequence[TrialRecord]) -> TrialRecord | None:
     return min(ok, key=lambda r: (r.median_s, r.spread or 0.0)) if ok else None
 
 
-def finalists(records: Sequence[TrialRecord], count: int, default: str | None = None) -> list[str]:
-    """The configs to re-time side by side: the `count` fastest `ok` ones, and the default when it ran
-    `ok` (so that `vs default` is measured side by side too)."""
+# Sweep figures of one config moved by 5-10% between measurements minutes apart on the H200
+# (BENCHMARKS.md, issue 18): configs this close to the sweep's best are re-timed side by side too.
+NEAR_TIE = 0.05
+
+
+def finalists(records: Sequence[TrialRecord], count: int, default: str | None = None,
+              near: float = NEAR_TIE) -> list[str]:
+    """The configs to re-time side by side: the `count` fastest `ok` ones, then any others within
+    `near` of the fastest (up to 2 * count in all: near ties in the sweep are noise, which only a
+    side-by-side timing settles), and the default when it ran `ok` (so that `vs default` is
+    measured side by side too)."""
     ok = sorted((r for r in records if r.outcome == outcomes.OK and r.median_s is not None),
                 key=lambda r: (r.median_s, r.spread or 0.0))
-    chosen = list(dict.fromkeys(r.config for r in ok))[:count]
+    fastest = list(dict.fromkeys(r.config for r in ok))
+    close = [] if not ok else list(dict.fromkeys(r.config for r in ok if r.median_s <= ok[0].median_s * (1 + near)))
+    chosen = fastest[:count] + [c for c in close[count:2 * count] if count]
     if default is not None and default not in chosen and any(r.config == default for r in ok):
         chosen.append(default)
     return chosen
