@@ -30,15 +30,20 @@ from farm.tasks import TuningTask, config_json  # noqa: E402
 from kernels.lowering import Platform  # noqa: E402
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def config_arguments(description: str, target: str = "gpu-triton") -> argparse.ArgumentParser:
+    """The command line of a script that runs given configs of one kernel at one shape."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--kernel", required=True)
     parser.add_argument("--shape", required=True, help="AxB...")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--target", default="gpu-triton")
+    parser.add_argument("--target", default=target)
     parser.add_argument("--config", action="append", default=[], help="JSON knobs over the default (repeatable)")
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = config_arguments(__doc__.splitlines()[0]).parse_args()
     shape = tuple(int(d) for d in args.shape.split("x"))
     task = TuningTask(args.kernel, shape, args.dtype, args.target)
     module = kernels.load(args.kernel)

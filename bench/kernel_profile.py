@@ -11,7 +11,6 @@ not counted, so the sum is a lower bound of the call's device time.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -25,6 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import kernels  # noqa: E402
+from bench.configs_side_by_side import config_arguments  # noqa: E402
 from farm.tasks import config_json  # noqa: E402
 from kernels.lowering import Platform  # noqa: E402
 
@@ -51,14 +51,7 @@ def profile_calls(fn, inputs) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernel", required=True)
-    parser.add_argument("--shape", required=True, help="AxB...")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--target", default="gpu-mosaic")
-    parser.add_argument("--config", action="append", default=[], help="JSON knobs over the default (repeatable)")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = config_arguments(__doc__.splitlines()[0], target="gpu-mosaic").parse_args()
     shape = tuple(int(d) for d in args.shape.split("x"))
     module = kernels.load(args.kernel)
     dtype = jnp.dtype(args.dtype)

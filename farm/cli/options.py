@@ -171,8 +171,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-sets", type=_positive_int, help="rotating input sets when timing (default 1)")
     parser.add_argument("--finalists", type=_count, metavar="N", help="best configs per task re-timed side by "
                         "side, on inputs rotated past the caches and against the roofline, before the winner is "
-                        "chosen, with any others within 5%% of the best, up to twice as many (default 4 on accelerators, 0 on "
-                        "CPU; 0: the sweep's fastest wins)")
+                        "chosen, with any others within 5%% of the best, up to twice as many (default 4 on accelerators, "
+                        "0 on CPU; 0: the sweep's fastest wins)")
     parser.add_argument("--sample-budget", type=_non_negative_float, metavar="SECONDS",
                         help="seconds of timing samples per config: a slow kernel gets fewer repetitions, 3 at least "
                         "(default 0.5; 0: always --repetitions)")
