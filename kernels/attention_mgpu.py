@@ -297,7 +297,6 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             pl.when(wg == 0)(schedule)
             store(acc, l_i, qo_smem, q_base)
 
-
         @pl.when(wg == compute_wgs)
         def _memory():
             plgpu.set_max_registers(40, action="decrease")

@@ -13,8 +13,10 @@ ln_strategy (default two_phase, which any tiles allow):
                reduction: phase 1 is the Mosaic GPU matmul whose epilogue also stores, per row
                and per warpgroup tile, the f32 product's sum and squared deviations
                (`Epilogue.row_stats`); phase 2 combines them (`combine_row_stats`) and
-               normalises the product in one elementwise pass that XLA fuses. Phase 2 reads each
-               stored element once and never reduces, so it runs at the copy rate.
+               normalises the product, reading each stored element once and never reducing
+               over a row: ln_phase2 "xla" (XLA's fusions: a small reduction, then one
+               elementwise pass) or "triton" (one Triton kernel of ln_rows rows a program,
+               combining and normalising; power-of-two n and tiles per row).
 ln_store ("float32" | "input"): the dtype two_phase and tile_stats store the product in between
 the phases: float32 (exact), or the input dtype (half the traffic; the statistics are still
 taken from the f32 accumulator, so only the product's rounding reaches the output).
@@ -124,7 +126,7 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
     m, n, _ = shape
     core, own = _typed(config, target)
     matmul_bytes = matmul_core.footprint(_problem(own, shape), core, dtype, target)
-    if own.ln_strategy != "two_phase":  # fused: one kernel; tile_stats: phase 2 is XLA's
+    if own.ln_strategy != "two_phase":  # fused: one kernel; tile_stats: phase 2 keeps rows in registers
         return matmul_bytes
     rows = own.rows(m)
     if target == "gpu-triton":  # the row kernel keeps its rows in registers: only reduction scratch
