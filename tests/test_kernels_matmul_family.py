@@ -217,15 +217,18 @@ def test_row_statistics_of_tiles_combine_to_each_rows_mean_and_variance():
 TILE_STATS = dict(ln_strategy="tile_stats", max_concurrent_steps=2)
 
 
-@pytest.mark.parametrize("pipeline,split,store", [("pipelined", "n", "float32"), ("pipelined", "n", "input"),
-                                                  ("warp_specialized", "n", "input"),
-                                                  ("warp_specialized", "m", "float32")])
-def test_mosaic_gpu_layer_norm_from_tile_statistics_in_the_gpu_interpreter(pipeline, split, store, monkeypatch):
-    # 2 x 4 warpgroup tiles, each storing its rows' statistics over 64 columns; one "SM", so the
-    # persistent kernel loops over several blocks.
+@pytest.mark.parametrize("pipeline,split,store,shape", [
+    ("pipelined", "n", "float32", (128, 256, 128)), ("pipelined", "n", "input", (128, 256, 128)),
+    ("warp_specialized", "n", "input", (128, 256, 128)), ("warp_specialized", "m", "float32", (128, 256, 128)),
+    ("pipelined", "n", "input", (192, 320, 128)),  # a user's odd shape: 3 x 5 tiles, 5 per row
+])
+def test_mosaic_gpu_layer_norm_from_tile_statistics_in_the_gpu_interpreter(pipeline, split, store, shape,
+                                                                           monkeypatch):
+    # Warpgroup tiles of 64 x 64, each storing its rows' statistics over 64 columns; one "SM", so
+    # the persistent kernel loops over several blocks.
     monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 1)
     config = _blocks(64, 64, 64, mgpu_pipeline=pipeline, wg_split=split, ln_store=store, **TILE_STATS)
-    error = _run("matmul_layernorm", config, "gpu-mosaic", jnp.bfloat16, (128, 256, 128))
+    error = _run("matmul_layernorm", config, "gpu-mosaic", jnp.bfloat16, shape)
     assert error <= validate.tolerance("bfloat16", kernels.load("matmul_layernorm"))
 
 
