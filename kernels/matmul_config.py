@@ -39,19 +39,26 @@ class Epilogue:
     row_stats: bool = False
 
 
-def combine_row_stats(stats: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
-    """(mean, variance) of each of m rows of n columns from per-tile `Epilogue.row_stats`.
+def row_moments(sums: jax.Array, squares: jax.Array, first: jax.Array, n: int,
+                keepdims: bool = False) -> tuple[jax.Array, jax.Array]:
+    """(mean, variance) of rows of n columns from per-tile sums and squared deviations, (tiles, ...)
+    with the tiles on axis 0, and `first`, each row's sum over its first tile.
 
-    One pass over the tiles (one reduction, which XLA fuses into one kernel): the sum and the sum
-    of squares of each row about a shift, its first tile's mean, which is exact in real arithmetic
-    and cancels only (mean - shift)^2, not mean^2 as E[x^2] - E[x]^2 would."""
-    sums, squares = stats[0], stats[1]  # (tiles, m)
-    tile = n // stats.shape[1]
-    shift = sums[0] / tile
+    One pass over the tiles: the sum and the sum of squares of each row about a shift, its first
+    tile's mean, which is exact in real arithmetic and cancels only (mean - shift)^2, not mean^2
+    as E[x^2] - E[x]^2 would."""
+    tile = n // sums.shape[0]
+    shift = first / tile
     about = sums - tile * shift  # each tile's sum about the shift
-    total = jnp.sum(about, axis=0)
-    spread = jnp.sum(squares + about * about / tile, axis=0)  # per tile: M2 + tile * (mean - shift)^2
+    total = jnp.sum(about, axis=0, keepdims=keepdims)
+    spread = jnp.sum(squares + about * about / tile, axis=0, keepdims=keepdims)  # M2 + tile (mean - shift)^2
     return shift + total / n, (spread - total * total / n) / n
+
+
+def combine_row_stats(stats: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
+    """(mean, variance) of each of m rows of n columns from per-tile `Epilogue.row_stats`, a
+    (2, tiles, m) array (`row_moments`; one reduction, which XLA fuses into one kernel)."""
+    return row_moments(stats[0], stats[1], stats[0, 0], n)
 
 
 @dataclasses.dataclass(frozen=True)

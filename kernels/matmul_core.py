@@ -65,6 +65,7 @@ from kernels.matmul_config import (  # noqa: F401 - the family's problem and con
     combine_row_stats,
     fit,
     parse_config,
+    row_moments,
 )
 
 AnyConfig = Mapping[str, Any] | MatmulConfig

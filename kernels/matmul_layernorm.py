@@ -209,21 +209,16 @@ def _tile_stats(phase1, own: LayerNormKnobs, shape: tuple[int, ...], dtype: Any,
 
 def _triton_normalise(rows: int, shape: tuple[int, ...], dtype: Any, platform: Platform):
     """One Pallas Triton kernel for phase 2 of tile_stats: a program takes `rows` rows of the
-    product and their per-tile statistics, combines those as `combine_row_stats` does (sums
-    about the first tile's mean), and normalises; the statistics array is passed three times,
+    product and their per-tile statistics, combines those (`row_moments`, as
+    `combine_row_stats` does) and normalises; the statistics array is passed three times,
     each BlockSpec selecting one part (sums, squares, the first tile's sums), so nothing is
     sliced or copied outside the kernel."""
     m, n, _ = shape
 
     def body(sums_ref, squares_ref, first_ref, y_ref, gamma_ref, beta_ref, o_ref):
-        sums, squares = sums_ref[...], squares_ref[...]  # (tiles, rows)
-        tile = n // sums.shape[0]
-        shift = first_ref[...] / tile  # (1, rows)
-        about = sums - tile * shift
-        total = jnp.sum(about, axis=0, keepdims=True)
-        spread = jnp.sum(squares + about * about / tile, axis=0, keepdims=True)
-        mean = shift + total / n
-        rstd = jax.lax.rsqrt((spread - total * total / n) / n + EPS)
+        # statistics (tiles, rows) and the first tile's sums (1, rows) -> mean and variance (1, rows)
+        mean, var = matmul_core.row_moments(sums_ref[...], squares_ref[...], first_ref[...], n, keepdims=True)
+        rstd = jax.lax.rsqrt(var + EPS)
         y = y_ref[...].astype(jnp.float32)  # (rows, n)
         centred = y - jnp.transpose(mean)
         out = centred * jnp.transpose(rstd) * gamma_ref[...].astype(jnp.float32) + beta_ref[...].astype(jnp.float32)

@@ -212,10 +212,10 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     def launch(*args):
-        clustered = dict(cluster=(cluster_blocks,), cluster_names=("cluster",)) if cluster_blocks > 1 else {}
         call = mosaic_kernel(
             ws_body, platform=platform, out_shape=out_shape,
-            grid=(min(num_sms() // cluster_blocks, tiles),), grid_names=("sm",), **clustered,
+            grid=(min(num_sms() // cluster_blocks, tiles),), grid_names=("sm",),
+            cluster=(cluster_blocks,) if cluster_blocks > 1 else (), cluster_names=("cluster",),
             num_threads=3, thread_name="wg",
             compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
             name="matmul_mgpu_warp_specialized")

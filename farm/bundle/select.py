@@ -34,9 +34,9 @@ def finalists(records: Sequence[TrialRecord], count: int, default: str | None = 
     measured side by side too)."""
     ok = sorted((r for r in records if r.outcome == outcomes.OK and r.median_s is not None),
                 key=lambda r: (r.median_s, r.spread or 0.0))
-    fastest = list(dict.fromkeys(r.config for r in ok))
-    close = [] if not ok else list(dict.fromkeys(r.config for r in ok if r.median_s <= ok[0].median_s * (1 + near)))
-    chosen = fastest[:count] + [c for c in close[count:2 * count] if count]
+    fastest = list(dict.fromkeys(r.config for r in ok))  # each config at its fastest record
+    close = len({r.config for r in ok if r.median_s <= ok[0].median_s * (1 + near)})  # a prefix of fastest
+    chosen = fastest[:max(count, min(close, 2 * count))]
     if default is not None and default not in chosen and any(r.config == default for r in ok):
         chosen.append(default)
     return chosen
