@@ -1,20 +1,24 @@
 """Where one call's device time goes: every CUDA kernel a config launches, from a CUPTI trace.
 
     python bench/kernel_profile.py --kernel matmul_layernorm --shape 4096x4096x4096 --target gpu-mosaic \\
-        --config '{"ln_strategy": "tile_stats", ...}' [--config ...] [--out F.json]
+        --config '{"ln_strategy": "tile_stats", ...}' [--config ...] [--column torch_compile] [--out F.json]
 
-For each config (completed from the kernel's default, as in bench/configs_side_by_side.py) and for
-`jax.jit` of the kernel's reference (XLA), runs 20 queued calls under torch.profiler (CUDA
-activity) after a warm-up, and prints each kernel's name (shortened), launches per call and mean
-duration in microseconds, and the sum per call. Kernel durations only: gaps between kernels are
-not counted, so the sum is a lower bound of the call's device time.
+For each config (completed from the kernel's default, as in bench/configs_side_by_side.py), for
+`jax.jit` of the kernel's reference (XLA) and for each `--column` of bench/baselines.py (torch,
+torch.compile, ...; with TORCH_LOGS=output_code torch.compile prints the Triton it generates),
+runs 20 queued calls under torch.profiler (CUDA activity) after a warm-up, and prints each
+kernel's name (shortened), launches per call, mean duration in microseconds and launch shape
+(grid, block, registers per thread, shared memory), and the sum per call. Kernel durations
+only: gaps between kernels are not counted, so the sum is a lower bound of the call's device time.
 """
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -24,6 +28,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import kernels  # noqa: E402
+from bench import baselines  # noqa: E402
 from bench.configs_side_by_side import config_arguments  # noqa: E402
 from farm.tasks import config_json  # noqa: E402
 from kernels.lowering import Platform  # noqa: E402
@@ -32,7 +37,9 @@ CALLS = 20
 
 
 def profile_calls(fn, inputs) -> list[dict]:
-    """Per kernel name: launches per call and mean duration (us) over CALLS queued calls."""
+    """Per kernel name: launches per call and mean duration (us) over CALLS queued calls.
+
+    `fn(*inputs)` returns anything `jax.block_until_ready` waits for (a baseline's call too)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -46,12 +53,42 @@ def profile_calls(fn, inputs) -> list[dict]:
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0:
             spans[e.name[:80]].append(e.time_range.elapsed_us())
+    launches = _launch_shapes(prof)
     return [{"kernel": name, "per_call": len(d) / CALLS, "mean_us": sum(d) / len(d),
-             "us_per_call": sum(d) / CALLS} for name, d in sorted(spans.items(), key=lambda kv: -sum(kv[1]))]
+             "us_per_call": sum(d) / CALLS, **launches.get(name, {})}
+            for name, d in sorted(spans.items(), key=lambda kv: -sum(kv[1]))]
+
+
+LAUNCH_FIELDS = {"grid": "grid", "block": "block", "registers per thread": "registers",
+                 "shared memory": "shared_memory"}
+
+
+def _launch_shapes(prof) -> dict[str, dict]:
+    """Per kernel name: its grid, block, registers per thread and shared memory, from the trace."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    return {e["name"][:80]: {field: e["args"][key] for key, field in LAUNCH_FIELDS.items() if key in e["args"]}
+            for e in events if e.get("cat") == "kernel" and isinstance(e.get("args"), dict)}
+
+
+def _baseline_call(factory, module, shape, dtype, inputs) -> object:
+    """One call of a bench/baselines.py column on `inputs`, prepared on first use."""
+    key = id(factory)
+    if key not in _PREPARED:
+        _PREPARED[key] = factory(baselines.Case(module, shape, dtype, [inputs]))
+    return _PREPARED[key].call(0)
+
+
+_PREPARED: dict[int, object] = {}
 
 
 def main() -> None:
-    args = config_arguments(__doc__.splitlines()[0], target="gpu-mosaic").parse_args()
+    parser = config_arguments(__doc__.splitlines()[0], target="gpu-mosaic")
+    parser.add_argument("--column", action="append", default=[],
+                        help="a column of bench/baselines.py to profile too (torch_compile, torch, ...)")
+    args = parser.parse_args()
     shape = tuple(int(d) for d in args.shape.split("x"))
     module = kernels.load(args.kernel)
     dtype = jnp.dtype(args.dtype)
@@ -61,10 +98,13 @@ def main() -> None:
     for text in args.config:
         config = {**default, **json.loads(text)}
         fns[config_json(config)] = jax.jit(module.build(config, shape, dtype, Platform(args.target)))
+    factories = baselines.columns(args.kernel, opt_in=args.column)
+    for column in args.column:
+        fns[column] = functools.partial(_baseline_call, factories[column], module, shape, args.dtype, inputs)
     report = []
     for name, fn in fns.items():
         try:
-            rows = profile_calls(fn, inputs)
+            rows = profile_calls(fn, inputs if name not in args.column else ())
         except Exception as err:  # noqa: BLE001 - report and go on
             report.append({"config": name, "error": str(err).splitlines()[0][:300]})
             print(f"error: {report[-1]['error']}: {name}")
@@ -72,7 +112,8 @@ def main() -> None:
         report.append({"config": name, "kernels": rows, "sum_us_per_call": sum(r["us_per_call"] for r in rows)})
         print(f"{report[-1]['sum_us_per_call']:9.1f} us per call in kernels: {name}")
         for r in rows:
-            print(f"    {r['us_per_call']:8.1f} us  {r['per_call']:.0f} x {r['mean_us']:7.1f}  {r['kernel']}")
+            launch = " ".join(f"{k}={r[k]}" for k in LAUNCH_FIELDS.values() if k in r)
+            print(f"    {r['us_per_call']:8.1f} us  {r['per_call']:.0f} x {r['mean_us']:7.1f}  {r['kernel']}  {launch}")
     if args.out:
         args.out.write_text(json.dumps({"kernel": args.kernel, "shape": shape, "device": jax.devices()[0].device_kind,
                                         "calls": CALLS, "rows": report}, indent=1))

@@ -2,7 +2,9 @@
 
 Whole rows (one_pass) take the mean, then the variance of the centred row.
 Streamed rows fold each column chunk's count, mean and sum of squared deviations into the
-running ones (Chan et al.'s parallel merge), which stays accurate when |mean| >> std.
+running ones (Chan et al.'s parallel merge), which stays accurate when |mean| >> std; with
+fold 'lanes' (Triton), each lane keeps Welford's running moments of its columns, and the lanes
+are merged the same way once per row.
 Config knobs: those of the row engine (`kernels.rows`, which documents them once).
 """
 from __future__ import annotations
@@ -92,8 +94,31 @@ def _normalize(row: rows.Stats, x: jax.Array, weight: jax.Array,
     return ((x - mean) * rstd * weight + bias,)
 
 
+def _lane_update(stats: rows.Stats, x: jax.Array, weight: jax.Array, bias: jax.Array, *,
+                 start: jax.Array, valid: jax.Array | None) -> rows.Stats:
+    """Welford's update of each lane's count, mean and squared deviations by one column."""
+    del weight, bias, start
+    count, mean, m2 = stats
+    seen = 1.0 if valid is None else valid.astype(jnp.float32)
+    count = count + seen
+    delta = x - mean
+    # A lane that has seen no column yet keeps mean 0 (its count is 0, so it weighs nothing).
+    mean = mean + delta * (seen / jnp.maximum(count, 1.0))
+    return count, mean, m2 + delta * (x - mean) * seen
+
+
+def _combine_lanes(stats: rows.Stats) -> rows.Stats:
+    """The lanes' moments merged into the row's (Chan et al., over every lane at once)."""
+    count, mean, m2 = stats
+    total = jnp.sum(count, axis=-1, keepdims=True)
+    row_mean = jnp.sum(count * mean, axis=-1, keepdims=True) / total
+    spread = mean - row_mean
+    return total, row_mean, jnp.sum(m2 + count * spread * spread, axis=-1, keepdims=True)
+
+
 MATH = rows.RowMath(NAME, rows=_layer_norm_rows, init=_init, update=_update, finish=_finish,
-                       apply=_normalize, col_inputs=2)
+                    apply=_normalize, col_inputs=2,
+                    lanes=rows.LaneFold(update=_lane_update, combine=_combine_lanes))
 
 
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)

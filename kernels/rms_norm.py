@@ -1,6 +1,7 @@
 """RMS norm over the last axis: y = x / sqrt(mean(x^2) + eps) * weight.
 
-Config knobs: those of the row engine (`kernels.rows`). Streamed rows fold the sum of squares.
+Config knobs: those of the row engine (`kernels.rows`). Streamed rows fold the sum of squares
+(with fold 'lanes' on Triton, per lane, summed once per row).
 Gradients: the `rms_norm_bwd` kernel (BACKWARD), so a tuned rms_norm is differentiable.
 """
 from __future__ import annotations
@@ -79,8 +80,21 @@ def _normalize(row: rows.Stats, x: jax.Array, weight: jax.Array) -> tuple[jax.Ar
     return (x * rstd * weight,)
 
 
+def _lane_update(stats: rows.Stats, x: jax.Array, weight: jax.Array, *, start: jax.Array,
+                 valid: jax.Array | None) -> rows.Stats:
+    del weight, start, valid  # padded columns read as 0
+    (sum_squares,) = stats
+    return (sum_squares + x * x,)
+
+
+def _combine_lanes(stats: rows.Stats) -> rows.Stats:
+    (sum_squares,) = stats
+    return (jnp.sum(sum_squares, axis=-1, keepdims=True),)
+
+
 MATH = rows.RowMath(NAME, rows=_rms_norm_rows, init=_init, update=_update, finish=_finish,
-                       apply=_normalize, col_inputs=1)
+                    apply=_normalize, col_inputs=1,
+                    lanes=rows.LaneFold(update=_lane_update, combine=_combine_lanes))
 
 
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)

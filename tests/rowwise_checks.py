@@ -25,8 +25,20 @@ CONFIGS = {
             {"block_rows": 16, "strategy": "grid", "block_cols": 128},
             {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 3}],
     "gpu-triton": [{"block_rows": 4, "strategy": "one_pass", "num_warps": 4, "num_stages": 1},
-                   {"block_rows": 2, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 8}],
+                   {"block_rows": 2, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 8},
+                   {"block_rows": 1, "strategy": "fori_loop", "block_cols": 128, "unroll": 1}],
 }
+# Triton's per-lane fold (kernels with a `LaneFold`): ragged chunks too (384 = 3 x 128 on SHAPE,
+# 200 = 128 + 72 on RAGGED).
+LANE_FOLD = {"block_rows": 2, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 8,
+             "fold": "lanes"}
+
+
+def with_lane_fold(configs: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """`configs` with the lane fold added to the gpu-triton list."""
+    return {**configs, "gpu-triton": [*configs["gpu-triton"], LANE_FOLD]}
+
+
 # The platform each device target is lowered for when no such device is attached.
 LOWERING_PLATFORM = {"tpu": "tpu", "gpu-triton": "cuda"}
 

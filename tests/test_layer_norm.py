@@ -8,14 +8,15 @@ import pytest
 from farm.measure import validate
 from kernels import layer_norm as K
 from kernels.lowering import Platform
-from tests.rowwise_checks import CONFIGS, RAGGED, SHAPE, kernel_checks
+from tests.rowwise_checks import CONFIGS, LANE_FOLD, RAGGED, SHAPE, kernel_checks, with_lane_fold
 
 test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
-    kernel_checks(K, SHAPE, RAGGED, CONFIGS)
+    kernel_checks(K, SHAPE, RAGGED, with_lane_fold(CONFIGS))
 
 
 @pytest.mark.parametrize("target,config", [("tpu", CONFIGS["tpu"][2]),
-                                           ("gpu-triton", CONFIGS["gpu-triton"][1])])
+                                           ("gpu-triton", CONFIGS["gpu-triton"][1]),
+                                           ("gpu-triton", LANE_FOLD)])
 def test_streamed_variance_is_accurate_far_from_zero(target: str, config: dict) -> None:
     # Rows centred at 1000 with unit spread: E[x^2] - E[x]^2 would lose every digit in f32.
     # A ramp across the columns gives each column chunk its own mean, so merging the chunks'

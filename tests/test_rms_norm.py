@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from kernels import rms_norm as K
-from tests.rowwise_checks import CONFIGS, RAGGED, SHAPE, kernel_checks
+from tests.rowwise_checks import CONFIGS, RAGGED, SHAPE, kernel_checks, with_lane_fold
 
 test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
-    kernel_checks(K, SHAPE, RAGGED, CONFIGS)
+    kernel_checks(K, SHAPE, RAGGED, with_lane_fold(CONFIGS))
 
 
 def test_footprint_by_hand() -> None:

@@ -97,3 +97,29 @@ def test_each_default_is_written_once_and_read_by_every_path() -> None:
     assert rows.RowConfigTPU(block_rows=8).to_dict() == {
         "block_rows": 8, "strategy": "one_pass", "block_cols": 128, "block_batch": 1, "buffers": 2,
         "stats_layout": "column"}
+
+
+def test_the_lane_fold_is_a_knob_of_kernels_that_have_one() -> None:
+    shape, lanes = (64, 4096), {"block_rows": 1, "strategy": "fori_loop", "block_cols": 512,
+                                "fold": "lanes"}
+    for name in ("rms_norm", "layer_norm"):
+        module = kernels.load(name)
+        assert "fold" in module.default_config(shape, "gpu-triton")
+        assert module.check_config(lanes, shape, "bfloat16", "gpu-triton") is None
+        reason = module.check_config({**lanes, "strategy": "one_pass"}, shape, "bfloat16", "gpu-triton")
+        assert "fold='lanes' folds the chunks of strategy 'fori_loop'" in reason
+    softmax = kernels.load("softmax")
+    assert "fold" not in softmax.default_config(shape, "gpu-triton")
+    assert "softmax has no per-lane fold" in softmax.check_config(lanes, shape, "bfloat16", "gpu-triton")
+    assert "fold must be one of" in softmax.check_config({**lanes, "fold": "rows"}, shape, "bfloat16",
+                                                          "gpu-triton")
+
+
+def test_unrolled_walks_are_bounded_and_fori_loop_only() -> None:
+    softmax = kernels.load("softmax")
+    unrolled = {"block_rows": 1, "strategy": "fori_loop", "block_cols": 1024, "unroll": 1}
+    assert "unroll" in softmax.default_config((64, 4096), "gpu-triton")
+    assert softmax.check_config(unrolled, (64, 32000), "bfloat16", "gpu-triton") is None
+    assert "exceed 32 chunks" in softmax.check_config(unrolled, (64, 50257), "bfloat16", "gpu-triton")
+    reason = softmax.check_config({**unrolled, "strategy": "one_pass"}, (64, 4096), "bfloat16", "gpu-triton")
+    assert "strategy 'fori_loop' only" in reason

@@ -108,6 +108,7 @@ def test_triton_puts_row_programs_on_the_unbounded_grid_axis() -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("config", [{"strategy": "fori_loop", "block_cols": 256},
                                     {"strategy": "fori_loop", "block_cols": 128, "num_stages": 3},
+                                    {"strategy": "fori_loop", "block_cols": 128, "unroll": 1},
                                     {"strategy": "one_pass"}])
 def test_triton_reductions_read_odd_rows_through_aligned_flat_windows(name, dtype, config) -> None:
     # 13 rows of 1001 columns: no row start after the first is 16-byte aligned, so each window

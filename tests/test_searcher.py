@@ -292,3 +292,25 @@ def test_the_run_journal_is_optunas_journal_format(tmp_path):
         f.write('{"op_code": 5, "worker_id": "x"')      # a torn last line: `farm sweep --resume` cuts it first
     with pytest.raises(ValueError, match="torn"):
         studies.storage(tmp_path)
+
+
+@pytest.mark.parametrize("breaker", [True, False])
+def test_a_converged_sampler_does_not_spend_the_budget_on_repeats(rejection_sampling, monkeypatch, breaker):
+    # TPE over a product it cannot enumerate, on a landscape with one clear best, soon draws the
+    # best configs again; each repeat counts against the budget (answered from the cache). After a
+    # repeat the searcher queues a random valid config not yet measured, so at least half of the
+    # budget measures new configs while the product has any left.
+    if not breaker:
+        monkeypatch.setattr("farm.search.searcher.REPEAT_STREAK", 10**9)
+    wide = {name: {"pow2": [8, 512]} for name in ("block_m", "block_n", "block_k")} | {"group_m": {"values": [1]}}
+    searcher, answered = _searcher(_planned(wide, trials=80))
+    proposals = []
+    while (p := searcher.ask()) is not None:
+        proposals.append(p)
+        distance = sum(abs(p.config[k].bit_length() - 6) for k in ("block_m", "block_n", "block_k"))
+        searcher.tell(_ok(p, median=1e-4 * (1 + distance)))
+    repeats = sum(a.outcome == outcomes.CACHED for a in answered)
+    assert len({p.key for p in proposals}) == len(proposals)
+    assert len(proposals) + repeats == searcher.asked == 80
+    print(f"breaker={breaker}: {len(proposals)} measured, {repeats} repeats")
+    assert (len(proposals) >= 40) == breaker, (len(proposals), repeats)

@@ -31,6 +31,11 @@ The knob vocabulary, the same names on every target:
   buffers       TPU: buffers per pipelined block: 1 or 2 (1 to 4 for emit_pipeline's inputs).
   stats_layout  TPU, kernels with per-row vectors: "column" (rows, 1) or lane-dense "lane".
   rows_per_program  Triton: rows one program covers, looping over blocks of block_rows.
+  fold          Triton fori_loop, kernels with a `LaneFold`: "chunk" reduces every chunk to
+                per-row statistics as it is read; "lanes" keeps per-lane statistics and
+                reduces them once per row, after the loop.
+  unroll        Triton fori_loop: 1 writes the walks over a row's chunks (at most 32) as
+                straight-line code, so that every chunk's loads are in flight at once.
   num_warps, num_stages  Triton compiler params (defaults 4 and 3, always passed explicitly).
 Shape rules, refused up front with a message (`RowKernel.check_config` says why): blocks divide
 the shape on TPU and interpret (interpret allows a partial last block of rows unless the kernel
@@ -55,10 +60,10 @@ from kernels.rows.config import (
                                  split_shape,
                                  vmem_limit,
 )
-from kernels.rows.contract import RowMath, RowReduction, Stats, reduction_math
+from kernels.rows.contract import LaneFold, RowMath, RowReduction, Stats, reduction_math
 from kernels.rows.kernel import RowKernel, build
 
-__all__ = ["CONFIG_TYPES", "LANES", "MEMORY_PARAMS", "STRATEGIES", "STREAMED", "SUBLANES", "Plan",
+__all__ = ["CONFIG_TYPES", "LANES", "LaneFold", "MEMORY_PARAMS", "STRATEGIES", "STREAMED", "SUBLANES", "Plan",
            "RowConfig", "RowConfigInterpret", "RowConfigTPU", "RowConfigTriton", "RowKernel",
            "RowMath", "RowReduction", "Stats", "build", "from_dict", "is_pow2",
            "reduction_math", "split_shape", "vmem_limit"]

@@ -23,6 +23,8 @@ STRATEGIES = {
 }
 STREAMED = ("emit_pipeline", "grid")  # strategies that keep only column chunks on chip
 LAYOUTS = ("column", "lane")
+FOLDS = ("chunk", "lanes")  # Triton fori_loop: per-row statistics per chunk, or per lane
+MAX_UNROLLED = 32  # chunks of a row that Triton's fori_loop may unroll into straight-line code
 # The knobs whose growth never shrinks the footprint (for the farm's OOM dominance pruning).
 MEMORY_PARAMS = ("block_batch", "block_rows", "block_cols", "buffers", "num_stages")
 # Knobs of earlier versions, named in the refusal so that an old config can be translated.
@@ -180,11 +182,17 @@ class RowConfigTriton(RowConfig):
     """Pallas Triton: whole refs in global memory, masked power-of-two tiles, any shape.
 
     rows_per_program: rows one program covers, in a loop over blocks of block_rows (None: one
-    block). num_warps, num_stages: Triton compiler params, always passed explicitly."""
+    block). num_warps, num_stages: Triton compiler params, always passed explicitly.
+    fold: how fori_loop folds its chunks into statistics: "chunk" (per row, a reduction per
+    chunk) or "lanes" (per lane, one reduction per row after the loop; kernels with a
+    `LaneFold` only). unroll: 1 writes fori_loop's walks over a row's chunks (at most
+    MAX_UNROLLED) as straight-line code instead of loops."""
 
     rows_per_program: int | None = None
     num_warps: int = 4
     num_stages: int = 3
+    fold: str = "chunk"
+    unroll: int = 0
 
     TARGET = "gpu-triton"
 
@@ -202,12 +210,26 @@ class RowConfigTriton(RowConfig):
         if self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"num_warps and num_stages must be positive, got {self.num_warps} "
                              f"and {self.num_stages}")
+        if self.fold not in FOLDS:
+            raise ValueError(f"fold must be one of {list(FOLDS)}, got {self.fold!r}")
+        if self.fold == "lanes" and not looped:
+            raise ValueError("fold='lanes' folds the chunks of strategy 'fori_loop'; "
+                             f"strategy {self.strategy!r} takes fold='chunk'")
+        if self.unroll not in (0, 1) or (self.unroll and not looped):
+            raise ValueError(f"unroll must be 0 or 1 (1: strategy 'fori_loop' only), got {self.unroll} "
+                             f"with strategy {self.strategy!r}")
 
     def check(self, shape: tuple[int, ...], math_: RowMath) -> Plan:
         batch, rows, cols = split_shape(shape)
         looped = self.strategy == "fori_loop"
+        if self.fold == "lanes" and math_.lanes is None:
+            raise ValueError(f"{math_.name} has no per-lane fold; it takes fold='chunk'")
         if looped and math_.col_outputs and self.rows_per_program not in (None, self.block_rows):
             raise ValueError("with column outputs, fori_loop takes rows_per_program == block_rows")
+        # A flat window (kernels.rows.triton.flat_rows) may start up to 15 bytes early.
+        if self.unroll and pl.cdiv(cols + 15, self.block_cols) > MAX_UNROLLED:
+            raise ValueError(f"unroll=1 writes out every chunk: {cols} columns in chunks of "
+                             f"{self.block_cols} exceed {MAX_UNROLLED} chunks")
         return Plan(self, batch, rows, cols, self.block_cols if looped else pl.next_power_of_2(cols))
 
 

@@ -22,6 +22,25 @@ Stats = tuple[jax.Array, ...]
 
 
 @dataclasses.dataclass(frozen=True)
+class LaneFold:
+    """Per-lane statistics for a loop over column chunks, reduced once after the loop.
+
+    The chunk-wise fold (`RowMath.update`) reduces every chunk to per-row statistics, a reduction
+    across the program's warps per chunk. A lane fold keeps statistics of the chunk's own shape
+    (..., width): lane j folds columns j, j + width, ... with elementwise math only, and
+    `combine` reduces the lanes to the per-row statistics `RowMath.finish` takes, once per row
+    (torch.compile's looped reductions work this way; `fold: lanes` on Triton).
+
+    update(stats, *chunk, start, valid) -> stats: elementwise; stats as `RowMath.init((..., width))`
+        makes them; `valid` as in `RowMath.update` (masked-off row inputs read as `pad`).
+    combine(stats) -> stats: the lanes (..., width) reduced to (..., 1).
+    """
+
+    update: Callable[..., Stats]
+    combine: Callable[[Stats], Stats]
+
+
+@dataclasses.dataclass(frozen=True)
 class RowMath:
     """The math of a row-wise kernel, on float32 blocks whose last axis is the columns.
 
@@ -43,6 +62,7 @@ class RowMath:
     apply(row_values, *chunk) -> outputs: the row outputs and column contributions of a chunk.
     `valid` is None when every column of the block is real, else a (1, width) bool mask;
     masked-off elements of row inputs read as `pad`, of column inputs as 0.
+    lanes: the same statistics folded per lane (`LaneFold`), or None when the kernel has none.
     """
 
     name: str
@@ -58,6 +78,7 @@ class RowMath:
     vector_inputs: int = 0
     results: int = 0
     pad: float = 0.0
+    lanes: LaneFold | None = None
 
     @functools.cached_property
     def n_stats(self) -> int:

@@ -101,8 +101,10 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
             blocks = [pltriton.load(ref.at[window], mask=mask,
                                     other=None if mask is None else math_.pad,
                                     eviction_policy=policy).astype(F32) for ref in row_in]
+        # Every program reads the column inputs: keep them in L2.
         blocks += [pltriton.load(ref.at[pl.ds(0, 1), pl.ds(c0, width)], mask=col_valid,
-                                 other=None if col_valid is None else 0.0).astype(F32)
+                                 other=None if col_valid is None else 0.0,
+                                 eviction_policy="evict_last").astype(F32)
                    for ref in col_in]
         return blocks, window, mask, col_valid, first
 
@@ -143,12 +145,15 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
             store_results(vec_window, row_valid, outs[n_out:])
             return tuple(s + c for s, c in zip(sums, contributions))
 
+        lanes = math_.lanes if p.config.fold == "lanes" else None
+        update = math_.update if lanes is None else lanes.update
+
         def fold(j: jax.Array, stats: Stats) -> Stats:
             blocks, _, _, valid, first = load_chunk(rows, row_valid, j * width, fold_policy)
-            return math_.update(stats, *blocks, *vectors, start=first, valid=valid)
+            return update(stats, *blocks, *vectors, start=first, valid=valid)
 
-        stats = lax.fori_loop(0, chunks, fold, math_.init((br, 1)))
-        row_values = math_.finish(stats, C)
+        stats = walk(fold, math_.init((br, 1 if lanes is None else width)))
+        row_values = math_.finish(stats if lanes is None else lanes.combine(stats), C)
         store_results(vec_window, row_valid, row_values[:math_.results])
         if not math_.writes_chunks:
             return sums
@@ -163,11 +168,23 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
                                mask=j * width + jnp.arange(width) < C if ragged_cols else None)
             return carry
 
-        lax.fori_loop(0, chunks, write, 0)
+        walk(write, 0)
         return sums
 
     # A flat window starts up to 15 bytes before its row: it may take one more chunk.
     chunks = pl.cdiv(C + slack, width) if flat else p.col_blocks
+
+    def walk(body: Callable[[Any, Any], Any], carry: Any) -> Any:
+        """body over the row's chunks: a loop, or (unroll) straight-line code, so that every
+        chunk's loads can be issued before the first chunk's arrive. Measured on the H200:
+        Triton unrolls a constant-trip loop without stores itself, not the write walk."""
+        if not p.config.unroll:
+            return lax.fori_loop(0, chunks, body, carry)
+        for j in range(chunks):
+            # A traced index: a static slice past the row's end would be refused while tracing
+            # (the masks cover it); Triton folds the constant all the same.
+            carry = body(jnp.int32(j), carry)
+        return carry
     sums = tuple(jnp.zeros((width,), F32) for _ in col_out)
     steps = p.rows_per_program // br
     sums = row_block(0, sums) if steps == 1 else lax.fori_loop(0, steps, row_block, sums)
