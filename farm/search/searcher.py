@@ -264,11 +264,11 @@ class Searcher:
 
         The sampler still hears about every invalid draw (told PRUNED) and every repeat (told its
         cached result), but a space whose constraints reject most of its product no longer stalls
-        the sweep, and a sampler that keeps proposing what it measured no longer spends the budget
-        on all of its budget. Driven on CPU with synthetic timings, the shipped matmul space's
+        the sweep, and a sampler that keeps proposing what it measured no longer spends its
+        budget on repeats: driven on CPU with synthetic timings, the shipped matmul space's
         Mosaic GPU task (a product too large to enumerate) measured 85 distinct configs in 400
-        trials before, 223 after.
-        With a valid set (enumerable products) the sampler draws only open configs.
+        trials before, 223 after. With a valid set (enumerable products) the sampler draws only
+        open configs, and repeats come only from the queued default or warm-start configs.
         """
         space, task = self.planned.space, self.planned.task
         rng = random.Random(f"{task.key}/{self.skipped}/{self.asked}")

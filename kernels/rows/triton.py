@@ -176,8 +176,9 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
 
     def walk(body: Callable[[Any, Any], Any], carry: Any) -> Any:
         """body over the row's chunks: a loop, or (unroll) straight-line code, so that every
-        chunk's loads can be issued before the first chunk's arrive. Measured on the H200:
-        Triton unrolls a constant-trip loop without stores itself, not the write walk."""
+        chunk's loads can be issued before the first chunk's arrive. Seen in the H200's SASS
+        (bench/results/h200/norms_codegen/ncu/): Triton unrolled the statistics walk of a
+        constant trip count by itself, but not the write walk."""
         if not p.config.unroll:
             return lax.fori_loop(0, chunks, body, carry)
         for j in range(chunks):
@@ -185,6 +186,7 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
             # (the masks cover it); Triton folds the constant all the same.
             carry = body(jnp.int32(j), carry)
         return carry
+
     sums = tuple(jnp.zeros((width,), F32) for _ in col_out)
     steps = p.rows_per_program // br
     sums = row_block(0, sums) if steps == 1 else lax.fori_loop(0, steps, row_block, sums)
