@@ -3,7 +3,9 @@
     python bench/kernel_profile.py --kernel matmul_layernorm --shape 4096x4096x4096 --target gpu-mosaic \\
         --config '{"ln_strategy": "tile_stats", ...}' [--config ...] [--column torch_compile] [--out F.json]
 
-For each config (completed from the kernel's default, as in bench/configs_side_by_side.py), for
+For each config (completed from the kernel's default, as in bench/configs_side_by_side.py; a
+config written TARGET:JSON is built for that target instead of --target; each checked against
+the kernel's float32 reference, its relative error printed), for
 `jax.jit` of the kernel's reference (XLA) and for each `--column` of bench/baselines.py (torch,
 torch.compile, ...; with TORCH_LOGS=output_code torch.compile prints the Triton it generates),
 runs 20 queued calls under torch.profiler (CUDA activity) after a warm-up, and prints each
@@ -30,8 +32,9 @@ import jax.numpy as jnp  # noqa: E402
 import kernels  # noqa: E402
 from bench import baselines  # noqa: E402
 from bench.configs_side_by_side import config_arguments  # noqa: E402
+from farm.measure import validate  # noqa: E402
 from farm.tasks import config_json  # noqa: E402
-from kernels.lowering import Platform  # noqa: E402
+from kernels.lowering import TARGETS, Platform  # noqa: E402
 
 CALLS = 20
 
@@ -73,6 +76,12 @@ def _launch_shapes(prof) -> dict[str, dict]:
             for e in events if e.get("cat") == "kernel" and isinstance(e.get("args"), dict)}
 
 
+def _target_prefix(text: str, default: str) -> tuple[str, str]:
+    """(target, JSON) of a --config value: JSON alone, or TARGET:JSON for another target."""
+    head, _, rest = text.partition(":")
+    return (head, rest) if head in TARGETS and rest.lstrip().startswith("{") else (default, text)
+
+
 def _baseline_call(factory, module, shape, dtype, inputs) -> object:
     """One call of a bench/baselines.py column on `inputs`, prepared on first use."""
     key = id(factory)
@@ -93,11 +102,15 @@ def main() -> None:
     module = kernels.load(args.kernel)
     dtype = jnp.dtype(args.dtype)
     inputs = module.make_inputs(shape, dtype, jax.random.key(3))
-    default = module.default_config(shape, args.target)
     fns = {"xla (jax.jit reference)": jax.jit(module.reference)}
+    errors: dict[str, float] = {}
+    reference = module.reference(*validate.upcast(inputs))
     for text in args.config:
-        config = {**default, **json.loads(text)}
-        fns[config_json(config)] = jax.jit(module.build(config, shape, dtype, Platform(args.target)))
+        target, text = _target_prefix(text, args.target)
+        config = {**module.default_config(shape, target), **json.loads(text)}
+        name = config_json(config) if target == args.target else f"{target}:{config_json(config)}"
+        fns[name] = jax.jit(module.build(config, shape, dtype, Platform(target)))
+        errors[name] = validate.relative_error(fns[name](*inputs), reference)
     factories = baselines.columns(args.kernel, opt_in=args.column)
     for column in args.column:
         fns[column] = functools.partial(_baseline_call, factories[column], module, shape, args.dtype, inputs)
@@ -109,8 +122,10 @@ def main() -> None:
             report.append({"config": name, "error": str(err).splitlines()[0][:300]})
             print(f"error: {report[-1]['error']}: {name}")
             continue
-        report.append({"config": name, "kernels": rows, "sum_us_per_call": sum(r["us_per_call"] for r in rows)})
-        print(f"{report[-1]['sum_us_per_call']:9.1f} us per call in kernels: {name}")
+        report.append({"config": name, "kernels": rows, "sum_us_per_call": sum(r["us_per_call"] for r in rows),
+                       "relative_error": errors.get(name)})
+        error = f" (relative error {errors[name]:.2g})" if name in errors else ""
+        print(f"{report[-1]['sum_us_per_call']:9.1f} us per call in kernels: {name}{error}")
         for r in rows:
             launch = " ".join(f"{k}={r[k]}" for k in LAUNCH_FIELDS.values() if k in r)
             print(f"    {r['us_per_call']:8.1f} us  {r['per_call']:.0f} x {r['mean_us']:7.1f}  {r['kernel']}  {launch}")

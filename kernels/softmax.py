@@ -3,7 +3,8 @@
 Config knobs: those of the row engine (`kernels.rows`, which documents them once). one_pass
 holds whole rows (Triton: padded to a power of two and masked, so any row length works);
 fori_loop, emit_pipeline and grid walk column blocks with an online max and sum (the sum is
-rescaled whenever the max grows), then normalize.
+rescaled whenever the max grows), then normalize. On Mosaic GPU (`kernels.softmax_mgpu`,
+strategy smem_row) each row is staged once in shared memory: one HBM read and one write.
 """
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernels import rows
+from kernels import rows, softmax_mgpu
+from kernels.lowering import Platform
 
 NAME = "softmax"
 SHAPE_NAMES = ("rows", "cols")
-TARGETS = ("interpret", "tpu", "gpu-triton")
+TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 
 
@@ -83,5 +85,36 @@ MATH = rows.RowMath(NAME, rows=_softmax_rows, init=_init, update=_update, finish
 
 
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES, hint="; use batch_softmax for 3-D shapes")
-check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
-build, shape_of = KERNEL.build, KERNEL.shape_of
+shape_of = KERNEL.shape_of
+
+
+def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
+    """None if `config` can run on `shape` and `target`, else a short reason."""
+    if target != softmax_mgpu.TARGET:
+        return KERNEL.check_config(config, shape, dtype, target)
+    try:
+        softmax_mgpu.plan(config, shape, dtype)
+    except (ValueError, NotImplementedError) as err:
+        return str(err)
+    return None
+
+
+def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+    """On-chip bytes of one program (Mosaic GPU: the staged row; else the row engine's)."""
+    if target == softmax_mgpu.TARGET:
+        return softmax_mgpu.plan(config, shape, dtype).footprint
+    return KERNEL.footprint(config, shape, dtype, target)
+
+
+def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+    """A safe config for any shape with exactly the knobs of `target`."""
+    if target == softmax_mgpu.TARGET:
+        return softmax_mgpu.default_config(shape)
+    return KERNEL.default_config(shape, target)
+
+
+def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform) -> Any:
+    """The Pallas kernel of `config`: Mosaic GPU's staged rows, or the row engine's strategies."""
+    if platform.target == softmax_mgpu.TARGET:
+        return softmax_mgpu.build(config, shape, dtype, platform)
+    return KERNEL.build(config, shape, dtype, platform)

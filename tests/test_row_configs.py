@@ -22,6 +22,7 @@ ILLEGAL = {
     "tpu": ({"block_rows": 4, "strategy": "fori_loop", "block_cols": 128}, "divisible by 8"),
     "interpret": ({"block_rows": 8, "strategy": "emit_pipeline"}, "not available on interpret"),
     "gpu-triton": ({"block_rows": 3, "strategy": "fori_loop", "block_cols": 128}, "powers of two"),
+    "gpu-mosaic": ({"block_rows": 1, "strategy": "smem_row", "block_cols": 3000}, "power of two"),
 }
 GLU_ILLEGAL = {
     "tpu": ({"block_rows": 8, "block_cols": 128, "buffers": 3}, "1 or 2"),

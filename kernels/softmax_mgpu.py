@@ -1,0 +1,268 @@
+"""Row softmax on Mosaic GPU: each row staged once in shared memory, one HBM read and one write.
+
+Triton cannot hold a vocabulary-wide row on chip (registers spill; it has no explicit shared
+memory), so its softmax reads each row twice. Here a block per row copies the row into shared
+memory in one bulk copy (`cp.async.bulk`), takes the row's max, then exp(x - max) and its sum
+(the exponentials stored back in place, in the input dtype), scales by 1 / sum, and writes the
+row back from shared memory in one bulk copy. The three passes over shared memory walk chunks of
+`block_cols` columns held in registers by one warpgroup (128 threads); other blocks on the same
+SM load and store meanwhile.
+
+Any row length: a bulk copy moves 16-byte-aligned spans, so a row whose byte length is not a
+multiple of 16 (50257 bf16 columns) is read through a window of the flattened input that starts
+at the row's start rounded down to 16 bytes (up to 7 bf16 elements of the previous row, masked
+to -inf in shared memory, as is everything past the row's end). Its output is written as the
+16-byte-aligned interior of the row in one bulk copy, and the up to 2 x 7 elements at its ends
+one by one. Rows must fit shared memory (227 KiB a block on sm_90: up to about 115,000 bf16
+columns); `check_config` refuses longer ones.
+
+Config knobs, in the row engine's vocabulary (`kernels.rows`): strategy "smem_row"; block_rows
+1 (a block per row); block_cols, the chunk of the passes over shared memory (a power of two,
+1024 to 8192: 8 to 64 values per thread).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from kernels import mgpu_launch
+from kernels.lowering import Platform
+from kernels.rows.config import from_dict, is_pow2
+
+TARGET = "gpu-mosaic"
+STRATEGY = "smem_row"
+THREADS = 128  # one warpgroup per block
+VECTOR_BYTES = 16  # what a bulk copy's addresses and sizes are multiples of
+COPY_BYTES = 128  # a copy into shared memory moves a multiple of this (one byte count per thread)
+# Rows of other byte lengths are read through windows up to COPY_BYTES + 15 bytes longer than the
+# row: from this many columns on, only the last row's window can run past the array.
+MIN_UNALIGNED_COLS = 128
+CHUNKS = (1024, 8192)  # block_cols bounds: 8 to 64 values per thread
+# Shared memory a block needs beside the row: the reductions' scratch and the barrier (Mosaic
+# GPU counted 2056 bytes in JAX 0.10; the margin covers later versions' larger counts).
+SMEM_OVERHEAD = 3072
+F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxConfigMosaic:
+    """A block per row (block_rows 1), the row staged in shared memory (strategy "smem_row"),
+    walked in register chunks of block_cols columns."""
+
+    block_cols: int
+    block_rows: int = 1
+    strategy: str = STRATEGY
+
+    def __post_init__(self) -> None:
+        if self.strategy != STRATEGY:
+            raise ValueError(f"strategy must be {STRATEGY!r} on {TARGET}, got {self.strategy!r}")
+        if self.block_rows != 1:
+            raise ValueError(f"block_rows must be 1 on {TARGET} (a block per row), got {self.block_rows}")
+        if not (is_pow2(self.block_cols) and CHUNKS[0] <= self.block_cols <= CHUNKS[1]):
+            raise ValueError(f"block_cols must be a power of two in [{CHUNKS[0]}, {CHUNKS[1]}], "
+                             f"got {self.block_cols}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A config checked against a shape and dtype: the window the kernel stages per row."""
+
+    config: SoftmaxConfigMosaic
+    rows: int
+    cols: int
+    itemsize: int
+
+    @property
+    def vector(self) -> int:
+        """Elements in 16 bytes: the alignment unit of bulk copies."""
+        return VECTOR_BYTES // self.itemsize
+
+    @property
+    def aligned(self) -> bool:
+        """Whether a row is its own window: its bytes a multiple of COPY_BYTES (so every row
+        starts aligned, and the copy's bytes split evenly over the warpgroup's threads)."""
+        return self.cols * self.itemsize % COPY_BYTES == 0
+
+    @property
+    def window(self) -> int:
+        """Elements copied in per row: the row, or a span of whole COPY_BYTES that covers it from
+        the row's start rounded down to 16 bytes."""
+        if self.aligned:
+            return self.cols
+        unit = COPY_BYTES // self.itemsize
+        return pl.cdiv(self.cols + self.vector - 1, unit) * unit
+
+    @property
+    def staged(self) -> int:
+        """Shared-memory elements per block: the window rounded up to whole chunks."""
+        return pl.cdiv(self.window, self.config.block_cols) * self.config.block_cols
+
+    @property
+    def interior(self) -> int:
+        """Elements of an unaligned row written by one bulk copy (16-byte aligned at both ends):
+        the whole row when every row starts aligned, else what is left of it from any start."""
+        if self.cols % self.vector == 0:
+            return self.cols
+        return (self.cols - (self.vector - 1)) // self.vector * self.vector
+
+    @property
+    def last_base(self) -> int:
+        """Where the last row's window starts in the flattened rows."""
+        return (self.rows - 1) * self.cols // self.vector * self.vector
+
+    @property
+    def last_copied(self) -> int:
+        """Elements of the last row's window within the array, in whole COPY_BYTES (the rest,
+        fewer than COPY_BYTES, is read element by element)."""
+        unit = COPY_BYTES // self.itemsize
+        return (self.rows * self.cols - self.last_base) // unit * unit
+
+    @property
+    def footprint(self) -> int:
+        """Shared-memory bytes of one block."""
+        return self.staged * self.itemsize + SMEM_OVERHEAD
+
+
+def plan(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any) -> Plan:
+    """The checked plan of `config` for `shape`; raises with a plain message when it cannot work."""
+    typed = from_dict(SoftmaxConfigMosaic, {"strategy": STRATEGY, "block_rows": 1, **config},
+                      f"softmax on {TARGET}")
+    if len(shape) != 2:
+        raise NotImplementedError(f"softmax on {TARGET} takes (rows, cols), got {tuple(shape)}")
+    rows, cols = shape
+    itemsize = jnp.dtype(dtype).itemsize
+    if itemsize not in (2, 4):
+        raise NotImplementedError(f"softmax on {TARGET} takes 16- or 32-bit floats, got {jnp.dtype(dtype)}")
+    p = Plan(typed, rows, cols, itemsize)
+    if not p.aligned and (cols < MIN_UNALIGNED_COLS or rows * cols + p.window >= 2**31):
+        raise ValueError(f"softmax on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes, not a "
+                         f"multiple of {COPY_BYTES}) need at least {MIN_UNALIGNED_COLS} columns and "
+                         f"fewer than 2**31 elements in all")
+    if p.footprint > mgpu_launch.SMEM_BYTES:
+        raise ValueError(f"a row of {cols} columns stages {p.footprint} bytes of shared memory; a "
+                         f"block has {mgpu_launch.SMEM_BYTES} on sm_90 (rows up to about "
+                         f"{(mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // itemsize - p.config.block_cols} columns)")
+    return p
+
+
+def default_config(shape: tuple[int, ...]) -> dict[str, Any]:
+    """Chunks of 2048 columns (16 values per thread)."""
+    del shape
+    return {"block_rows": 1, "strategy": STRATEGY, "block_cols": 2048}
+
+
+def _positions(chunk: int, dtype: Any, interpret: bool) -> jax.Array:
+    """0..chunk-1 in the layout of a chunk of `dtype` loaded from shared memory (Mosaic GPU's
+    strided warpgroup layout: 8-byte vectors), which it cannot infer for an iota. Pallas's GPU
+    interpreter has no layouts (and no layout_cast)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    iota = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+    if interpret:
+        return iota
+    return plgpu.layout_cast(iota, plgpu.Layout.WG_STRIDED((chunk,), vec_size=8 // jnp.dtype(dtype).itemsize))
+
+
+def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
+          platform: Platform) -> Callable[[jax.Array], jax.Array]:
+    """The Mosaic GPU softmax of `config` for `shape`: a function of x (rows, cols)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    p = plan(config, shape, dtype)
+    dtype = jnp.dtype(dtype)
+    rows, C, chunk, V = p.rows, p.cols, p.config.block_cols, p.vector
+    n_chunks = p.staged // chunk
+    # Every copy stays within its array, so Mosaic GPU issues a bulk copy (a tiled TMA copy
+    # would move at most 256 elements along a dimension).
+    in_bounds = plgpu.OOBFillMode.PROMISE_IN_BOUNDS
+    # Chunks that may hold positions outside the row (before it: the first, when unaligned;
+    # after it: those reaching past the shortest offset + C), masked to -inf once after the load.
+    edge_chunks = sorted({j for j in range(n_chunks) if (j + 1) * chunk > C} | ({0} if not p.aligned else set()))
+
+    def body(x_gmem, o_gmem):
+        row = lax.axis_index("rows")
+
+        def scoped(x_smem, loaded):
+            if p.aligned:
+                head = 0
+                plgpu.copy_gmem_to_smem(x_gmem.at[row], x_smem.at[pl.ds(0, C)], loaded, oob_mode=in_bounds)
+            else:  # a window of the flattened rows, from the row's start rounded down to 16 bytes
+                start = row * C
+                base = lax.div(start, V) * V
+                head = start - base
+
+                @pl.when(row != rows - 1)
+                def _():
+                    plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(base, p.window)], x_smem.at[pl.ds(0, p.window)],
+                                            loaded, oob_mode=in_bounds)
+
+                @pl.when(row == rows - 1)
+                def _():  # the last window would run past the array: whole units, then the rest
+                    plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(p.last_base, p.last_copied)],
+                                            x_smem.at[pl.ds(0, p.last_copied)], loaded, oob_mode=in_bounds)
+                    for k in range(p.last_copied, rows * C - p.last_base):
+                        x_smem[k] = x_gmem[p.last_base + k]
+            plgpu.barrier_wait(loaded)
+
+            def chunk_at(j: Any) -> Any:
+                return x_smem.at[pl.ds(j * chunk, chunk)]
+
+            for j in edge_chunks:
+                position = _positions(chunk, dtype, platform.interpret) + j * chunk
+                inside = (position >= head) & (position < head + C)
+                ref = chunk_at(j)
+                ref[...] = jnp.where(inside, ref[...].astype(F32), -jnp.inf).astype(dtype)
+
+            # The row's max: per lane over the chunks, then across the lanes.
+            m = jnp.max(lax.fori_loop(1, n_chunks, lambda j, acc: jnp.maximum(acc, chunk_at(j)[...].astype(F32)),
+                                      chunk_at(0)[...].astype(F32)))
+
+            def exponentiate(j: Any, acc: Any) -> Any:
+                e = jnp.exp(chunk_at(j)[...].astype(F32) - m)
+                chunk_at(j)[...] = e.astype(dtype)
+                return acc + e
+
+            inverse = 1.0 / jnp.sum(lax.fori_loop(1, n_chunks, exponentiate, exponentiate(0, 0.0)))
+
+            def scale(j: Any, carry: Any) -> Any:
+                chunk_at(j)[...] = (chunk_at(j)[...].astype(F32) * inverse).astype(dtype)
+                return carry
+
+            lax.fori_loop(0, n_chunks, scale, 0)
+            plgpu.commit_smem()
+            if p.aligned:
+                plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, C)], o_gmem.at[row])
+            else:
+                # The aligned interior in one bulk copy, the ends element by element.
+                lead = lax.rem(V - head, V)  # elements before the row's first 16-byte boundary
+                plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(head + lead, p.interior)],
+                                        o_gmem.at[pl.ds(start + lead, p.interior)])
+                for k in range(V - 1 if C % V else 0):
+                    @pl.when(k < lead)
+                    def _():
+                        o_gmem[start + k] = x_smem[head + k]
+                for k in range(p.interior, C):
+                    @pl.when(k >= lead + p.interior)
+                    def _():
+                        o_gmem[start + k] = x_smem[head + k]
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(scoped, plgpu.SMEM((p.staged,), dtype), plgpu.Barrier(num_arrivals=1))
+
+    out = jax.ShapeDtypeStruct((rows, C) if p.aligned else (rows * C,), dtype)
+    call = mgpu_launch.mosaic_kernel(body, platform=platform, out_shape=[out], grid=(rows,),
+                                     grid_names=("rows",), name="softmax")
+
+    def run(x: jax.Array) -> jax.Array:
+        if tuple(x.shape) != (rows, C):
+            raise ValueError(f"softmax was built for shape {(rows, C)}, got {tuple(x.shape)}")
+        (y,) = call(x if p.aligned else x.reshape(-1))
+        return y.reshape(rows, C)
+
+    return run
