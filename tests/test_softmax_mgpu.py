@@ -80,7 +80,7 @@ def test_what_it_refuses_it_names():
     assert "block_rows must be 1" in softmax.check_config({**_config(), "block_rows": 2}, (64, 4096),
                                                           "bfloat16", TARGET)
     assert "smem_row" in softmax.check_config(_config(), (64, 4096), "bfloat16", "gpu-triton")
-    assert softmax.default_config((8192, 50257), TARGET) == _config(2048)
+    assert softmax.default_config((8192, 50257), TARGET) == _config(4096)
 
 
 def test_the_farm_measures_the_staged_softmax_in_the_gpu_interpreter():
