@@ -4,7 +4,8 @@ The math is `kernels.softmax`'s; blocks are (block_batch, block_rows, cols) on T
 program may cover several batch entries when rows are few.
 Config knobs: those of the row engine (`kernels.rows`), with block_batch (TPU and interpret:
 batch entries per program, dividing batch); Triton's grid is (row programs, batch), one batch
-entry per program.
+entry per program. On Mosaic GPU the batch is flattened into rows, each staged once in shared
+memory (`kernels.softmax_mgpu`).
 """
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernels import rows, softmax
+from kernels import rows, softmax, softmax_mgpu
 
 NAME = "batch_softmax"
 SHAPE_NAMES = ("batch", "rows", "cols")
-TARGETS = ("interpret", "tpu", "gpu-triton")
+TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 MATH = softmax.MATH
 
@@ -46,5 +47,6 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
 
 
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)
-check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
-build, shape_of = KERNEL.build, KERNEL.shape_of
+shape_of = KERNEL.shape_of
+# Mosaic GPU's staged rows (the batch flattened into rows) on gpu-mosaic, the row engine elsewhere.
+check_config, footprint, default_config, build = softmax_mgpu.protocol(KERNEL)

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 
 from kernels import rows, softmax_mgpu
-from kernels.lowering import Platform
 
 NAME = "softmax"
 SHAPE_NAMES = ("rows", "cols")
@@ -55,18 +54,18 @@ def _init(shape: tuple[int, ...]) -> rows.Stats:
 
 def _update(stats: rows.Stats, x: jax.Array, *, start: jax.Array,
             valid: jax.Array | None) -> rows.Stats:
-    """Online softmax: the running max m and the sum l of exp(x - m), rescaled as m grows."""
+    """Online softmax: the running max m and the sum s of exp(x - m), rescaled as m grows."""
     del start, valid
-    m, l = stats
+    m, s = stats
     m_new = jnp.maximum(m, jnp.max(x, axis=-1, keepdims=True))
-    l = l * jnp.exp(m - m_new) + jnp.sum(jnp.exp(x - m_new), axis=-1, keepdims=True)
-    return m_new, l
+    s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(x - m_new), axis=-1, keepdims=True)
+    return m_new, s
 
 
 def _finish(stats: rows.Stats, cols: int) -> rows.Stats:
     del cols
-    m, l = stats
-    return m, 1.0 / l
+    m, s = stats
+    return m, 1.0 / s
 
 
 def _normalize(row: rows.Stats, x: jax.Array) -> tuple[jax.Array]:
@@ -86,35 +85,5 @@ MATH = rows.RowMath(NAME, rows=_softmax_rows, init=_init, update=_update, finish
 
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES, hint="; use batch_softmax for 3-D shapes")
 shape_of = KERNEL.shape_of
-
-
-def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
-    """None if `config` can run on `shape` and `target`, else a short reason."""
-    if target != softmax_mgpu.TARGET:
-        return KERNEL.check_config(config, shape, dtype, target)
-    try:
-        softmax_mgpu.plan(config, shape, dtype)
-    except (ValueError, NotImplementedError) as err:
-        return str(err)
-    return None
-
-
-def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
-    """On-chip bytes of one program (Mosaic GPU: the staged row; else the row engine's)."""
-    if target == softmax_mgpu.TARGET:
-        return softmax_mgpu.plan(config, shape, dtype).footprint
-    return KERNEL.footprint(config, shape, dtype, target)
-
-
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """A safe config for any shape with exactly the knobs of `target`."""
-    if target == softmax_mgpu.TARGET:
-        return softmax_mgpu.default_config(shape)
-    return KERNEL.default_config(shape, target)
-
-
-def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform) -> Any:
-    """The Pallas kernel of `config`: Mosaic GPU's staged rows, or the row engine's strategies."""
-    if platform.target == softmax_mgpu.TARGET:
-        return softmax_mgpu.build(config, shape, dtype, platform)
-    return KERNEL.build(config, shape, dtype, platform)
+# Mosaic GPU's staged rows on gpu-mosaic, the row engine's strategies on every other target.
+check_config, footprint, default_config, build = softmax_mgpu.protocol(KERNEL)

@@ -23,6 +23,7 @@ Config knobs, in the row engine's vocabulary (`kernels.rows`): strategy "smem_ro
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ from jax.experimental import pallas as pl
 from kernels import mgpu_launch
 from kernels.lowering import Platform
 from kernels.rows.config import from_dict, is_pow2
+from kernels.rows.kernel import RowKernel
 
 TARGET = "gpu-mosaic"
 STRATEGY = "smem_row"
@@ -130,12 +132,14 @@ class Plan:
 
 
 def plan(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any) -> Plan:
-    """The checked plan of `config` for `shape`; raises with a plain message when it cannot work."""
+    """The checked plan of `config` for `shape` (2-D, or 3-D with the batch flattened into rows);
+    raises with a plain message when it cannot work."""
     typed = from_dict(SoftmaxConfigMosaic, {"strategy": STRATEGY, "block_rows": 1, **config},
                       f"softmax on {TARGET}")
-    if len(shape) != 2:
-        raise NotImplementedError(f"softmax on {TARGET} takes (rows, cols), got {tuple(shape)}")
-    rows, cols = shape
+    if len(shape) not in (2, 3):
+        raise NotImplementedError(f"softmax on {TARGET} takes (rows, cols) or (batch, rows, cols), "
+                                  f"got {tuple(shape)}")
+    rows, cols = math.prod(shape[:-1]), shape[-1]
     itemsize = jnp.dtype(dtype).itemsize
     if itemsize not in (2, 4):
         raise NotImplementedError(f"softmax on {TARGET} takes 16- or 32-bit floats, got {jnp.dtype(dtype)}")
@@ -261,9 +265,42 @@ def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
                                      grid_names=("rows",), name="softmax")
 
     def run(x: jax.Array) -> jax.Array:
-        if tuple(x.shape) != (rows, C):
-            raise ValueError(f"softmax was built for shape {(rows, C)}, got {tuple(x.shape)}")
-        (y,) = call(x if p.aligned else x.reshape(-1))
-        return y.reshape(rows, C)
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"softmax was built for shape {tuple(shape)}, got {tuple(x.shape)}")
+        (y,) = call(x.reshape(rows, C) if p.aligned else x.reshape(-1))
+        return y.reshape(shape)
 
     return run
+
+
+def protocol(kernel: RowKernel) -> tuple[Callable[..., Any], ...]:
+    """(check_config, footprint, default_config, build) of a softmax module: the staged rows on
+    gpu-mosaic, `kernel`'s (the row engine's) on every other target."""
+
+    def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
+        """None if `config` can run on `shape` and `target`, else a short reason."""
+        if target != TARGET:
+            return kernel.check_config(config, shape, dtype, target)
+        try:
+            plan(config, shape, dtype)
+        except (ValueError, NotImplementedError) as err:
+            return str(err)
+        return None
+
+    def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+        """On-chip bytes of one program (Mosaic GPU: the staged row; else the row engine's)."""
+        if target == TARGET:
+            return plan(config, shape, dtype).footprint
+        return kernel.footprint(config, shape, dtype, target)
+
+    def default_config_(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+        """A safe config for any shape with exactly the knobs of `target`."""
+        return default_config(shape) if target == TARGET else kernel.default_config(shape, target)
+
+    def build_(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform) -> Any:
+        """The Pallas kernel of `config`: the staged rows, or the row engine's strategies."""
+        if platform.target == TARGET:
+            return build(config, shape, dtype, platform)
+        return kernel.build(config, shape, dtype, platform)
+
+    return check_config, footprint, default_config_, build_

@@ -11,7 +11,7 @@ import pytest
 from farm.measure import outcomes, validate
 from farm.measure.device import measure
 from farm.tasks import TuningTask
-from kernels import softmax, softmax_mgpu
+from kernels import batch_softmax, softmax, softmax_mgpu
 from kernels.lowering import Platform
 
 TARGET = "gpu-mosaic"
@@ -39,6 +39,16 @@ def test_staged_rows_match_the_reference_in_the_gpu_interpreter(shape, dtype):
     plan = softmax_mgpu.plan(_config(), shape, dtype)
     assert plan.aligned == (shape[1] == 2048)
     assert _error(shape, dtype, _config()) <= validate.tolerance(jnp.dtype(dtype).name, softmax)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 1001), (2, 4, 2048)])
+def test_batch_softmax_flattens_the_batch_into_staged_rows(shape):
+    x = batch_softmax.make_inputs(shape, jnp.bfloat16, jax.random.key(2))[0]
+    fn = batch_softmax.build(_config(), shape, jnp.bfloat16, Platform(TARGET, interpret=True, poison_outputs=True))
+    error = validate.relative_error(fn(x), batch_softmax.reference(x.astype(jnp.float32)))
+    assert error <= validate.tolerance("bfloat16", batch_softmax)
+    assert batch_softmax.footprint(_config(), shape, "bfloat16", TARGET) == \
+        softmax.footprint(_config(), (shape[0] * shape[1], shape[2]), "bfloat16", TARGET)
 
 
 def test_rows_far_from_zero_and_with_one_dominant_column():
