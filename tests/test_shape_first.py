@@ -104,7 +104,7 @@ def test_bad_shape_flag_is_a_usage_error(capsys):
 def test_shape_first_space_keeps_the_shipped_knobs():
     space = tasks_file.minimal_space("softmax", [(4096, 50257)], ["bfloat16"], label="--kernel softmax")
     assert {(t.shapes, t.dtypes) for t in space.targets} == {(((4096, 50257),), ("bfloat16",))}
-    assert {t.name for t in space.targets} == {"tpu", "gpu-triton", "interpret"}
+    assert {t.name for t in space.targets} == {"tpu", "gpu-triton", "gpu-mosaic", "interpret"}
     shipped = tasks_file.minimal_space("softmax", [], label="--kernel softmax")
     assert shipped.targets[-1].dtypes == ("float32",)  # the shipped space's per-target dtypes
 

@@ -98,3 +98,25 @@ def test_the_farm_measures_the_staged_softmax_in_the_gpu_interpreter():
     m = measure(task, _config(), interpret=True, repetitions=2, warmup=1)
     assert m.outcome == outcomes.OK, m.error
     assert m.numerics_error <= validate.tolerance("bfloat16", softmax)
+
+
+def test_a_row_longer_than_shared_memory_gets_no_trials_on_mosaic_gpu_and_the_space_still_loads(tmp_path):
+    # 151936 bf16 columns (297 KB) do not fit a block: the shipped space with that user shape loads
+    # (its gpu-triton task tunes it), and the gpu-mosaic task answers its default `invalid` with
+    # the kernel's reason and proposes nothing.
+    import optuna
+
+    from farm.search import plan, spaces
+    from farm.search.searcher import Searcher
+
+    path = tmp_path / "vocab.yaml"
+    path.write_text("kernel: softmax\nshapes: [[8192, 151936]]\ndtypes: [bfloat16]\n")
+    space = spaces.load_space(path)
+    planned = {p.task.target: p for p in plan.expand([space], ["gpu-triton", TARGET], 8)}
+    answered = []
+    searcher = Searcher.open(planned[TARGET], optuna.storages.InMemoryStorage(),
+                             on_answer=lambda a: answered.append(a) or a)
+    assert searcher.ask() is None
+    assert [a.outcome for a in answered] == [outcomes.INVALID] and "shared memory" in answered[0].error
+    triton = Searcher.open(planned["gpu-triton"], optuna.storages.InMemoryStorage())
+    assert triton.ask() is not None

@@ -40,6 +40,7 @@ TOP_LEVEL = ("kernel", "description", "extends", "shapes", "dtypes", "targets", 
 DEFAULT_TRIALS = 20
 # Spaces this large are checked for a feasible config by sampling instead of enumeration.
 ENUMERATION_LIMIT = 200_000
+KERNEL_REFUSAL = "kernel "  # how `violated` starts the reason of a config the kernel refuses
 FEASIBILITY_SAMPLES = 20_000
 MAX_TASKS = 4096               # targets x shapes x dtypes
 MAX_TRIALS = 1_000_000
@@ -99,7 +100,7 @@ class SearchSpace:
             reason = kernels.load(self.kernel).check_config(dict(config), tuple(shape), dtype, target)
         except Exception as err:  # noqa: BLE001 - a kernel's check that fails refuses the config
             reason = f"{type(err).__name__}: {err}"
-        return None if reason is None else f"kernel {self.kernel}: {reason}"
+        return None if reason is None else f"{KERNEL_REFUSAL}{self.kernel}: {reason}"
 
     def configs(self, target: str) -> Iterator[dict[str, Any]]:
         """Every config of the target's knobs, in grid order (constraints not applied)."""
@@ -184,7 +185,9 @@ def parse_space(data: Any, path: str, *, allow_kernel_modules: bool | None = Non
 
 
 def _check_feasible(space: SearchSpace) -> None:
-    """Every (target, shape, dtype) must admit at least one config.
+    """Every (target, shape, dtype) must admit at least one config, or at least one config within
+    the space's constraints that the kernel refuses (then the kernel cannot run that shape on
+    that target: its task is answered `invalid`, not the whole space refused).
 
     Bounded: at most MAX_CONSIDERED configs and FEASIBILITY_SECONDS for the whole space (a space
     that needs more to show a feasible config is refused), and each constraint evaluation is
@@ -204,7 +207,7 @@ def _check_feasible(space: SearchSpace) -> None:
                                   for _ in range(FEASIBILITY_SAMPLES))
                 shown = "x".join(map(str, shape))
                 task = f"target {target.name}, shape {shown}, dtype {dtype}"
-                feasible = False
+                feasible = kernel_refuses = False
                 for config in candidates:
                     considered += 1
                     if considered > MAX_CONSIDERED or (considered % 256 == 0 and time.monotonic() > deadline):
@@ -212,13 +215,19 @@ def _check_feasible(space: SearchSpace) -> None:
                                          f"{MAX_CONSIDERED} configs and {FEASIBILITY_SECONDS:.0f} s in all; still "
                                          f"searching at {task} (fewer shapes, or narrower knobs)")
                     try:
-                        feasible = space.violated(config, shape, dtype, target.name, strict=True) is None
+                        reason = space.violated(config, shape, dtype, target.name, strict=True)
                     except ConstraintEvalError as err:
                         raise SpaceError(space.path, "constraints", f"expressions that evaluate for every config "
                                          f"({err}; e.g. {task}, config {show(config)})") from None
-                    if feasible:
+                    if reason is None:
+                        feasible = True
                         break
-                if not feasible:
+                    kernel_refuses = kernel_refuses or reason.startswith(KERNEL_REFUSAL)
+                # A config within the space's constraints that the kernel refuses for this shape:
+                # the target cannot run the shape at all (softmax's staged rows on Mosaic GPU past
+                # shared memory, say). The task stays, answered `invalid` with the kernel's reason
+                # and given no trials, while the space's other targets tune the shape.
+                if not feasible and not kernel_refuses:
                     raise SpaceError(space.path, "constraints",
                                      f"at least one config satisfying every constraint for {task}; none of the "
                                      f"{size} configs does")
