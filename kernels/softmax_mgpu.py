@@ -8,13 +8,15 @@ row back from shared memory in one bulk copy. The three passes over shared memor
 `block_cols` columns held in registers by one warpgroup (128 threads); other blocks on the same
 SM load and store meanwhile.
 
-Any row length: a bulk copy moves 16-byte-aligned spans, so a row whose byte length is not a
-multiple of 16 (50257 bf16 columns) is read through a window of the flattened input that starts
-at the row's start rounded down to 16 bytes (up to 7 bf16 elements of the previous row, masked
-to -inf in shared memory, as is everything past the row's end). Its output is written as the
-16-byte-aligned interior of the row in one bulk copy, and the up to 2 x 7 elements at its ends
-one by one. Rows must fit shared memory (227 KiB a block on sm_90: up to about 115,000 bf16
-columns); `check_config` refuses longer ones.
+Any row length: a bulk copy moves 16-byte-aligned spans (into shared memory, whole 128-byte
+units), so a row whose byte length is not a multiple of 128 (50257 bf16 columns) is read through
+a window of the flattened input that starts at the row's start rounded down to 16 bytes (up to 7
+bf16 elements of the previous row, masked to -inf in shared memory, as is everything past the
+row's end); the last row's window, which would run past the array, copies its whole units and
+reads the rest element by element. The output is written as the row's 16-byte-aligned interior
+in one bulk copy and the up to 2 x 7 elements at its ends one by one. Rows must fit shared
+memory (227 KiB a block on sm_90: up to about 115,000 bf16 columns); `check_config` refuses
+longer ones, and a space's task of such a shape gets no trials on this target.
 
 Config knobs, in the row engine's vocabulary (`kernels.rows`): strategy "smem_row"; block_rows
 1 (a block per row); block_cols, the chunk of the passes over shared memory (a power of two,
@@ -39,7 +41,6 @@ from kernels.rows.kernel import RowKernel
 
 TARGET = "gpu-mosaic"
 STRATEGY = "smem_row"
-THREADS = 128  # one warpgroup per block
 VECTOR_BYTES = 16  # what a bulk copy's addresses and sizes are multiples of
 COPY_BYTES = 128  # a copy into shared memory moves a multiple of this (one byte count per thread)
 # Rows of other byte lengths are read through windows up to COPY_BYTES + 15 bytes longer than the
