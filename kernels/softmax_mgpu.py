@@ -8,7 +8,8 @@ row back from shared memory in one bulk copy. The three passes over shared memor
 `block_cols` columns held in registers by one warpgroup (128 threads); other blocks on the same
 SM load and store meanwhile.
 
-Any row length: a bulk copy moves 16-byte-aligned spans (into shared memory, whole 128-byte
+Any row length from 128 columns (shorter rows too when their bytes are whole 128-byte units): a
+bulk copy moves 16-byte-aligned spans (into shared memory, whole 128-byte
 units), so a row whose byte length is not a multiple of 128 (50257 bf16 columns) is read through
 a window of the flattened input that starts at the row's start rounded down to 16 bytes (up to 7
 bf16 elements of the previous row, masked to -inf in shared memory, as is everything past the
