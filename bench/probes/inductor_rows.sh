@@ -7,11 +7,11 @@
 set -u
 D=$OUT/inductor; mkdir -p $D
 T='"strategy": "one_pass", "block_rows": 1, "rows_per_program": 1, "num_stages": 1'
+source bench/probes/lib.sh
 run() {  # NAME KERNEL SHAPE CONFIG...
-  local name=$1 kernel=$2 shape=$3; shift 3
-  local args=(); for c in "$@"; do args+=(--config "$c"); done
-  TORCH_LOGS=output_code python3 bench/kernel_profile.py --target gpu-triton --kernel $kernel --shape $shape \
-    --column torch_compile --column torch --out $D/$name.json "${args[@]}" > $D/$name.out 2> $D/$name.log
+  local name=$1; shift
+  TORCH_LOGS=output_code PROFILE_ARGS="--column torch_compile --column torch" \
+    profile_configs $D/$name.json "$@" > $D/$name.out 2> $D/$name.log
   grep -v "^ " $D/$name.out | head -20; grep -E "^ " $D/$name.out | head -30
 }
 run rms16k rms_norm 16384x16384 \

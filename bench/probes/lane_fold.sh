@@ -5,11 +5,10 @@
 set -u
 D=$OUT/lane_fold; mkdir -p $D
 L='"strategy": "fori_loop", "block_rows": 1, "rows_per_program": 1, "fold": "lanes"'
+source bench/probes/lib.sh
 run() {  # NAME KERNEL SHAPE CONFIG...
-  local name=$1 kernel=$2 shape=$3; shift 3
-  local args=(); for c in "$@"; do args+=(--config "$c"); done
-  python3 bench/kernel_profile.py --target gpu-triton --kernel $kernel --shape $shape \
-    --column torch_compile --out $D/$name.json "${args[@]}" 2>&1 | grep -v "^ " | grep -v Warning
+  local name=$1; shift
+  PROFILE_ARGS="--column torch_compile" profile_configs $D/$name.json "$@" 2>&1 | grep -v "^ " | grep -v Warning
 }
 lanes() {  # the lane-fold grid: block_cols x num_warps x num_stages
   for bc in 1024 2048 4096; do for nw in 4 8 16; do for ns in 1 3; do
