@@ -5,7 +5,7 @@ program may cover several batch entries when rows are few.
 Config knobs: those of the row engine (`kernels.rows`), with block_batch (TPU and interpret:
 batch entries per program, dividing batch); Triton's grid is (row programs, batch), one batch
 entry per program. On Mosaic GPU the batch is flattened into rows, each staged once in shared
-memory (`kernels.softmax_mgpu`).
+memory (`kernels.rows.mosaic`).
 """
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernels import rows, softmax, softmax_mgpu
+from kernels import rows, softmax
+from kernels.rows import mosaic as mosaic_rows
 
 NAME = "batch_softmax"
 SHAPE_NAMES = ("batch", "rows", "cols")
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 MATH = softmax.MATH
+STAGED = softmax.STAGED
 
 
 def reference(x: jax.Array) -> jax.Array:
@@ -49,4 +51,4 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)
 shape_of = KERNEL.shape_of
 # Mosaic GPU's staged rows (the batch flattened into rows) on gpu-mosaic, the row engine elsewhere.
-check_config, footprint, default_config, build = softmax_mgpu.protocol(KERNEL)
+check_config, footprint, default_config, build = mosaic_rows.protocol(KERNEL, STAGED)

@@ -9,7 +9,9 @@ Rows are reduced with an online logsumexp over column blocks: each block contrib
 max m_b, sum_b exp(x - m_b) and the label's logit if it holds the label column; blocks merge as
   m = max(m_a, m_b),  s = s_a exp(m_a - m) + s_b exp(m_b - m),  picked = picked_a + picked_b.
 The walk over columns (one block, a loop, a grid axis or emit_pipeline) is the `strategy`
-knob of the row engine (`kernels.rows`, which documents every knob and shape rule).
+knob of the row engine (`kernels.rows`, which documents every knob and shape rule). On Mosaic
+GPU (strategy smem_row, `kernels.rows.mosaic`) each row is staged once in shared memory and
+walked twice there (max, then the sum of exp(x - max)); the label's logit is one load.
 """
 from __future__ import annotations
 
@@ -22,10 +24,11 @@ import jax.numpy as jnp
 
 from kernels import rows
 from kernels.lowering import Platform
+from kernels.rows import mosaic as mosaic_rows
 
 NAME = "cross_entropy"
 SHAPE_NAMES = ("rows", "vocab")
-TARGETS = ("interpret", "tpu", "gpu-triton")
+TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 
 
@@ -60,9 +63,25 @@ def _finish(s: LogSumExp) -> tuple[jax.Array]:
 
 CROSS_ENTROPY = rows.RowReduction(state=LogSumExp, init=_empty, block=_block, merge=_merge,
                                   finish=_finish, n_outputs=1, pad=-math.inf)
+
+
+def _staged_loss(stats: rows.Stats, pick: Callable[[jax.Array], jax.Array], label: jax.Array, *,
+                 cols: int) -> jax.Array:
+    """logsumexp - the label's logit; an out-of-range label picks none, as on other targets."""
+    inside = (label >= 0) & (label < cols)
+    return stats[1] - jnp.where(inside, pick(jnp.clip(label, 0, cols - 1)), 0.0)
+
+
+STAGED = rows.StagedMath(
+    NAME, pad=-math.inf, vector_inputs=1,
+    walks=(rows.Walk(fold=lambda acc, x, stats, valid: jnp.maximum(acc, x), across=jnp.max, identity=-math.inf),
+           rows.Walk(fold=lambda acc, x, stats, valid: acc + jnp.exp(x - stats[0]), across=jnp.sum, identity=0.0,
+                     finish=lambda total, stats, cols: stats[0] + jnp.log(total))),
+    result=_staged_loss)
 KERNEL = rows.RowKernel(rows.reduction_math(NAME, CROSS_ENTROPY, vector_inputs=1), SHAPE_NAMES)
-check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
 shape_of = KERNEL.shape_of
+# Mosaic GPU's staged rows on gpu-mosaic, the row engine's strategies on every other target.
+check_config, footprint, default_config, _build = mosaic_rows.protocol(KERNEL, STAGED)
 
 
 def reference(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -94,7 +113,7 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any,
           platform: Platform) -> Callable[..., Any]:
     """The Pallas cross-entropy for `config` on `platform`: (logits, labels) -> loss, f32 (rows,)."""
-    reduce_rows = KERNEL.build(config, shape, dtype, platform)
+    reduce_rows = _build(config, shape, dtype, platform)
 
     def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
         return reduce_rows(logits, labels.astype(jnp.int32))

@@ -4,7 +4,9 @@ Whole rows (one_pass) take the mean, then the variance of the centred row.
 Streamed rows fold each column chunk's count, mean and sum of squared deviations into the
 running ones (Chan et al.'s parallel merge), which stays accurate when |mean| >> std; with
 fold 'lanes' (Triton), each lane keeps Welford's running moments of its columns, and the lanes
-are merged the same way once per row.
+are merged the same way once per row. On Mosaic GPU (strategy smem_row, `kernels.rows.mosaic`)
+each row is staged once in shared memory beside weight and bias, and walked twice there: the
+mean, then the sum of squared deviations from it (exact two-pass moments, one HBM read).
 Config knobs: those of the row engine (`kernels.rows`, which documents them once).
 """
 from __future__ import annotations
@@ -16,10 +18,11 @@ import jax
 import jax.numpy as jnp
 
 from kernels import rows
+from kernels.rows import mosaic as mosaic_rows
 
 NAME = "layer_norm"
 SHAPE_NAMES = ("rows", "cols")
-TARGETS = ("interpret", "tpu", "gpu-triton")
+TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 EPS = 1e-5
 
@@ -121,6 +124,21 @@ MATH = rows.RowMath(NAME, rows=_layer_norm_rows, init=_init, update=_update, fin
                     lanes=rows.LaneFold(update=_lane_update, combine=_combine_lanes))
 
 
+def _squared_deviations(acc: jax.Array, x: jax.Array, stats: rows.Stats, valid: jax.Array | None) -> jax.Array:
+    centred = x - stats[0]
+    return acc + (centred * centred if valid is None else jnp.where(valid, centred * centred, 0.0))
+
+
+STAGED = rows.StagedMath(
+    NAME, col_inputs=2,
+    walks=(rows.Walk(fold=lambda acc, x, stats, valid: acc + x, across=jnp.sum, identity=0.0,
+                     finish=lambda total, stats, cols: total / cols),
+           rows.Walk(fold=_squared_deviations, across=jnp.sum, identity=0.0,
+                     finish=lambda m2, stats, cols: jax.lax.rsqrt(m2 / cols + EPS))),
+    apply=lambda x, stats, weight, bias: (x - stats[0]) * stats[1] * weight + bias)
+
+
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)
-check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
-build, shape_of = KERNEL.build, KERNEL.shape_of
+shape_of = KERNEL.shape_of
+# Mosaic GPU's staged rows on gpu-mosaic, the row engine's strategies on every other target.
+check_config, footprint, default_config, build = mosaic_rows.protocol(KERNEL, STAGED)

@@ -1,7 +1,9 @@
 """RMS norm over the last axis: y = x / sqrt(mean(x^2) + eps) * weight.
 
 Config knobs: those of the row engine (`kernels.rows`). Streamed rows fold the sum of squares
-(with fold 'lanes' on Triton, per lane, summed once per row).
+(with fold 'lanes' on Triton, per lane, summed once per row). On Mosaic GPU (strategy
+smem_row, `kernels.rows.mosaic`) each row is staged once in shared memory beside the weight: one
+walk sums the squares, the map scales the row in place, one HBM read and one write.
 Gradients: the `rms_norm_bwd` kernel (BACKWARD), so a tuned rms_norm is differentiable.
 """
 from __future__ import annotations
@@ -14,10 +16,11 @@ import jax.numpy as jnp
 
 from kernels import rows
 from kernels.protocol import Backward
+from kernels.rows import mosaic as mosaic_rows
 
 NAME = "rms_norm"
 SHAPE_NAMES = ("rows", "cols")
-TARGETS = ("interpret", "tpu", "gpu-triton")
+TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 EPS = 1e-6
 # rms_norm_bwd(x, weight, dy) -> (dx, dweight)
@@ -97,6 +100,14 @@ MATH = rows.RowMath(NAME, rows=_rms_norm_rows, init=_init, update=_update, finis
                     lanes=rows.LaneFold(update=_lane_update, combine=_combine_lanes))
 
 
+STAGED = rows.StagedMath(
+    NAME, col_inputs=1,
+    walks=(rows.Walk(fold=lambda acc, x, stats, valid: acc + x * x, across=jnp.sum, identity=0.0,
+                     finish=lambda total, stats, cols: jax.lax.rsqrt(total / cols + EPS)),),
+    apply=lambda x, stats, weight: x * stats[0] * weight)
+
+
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)
-check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
-build, shape_of = KERNEL.build, KERNEL.shape_of
+shape_of = KERNEL.shape_of
+# Mosaic GPU's staged rows on gpu-mosaic, the row engine's strategies on every other target.
+check_config, footprint, default_config, build = mosaic_rows.protocol(KERNEL, STAGED)

@@ -3,8 +3,9 @@
 Config knobs: those of the row engine (`kernels.rows`, which documents them once). one_pass
 holds whole rows (Triton: padded to a power of two and masked, so any row length works);
 fori_loop, emit_pipeline and grid walk column blocks with an online max and sum (the sum is
-rescaled whenever the max grows), then normalize. On Mosaic GPU (`kernels.softmax_mgpu`,
-strategy smem_row) each row is staged once in shared memory: one HBM read and one write.
+rescaled whenever the max grows), then normalize. On Mosaic GPU (`kernels.rows.mosaic`,
+strategy smem_row) each row is staged once in shared memory: one HBM read and one write; its
+walks take the max, then store exp(x - max) in place while summing it, and the map scales.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernels import rows, softmax_mgpu
+from kernels import rows
+from kernels.rows import mosaic as mosaic_rows
 
 NAME = "softmax"
 SHAPE_NAMES = ("rows", "cols")
@@ -83,7 +85,16 @@ MATH = rows.RowMath(NAME, rows=_softmax_rows, init=_init, update=_update, finish
                        apply=_normalize, pad=-jnp.inf)
 
 
+STAGED = rows.StagedMath(
+    NAME, pad=-jnp.inf,
+    walks=(rows.Walk(fold=lambda acc, x, stats, valid: jnp.maximum(acc, x), across=jnp.max, identity=-jnp.inf),
+           rows.Walk(fold=lambda acc, e, stats, valid: acc + e, across=jnp.sum, identity=0.0,
+                     rewrite=lambda x, stats: jnp.exp(x - stats[0]),
+                     finish=lambda total, stats, cols: 1.0 / total)),
+    apply=lambda e, stats: e * stats[1])
+
+
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES, hint="; use batch_softmax for 3-D shapes")
 shape_of = KERNEL.shape_of
 # Mosaic GPU's staged rows on gpu-mosaic, the row engine's strategies on every other target.
-check_config, footprint, default_config, build = softmax_mgpu.protocol(KERNEL)
+check_config, footprint, default_config, build = mosaic_rows.protocol(KERNEL, STAGED)

@@ -23,8 +23,10 @@ NAMES = ("softmax", "batch_softmax", "softmax_two_pass", "layer_norm", "rms_norm
 @pytest.mark.parametrize("name", NAMES)
 def test_registered_and_complete(name: str) -> None:
     module = kernels.load(name)
-    staged = {"gpu-mosaic"} if name in ("softmax", "batch_softmax") else set()  # kernels.softmax_mgpu
+    # kernels.rows.mosaic: the kernels that state a StagedMath run on Mosaic GPU too
+    staged = {"gpu-mosaic"} if hasattr(module, "STAGED") else set()
     assert module.NAME == name and set(module.TARGETS) == {"interpret", "tpu", "gpu-triton"} | staged
+    assert hasattr(module, "STAGED") == (name in ("softmax", "batch_softmax", "layer_norm", "rms_norm"))
 
 
 @pytest.mark.parametrize("name,target,config", [

@@ -11,7 +11,8 @@ import pytest
 from farm.measure import outcomes, validate
 from farm.measure.device import measure
 from farm.tasks import TuningTask
-from kernels import batch_softmax, softmax, softmax_mgpu
+from kernels import batch_softmax, softmax
+from kernels.rows import mosaic as mosaic_rows
 from kernels.lowering import Platform
 
 TARGET = "gpu-mosaic"
@@ -36,7 +37,7 @@ def _error(shape: tuple[int, int], dtype, config: dict, x: jax.Array | None = No
                  # 3 (f32) elements early, and each row's ends are stored element by element
 ])
 def test_staged_rows_match_the_reference_in_the_gpu_interpreter(shape, dtype):
-    plan = softmax_mgpu.plan(_config(), shape, dtype)
+    plan = mosaic_rows.plan(softmax.STAGED, _config(), shape, dtype)
     assert plan.aligned == (shape[1] == 2048)
     assert _error(shape, dtype, _config()) <= validate.tolerance(jnp.dtype(dtype).name, softmax)
 

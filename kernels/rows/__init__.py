@@ -6,7 +6,8 @@ its math once (`RowMath`, or a `RowReduction` monoid through `reduction_math`) a
 `RowKernel`; the engine owns the strategies, grids, pipelines, Triton code, configs and
 footprints. Files, by job: `contract` (the math), `config` (typed configs, validation, the
 VMEM rule), `footprint`, `blocked` (TPU and interpret lowering), `triton`, `kernel` (the
-protocol functions of a kernel module).
+protocol functions of a kernel module), `mosaic` (Mosaic GPU: each row staged once in shared
+memory, for kernels that also state their math as a `StagedMath`; strategy `smem_row`).
 
 The knob vocabulary, the same names on every target:
   strategy      how a row is walked.
@@ -60,10 +61,10 @@ from kernels.rows.config import (
                                  split_shape,
                                  vmem_limit,
 )
-from kernels.rows.contract import LaneFold, RowMath, RowReduction, Stats, reduction_math
+from kernels.rows.contract import LaneFold, RowMath, RowReduction, StagedMath, Stats, Walk, reduction_math
 from kernels.rows.kernel import RowKernel, build
 
 __all__ = ["CONFIG_TYPES", "LANES", "LaneFold", "MEMORY_PARAMS", "STRATEGIES", "STREAMED", "SUBLANES", "Plan",
            "RowConfig", "RowConfigInterpret", "RowConfigTPU", "RowConfigTriton", "RowKernel",
-           "RowMath", "RowReduction", "Stats", "build", "from_dict", "is_pow2",
+           "RowMath", "RowReduction", "StagedMath", "Stats", "Walk", "build", "from_dict", "is_pow2",
            "reduction_math", "split_shape", "vmem_limit"]

@@ -155,3 +155,50 @@ def reduction_math(name: str, reduction: RowReduction, vector_inputs: int = 0) -
     return RowMath(name, rows=rows, init=init, update=update, finish=finish, apply=apply,
                    row_outputs=0, vector_inputs=vector_inputs, results=reduction.n_outputs,
                    pad=reduction.pad)
+
+
+@dataclasses.dataclass(frozen=True)
+class Walk:
+    """One walk over a row staged whole in on-chip memory, folding it into one per-row statistic.
+
+    fold(acc, x, stats, valid) -> acc: elementwise on a chunk x (f32); acc starts as `identity`;
+        stats are the finished statistics of the walks before this one; valid is None for a
+        chunk wholly inside the row, else a bool mask of its positions that are (positions
+        outside read as `StagedMath.pad`).
+    across(acc) -> the lanes reduced to one value (jnp.sum or jnp.max).
+    finish(value, stats, cols) -> the statistic that later walks and `apply` see (default: value).
+    rewrite(x, stats) -> x': when given, each chunk is replaced in place (in the input dtype)
+        before it is folded: softmax stores exp(x - max) once and only scales it afterwards.
+    """
+
+    fold: Callable[..., jax.Array]
+    across: Callable[[jax.Array], jax.Array]
+    identity: float
+    finish: Callable[..., jax.Array] | None = None
+    rewrite: Callable[..., jax.Array] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedMath:
+    """The math of a row kernel whose rows are staged whole on chip (Mosaic GPU's `smem_row`):
+    walks over the staged row (each reads on-chip memory, none HBM), then either the row mapped
+    in place and written out (`apply`), or one per-row result (`result`).
+
+    apply(x, stats, *cols) -> y: a chunk of the output row (f32) from the chunk x (f32), the
+        walks' statistics and the column inputs' chunks (f32; e.g. a norm's weight and bias).
+    result(stats, pick, *vectors, cols) -> the row's float32 result; pick(i) reads the row's
+        column i (a traced int32 in [0, cols)), vectors are the per-row inputs' values (a label).
+    pad: what positions outside the row hold during the walks.
+    """
+
+    name: str
+    walks: tuple[Walk, ...]
+    apply: Callable[..., jax.Array] | None = None
+    result: Callable[..., jax.Array] | None = None
+    col_inputs: int = 0
+    vector_inputs: int = 0
+    pad: float = 0.0
+
+    def __post_init__(self) -> None:
+        if (self.apply is None) == (self.result is None):
+            raise ValueError(f"{self.name}: a staged row kernel has exactly one of apply and result")

@@ -1,27 +1,30 @@
-"""Row softmax on Mosaic GPU: each row staged once in shared memory, one HBM read and one write.
+"""The row engine on Mosaic GPU: each row staged once in shared memory, one HBM read (and write).
 
 Triton cannot hold a vocabulary-wide row on chip (registers spill; it has no explicit shared
-memory), so its softmax reads each row twice. Here a block per row copies the row into shared
-memory in one bulk copy (`cp.async.bulk`), takes the row's max, then exp(x - max) and its sum
-(the exponentials stored back in place, in the input dtype), scales by 1 / sum, and writes the
-row back from shared memory in one bulk copy. The three passes over shared memory walk chunks of
-`block_cols` columns held in registers by one warpgroup (128 threads); other blocks on the same
-SM load and store meanwhile.
+memory), so its streamed rows read HBM twice or keep per-lane statistics in registers. Here a
+block (one warpgroup, 128 threads) per row copies the row into shared memory in one bulk copy
+(`cp.async.bulk`), walks it as often as the kernel's `StagedMath` asks (each walk folds chunks of
+`block_cols` columns held in registers into one per-row statistic: softmax's max and sum, a
+norm's mean and variance, cross entropy's max and log-sum), then either maps the row in place and
+writes it back in one bulk copy, or writes one per-row result. Column inputs (a norm's weight
+and bias) are bulk-copied beside the row and waited for only before the map. Other blocks on
+the same SM load and store meanwhile.
 
-Any row length from 128 columns (shorter rows too when their bytes are whole 128-byte units): a
-bulk copy moves 16-byte-aligned spans (into shared memory, whole 128-byte
-units), so a row whose byte length is not a multiple of 128 (50257 bf16 columns) is read through
-a window of the flattened input that starts at the row's start rounded down to 16 bytes (up to 7
-bf16 elements of the previous row, masked to -inf in shared memory, as is everything past the
-row's end); the last row's window, which would run past the array, copies its whole units and
-reads the rest element by element. The output is written as the row's 16-byte-aligned interior
-in one bulk copy and the up to 2 x 7 elements at its ends one by one. Rows must fit shared
-memory (227 KiB a block on sm_90: up to about 115,000 bf16 columns); `check_config` refuses
-longer ones, and a space's task of such a shape gets no trials on this target.
+Row lengths: any from 128 columns (shorter rows too when their bytes are whole 128-byte units).
+A bulk copy moves 16-byte-aligned spans (into shared memory, whole 128-byte units), so a row
+whose byte length is not a multiple of 128 (50257 bf16 columns) is read through a window of the
+flattened input that starts at the row's start rounded down to 16 bytes (up to 7 bf16 elements
+of the previous row, masked to `pad` in shared memory, as is everything past the row's end); the
+last row's window, which would run past the array, copies its whole units and reads the rest
+element by element. Such rows are written as their 16-byte-aligned interior in one bulk copy
+and the up to 2 x 7 elements at their ends one by one. Kernels with column inputs take rows of
+whole 128-byte units only (their columns would sit at a different offset in every window).
+Rows (and column inputs) must fit shared memory (227 KiB a block on sm_90: up to about 115,000
+bf16 columns with no column inputs); `check_config` refuses longer ones, and a space's task of
+such a shape gets no trials on this target.
 
-Config knobs, in the row engine's vocabulary (`kernels.rows`): strategy "smem_row"; block_rows
-1 (a block per row); block_cols, the chunk of the passes over shared memory (a power of two,
-1024 to 8192: 8 to 64 values per thread).
+Config knobs, in the row engine's vocabulary: strategy "smem_row"; block_rows 1 (a block per
+row); block_cols, the chunk of the walks (a power of two, 1024 to 8192: 8 to 64 values per thread).
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from jax.experimental import pallas as pl
 from kernels import mgpu_launch
 from kernels.lowering import Platform
 from kernels.rows.config import from_dict, is_pow2
+from kernels.rows.contract import StagedMath
 from kernels.rows.kernel import RowKernel
 
 TARGET = "gpu-mosaic"
@@ -48,14 +52,15 @@ COPY_BYTES = 128  # a copy into shared memory moves a multiple of this (one byte
 # row: from this many columns on, only the last row's window can run past the array.
 MIN_UNALIGNED_COLS = 128
 CHUNKS = (1024, 8192)  # block_cols bounds: 8 to 64 values per thread
-# Shared memory a block needs beside the row: the reductions' scratch and the barrier (Mosaic
-# GPU counted 2056 bytes in JAX 0.10; the margin covers later versions' larger counts).
+DEFAULT_CHUNK = 4096
+# Shared memory a block needs beside the staged arrays: the reductions' scratch and the barriers
+# (Mosaic GPU counted 2056 bytes for softmax in JAX 0.10; the margin covers later versions').
 SMEM_OVERHEAD = 3072
 F32 = jnp.float32
 
 
 @dataclasses.dataclass(frozen=True)
-class SoftmaxConfigMosaic:
+class StagedRowConfig:
     """A block per row (block_rows 1), the row staged in shared memory (strategy "smem_row"),
     walked in register chunks of block_cols columns."""
 
@@ -77,10 +82,11 @@ class SoftmaxConfigMosaic:
 class Plan:
     """A config checked against a shape and dtype: the window the kernel stages per row."""
 
-    config: SoftmaxConfigMosaic
+    config: StagedRowConfig
     rows: int
     cols: int
     itemsize: int
+    col_inputs: int = 0
 
     @property
     def vector(self) -> int:
@@ -104,7 +110,7 @@ class Plan:
 
     @property
     def staged(self) -> int:
-        """Shared-memory elements per block: the window rounded up to whole chunks."""
+        """Shared-memory elements per staged array: the window rounded up to whole chunks."""
         return pl.cdiv(self.window, self.config.block_cols) * self.config.block_cols
 
     @property
@@ -129,39 +135,44 @@ class Plan:
 
     @property
     def footprint(self) -> int:
-        """Shared-memory bytes of one block."""
-        return self.staged * self.itemsize + SMEM_OVERHEAD
+        """Shared-memory bytes of one block: the row and each column input, staged."""
+        return (1 + self.col_inputs) * self.staged * self.itemsize + SMEM_OVERHEAD
 
 
-def plan(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any) -> Plan:
+def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any) -> Plan:
     """The checked plan of `config` for `shape` (2-D, or 3-D with the batch flattened into rows);
     raises with a plain message when it cannot work."""
-    typed = from_dict(SoftmaxConfigMosaic, {"strategy": STRATEGY, "block_rows": 1, **config},
-                      f"softmax on {TARGET}")
-    if len(shape) not in (2, 3):
-        raise NotImplementedError(f"softmax on {TARGET} takes (rows, cols) or (batch, rows, cols), "
-                                  f"got {tuple(shape)}")
+    name = math_.name
+    typed = from_dict(StagedRowConfig, {"strategy": STRATEGY, "block_rows": 1, **config}, f"{name} on {TARGET}")
+    if len(shape) not in (2, 3) or (len(shape) == 3 and math_.vector_inputs):
+        raise NotImplementedError(f"{name} on {TARGET} takes (rows, cols)"
+                                  f"{'' if math_.vector_inputs else ' or (batch, rows, cols)'}, got {tuple(shape)}")
     rows, cols = math.prod(shape[:-1]), shape[-1]
     itemsize = jnp.dtype(dtype).itemsize
     if itemsize not in (2, 4):
-        raise NotImplementedError(f"softmax on {TARGET} takes 16- or 32-bit floats, got {jnp.dtype(dtype)}")
-    p = Plan(typed, rows, cols, itemsize)
+        raise NotImplementedError(f"{name} on {TARGET} takes 16- or 32-bit floats, got {jnp.dtype(dtype)}")
+    p = Plan(typed, rows, cols, itemsize, math_.col_inputs)
+    if not p.aligned and math_.col_inputs:
+        raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes) are not whole "
+                         f"{COPY_BYTES}-byte units, which a kernel with column inputs needs (gpu-triton takes any width)")
     if not p.aligned and (cols < MIN_UNALIGNED_COLS or rows * cols + p.window >= 2**31):
-        raise ValueError(f"softmax on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes, not a "
+        raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes, not a "
                          f"multiple of {COPY_BYTES}) need at least {MIN_UNALIGNED_COLS} columns and "
                          f"fewer than 2**31 elements in all")
     if p.footprint > mgpu_launch.SMEM_BYTES:
+        staged = (mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // ((1 + math_.col_inputs) * itemsize)
         raise ValueError(f"a row of {cols} columns stages {p.footprint} bytes of shared memory; a "
                          f"block has {mgpu_launch.SMEM_BYTES} on sm_90 (rows up to about "
-                         f"{(mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // itemsize - p.config.block_cols} columns)")
+                         f"{staged - p.config.block_cols} columns)")
     return p
 
 
 def default_config(shape: tuple[int, ...]) -> dict[str, Any]:
-    """Chunks of 4096 columns (32 values per thread): the fastest of 1024, 2048 and 4096 at
-    8192 x 32000 and 8192 x 50257 on the H200 (BENCHMARKS.md)."""
-    del shape
-    return {"block_rows": 1, "strategy": STRATEGY, "block_cols": 4096}
+    """Chunks of 4096 columns (32 values per thread), or of the row rounded up to a power of two
+    when shorter: 4096 was the fastest of 1024, 2048 and 4096 for softmax at 8192 x 32000 and
+    8192 x 50257 on the H200 (BENCHMARKS.md)."""
+    chunk = min(DEFAULT_CHUNK, max(CHUNKS[0], 1 << max(shape[-1] - 1, 1).bit_length()))
+    return {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk}
 
 
 def _positions(chunk: int, dtype: Any, interpret: bool) -> jax.Array:
@@ -176,28 +187,34 @@ def _positions(chunk: int, dtype: Any, interpret: bool) -> jax.Array:
     return plgpu.layout_cast(iota, plgpu.Layout.WG_STRIDED((chunk,), vec_size=8 // jnp.dtype(dtype).itemsize))
 
 
-def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
-          platform: Platform) -> Callable[[jax.Array], jax.Array]:
-    """The Mosaic GPU softmax of `config` for `shape`: a function of x (rows, cols)."""
+def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
+          platform: Platform) -> Callable[..., jax.Array]:
+    """The Mosaic GPU kernel of `math_` and `config` for `shape`: a function of (x, *column inputs,
+    *per-row vector inputs) giving the row output (x's shape and dtype) or the per-row results
+    (float32, shape[:-1])."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    p = plan(config, shape, dtype)
+    p = plan(math_, config, shape, dtype)
     dtype = jnp.dtype(dtype)
     rows, C, chunk, V = p.rows, p.cols, p.config.block_cols, p.vector
     n_chunks = p.staged // chunk
+    n_cols, n_vectors = math_.col_inputs, math_.vector_inputs
     # Every copy stays within its array, so Mosaic GPU issues a bulk copy (a tiled TMA copy
     # would move at most 256 elements along a dimension).
     in_bounds = plgpu.OOBFillMode.PROMISE_IN_BOUNDS
     # Chunks that may hold positions outside the row (before it: the first, when unaligned;
-    # after it: those reaching past the shortest offset + C), masked to -inf once after the load.
+    # after it: those reaching past the shortest offset + C), masked to `pad` once after the load
+    # and walked with a validity mask; the rest are walked in one loop.
     edge_chunks = sorted({j for j in range(n_chunks) if (j + 1) * chunk > C} | ({0} if not p.aligned else set()))
+    loop_end = min([j for j in edge_chunks if j > 0], default=n_chunks)
 
-    def body(x_gmem, o_gmem):
+    def body(x_gmem, *refs):
+        col_gmems, vector_gmems, o_gmem = refs[:n_cols], refs[n_cols:n_cols + n_vectors], refs[-1]
         row = lax.axis_index("rows")
 
-        def scoped(x_smem, loaded):
+        def scoped(x_smem, col_smems, loaded, cols_loaded):
             if p.aligned:
-                head = 0
+                head, start = 0, row * C
                 plgpu.copy_gmem_to_smem(x_gmem.at[row], x_smem.at[pl.ds(0, C)], loaded, oob_mode=in_bounds)
             else:  # a window of the flattened rows, from the row's start rounded down to 16 bytes
                 start = row * C
@@ -215,33 +232,54 @@ def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
                                             x_smem.at[pl.ds(0, p.last_copied)], loaded, oob_mode=in_bounds)
                     for k in range(p.last_copied, rows * C - p.last_base):
                         x_smem[k] = x_gmem[p.last_base + k]
+            for col_gmem, col_smem in zip(col_gmems, col_smems):
+                plgpu.copy_gmem_to_smem(col_gmem, col_smem.at[pl.ds(0, C)], cols_loaded, oob_mode=in_bounds)
+            vectors = tuple(v[row] for v in vector_gmems)
             plgpu.barrier_wait(loaded)
 
-            def chunk_at(j: Any) -> Any:
-                return x_smem.at[pl.ds(j * chunk, chunk)]
+            def chunk_at(ref: Any, j: Any) -> Any:
+                return ref.at[pl.ds(j * chunk, chunk)]
+
+            def valid_at(j: int) -> jax.Array:
+                position = _positions(chunk, dtype, platform.interpret) + j * chunk
+                return (position >= head) & (position < head + C)
 
             for j in edge_chunks:
-                position = _positions(chunk, dtype, platform.interpret) + j * chunk
-                inside = (position >= head) & (position < head + C)
-                ref = chunk_at(j)
-                ref[...] = jnp.where(inside, ref[...].astype(F32), -jnp.inf).astype(dtype)
+                ref = chunk_at(x_smem, j)
+                ref[...] = jnp.where(valid_at(j), ref[...].astype(F32), math_.pad).astype(dtype)
 
-            # The row's max: per lane over the chunks, then across the lanes.
-            m = jnp.max(lax.fori_loop(1, n_chunks, lambda j, acc: jnp.maximum(acc, chunk_at(j)[...].astype(F32)),
-                                      chunk_at(0)[...].astype(F32)))
+            stats: tuple[jax.Array, ...] = ()
+            for walk in math_.walks:
+                def fold_at(j: Any, acc: Any, valid: jax.Array | None, walk=walk, stats=stats) -> Any:
+                    ref = chunk_at(x_smem, j)
+                    x = ref[...].astype(F32)
+                    if walk.rewrite is not None:
+                        x = walk.rewrite(x, stats)
+                        ref[...] = x.astype(dtype)
+                    return walk.fold(acc, x, stats, valid)
 
-            def exponentiate(j: Any, acc: Any) -> Any:
-                e = jnp.exp(chunk_at(j)[...].astype(F32) - m)
-                chunk_at(j)[...] = e.astype(dtype)
-                return acc + e
+                # The first chunk outside the loop gives the accumulator its layout.
+                acc = fold_at(0, walk.identity, valid_at(0) if 0 in edge_chunks else None)
+                acc = lax.fori_loop(1, loop_end, lambda j, a, fold_at=fold_at: fold_at(j, a, None), acc)
+                for j in edge_chunks:
+                    if j > 0:
+                        acc = fold_at(j, acc, valid_at(j))
+                value = walk.across(acc)
+                stats = (*stats, value if walk.finish is None else walk.finish(value, stats, C))
 
-            inverse = 1.0 / jnp.sum(lax.fori_loop(1, n_chunks, exponentiate, exponentiate(0, 0.0)))
+            if math_.result is not None:
+                o_gmem[row] = math_.result(stats, lambda i: x_smem[head + i].astype(F32), *vectors, cols=C)
+                return
+            if n_cols:
+                plgpu.barrier_wait(cols_loaded)
 
-            def scale(j: Any, carry: Any) -> Any:
-                chunk_at(j)[...] = (chunk_at(j)[...].astype(F32) * inverse).astype(dtype)
+            def apply(j: Any, carry: Any) -> Any:
+                ref = chunk_at(x_smem, j)
+                cols = (chunk_at(c, j)[...].astype(F32) for c in col_smems)
+                ref[...] = math_.apply(ref[...].astype(F32), stats, *cols).astype(dtype)
                 return carry
 
-            lax.fori_loop(0, n_chunks, scale, 0)
+            lax.fori_loop(0, n_chunks, apply, 0)
             plgpu.commit_smem()
             if p.aligned:
                 plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, C)], o_gmem.at[row])
@@ -260,31 +298,44 @@ def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
                         o_gmem[start + k] = x_smem[head + k]
             plgpu.wait_smem_to_gmem(0)
 
-        pl.run_scoped(scoped, plgpu.SMEM((p.staged,), dtype), plgpu.Barrier(num_arrivals=1))
+        def allocated(x_smem, *rest):
+            col_smems = rest[:n_cols]
+            scoped(x_smem, col_smems, rest[n_cols], rest[n_cols + 1] if n_cols else None)
 
-    out = jax.ShapeDtypeStruct((rows, C) if p.aligned else (rows * C,), dtype)
+        barriers = [plgpu.Barrier(num_arrivals=1)] + ([plgpu.Barrier(num_arrivals=n_cols)] if n_cols else [])
+        pl.run_scoped(allocated, *(plgpu.SMEM((p.staged,), dtype) for _ in range(1 + n_cols)), *barriers)
+
+    if math_.result is not None:
+        out = jax.ShapeDtypeStruct((rows,), F32)
+    else:
+        out = jax.ShapeDtypeStruct((rows, C) if p.aligned else (rows * C,), dtype)
     call = mgpu_launch.mosaic_kernel(body, platform=platform, out_shape=[out], grid=(rows,),
-                                     grid_names=("rows",), name="softmax")
+                                     grid_names=("rows",), name=math_.name)
 
-    def run(x: jax.Array) -> jax.Array:
+    def run(x: jax.Array, *others: jax.Array) -> jax.Array:
         if tuple(x.shape) != tuple(shape):
-            raise ValueError(f"softmax was built for shape {tuple(shape)}, got {tuple(x.shape)}")
-        (y,) = call(x.reshape(rows, C) if p.aligned else x.reshape(-1))
-        return y.reshape(shape)
+            raise ValueError(f"{math_.name} was built for shape {tuple(shape)}, got {tuple(x.shape)}")
+        if len(others) != n_cols + n_vectors:
+            raise ValueError(f"{math_.name} takes x, {n_cols} column and {n_vectors} per-row inputs, "
+                             f"got {1 + len(others)} arrays")
+        cols = [c.astype(dtype).reshape(C) for c in others[:n_cols]]
+        vectors = [v.astype(jnp.int32).reshape(rows) for v in others[n_cols:]]
+        (y,) = call(x.reshape(rows, C) if p.aligned else x.reshape(-1), *cols, *vectors)
+        return y.reshape(shape[:-1] if math_.result is not None else shape)
 
     return run
 
 
-def protocol(kernel: RowKernel) -> tuple[Callable[..., Any], ...]:
-    """(check_config, footprint, default_config, build) of a softmax module: the staged rows on
-    gpu-mosaic, `kernel`'s (the row engine's) on every other target."""
+def protocol(kernel: RowKernel, math_: StagedMath) -> tuple[Callable[..., Any], ...]:
+    """(check_config, footprint, default_config, build) of a row kernel module: `math_`'s staged
+    rows on gpu-mosaic, `kernel`'s (the row engine's) on every other target."""
 
     def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
         """None if `config` can run on `shape` and `target`, else a short reason."""
         if target != TARGET:
             return kernel.check_config(config, shape, dtype, target)
         try:
-            plan(config, shape, dtype)
+            plan(math_, config, shape, dtype)
         except (ValueError, NotImplementedError) as err:
             return str(err)
         return None
@@ -292,7 +343,7 @@ def protocol(kernel: RowKernel) -> tuple[Callable[..., Any], ...]:
     def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
         """On-chip bytes of one program (Mosaic GPU: the staged row; else the row engine's)."""
         if target == TARGET:
-            return plan(config, shape, dtype).footprint
+            return plan(math_, config, shape, dtype).footprint
         return kernel.footprint(config, shape, dtype, target)
 
     def default_config_(shape: tuple[int, ...], target: str) -> dict[str, Any]:
@@ -302,7 +353,7 @@ def protocol(kernel: RowKernel) -> tuple[Callable[..., Any], ...]:
     def build_(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform) -> Any:
         """The Pallas kernel of `config`: the staged rows, or the row engine's strategies."""
         if platform.target == TARGET:
-            return build(config, shape, dtype, platform)
+            return build(math_, config, shape, dtype, platform)
         return kernel.build(config, shape, dtype, platform)
 
     return check_config, footprint, default_config_, build_
