@@ -74,7 +74,7 @@ def _staged_loss(stats: rows.Stats, pick: Callable[[jax.Array], jax.Array], labe
 
 STAGED = rows.StagedMath(
     NAME, pad=-math.inf, vector_inputs=1,
-    walks=(rows.Walk(fold=lambda acc, x, stats, valid: jnp.maximum(acc, x), across=jnp.max, identity=-math.inf),
+    walks=(rows.ROW_MAX,
            rows.Walk(fold=lambda acc, x, stats, valid: acc + jnp.exp(x - stats[0]), across=jnp.sum, identity=0.0,
                      finish=lambda total, stats, cols: stats[0] + jnp.log(total))),
     result=_staged_loss)

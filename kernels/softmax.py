@@ -87,7 +87,7 @@ MATH = rows.RowMath(NAME, rows=_softmax_rows, init=_init, update=_update, finish
 
 STAGED = rows.StagedMath(
     NAME, pad=-jnp.inf,
-    walks=(rows.Walk(fold=lambda acc, x, stats, valid: jnp.maximum(acc, x), across=jnp.max, identity=-jnp.inf),
+    walks=(rows.ROW_MAX,
            rows.Walk(fold=lambda acc, e, stats, valid: acc + e, across=jnp.sum, identity=0.0,
                      rewrite=lambda x, stats: jnp.exp(x - stats[0]),
                      finish=lambda total, stats, cols: 1.0 / total)),

@@ -61,10 +61,10 @@ from kernels.rows.config import (
                                  split_shape,
                                  vmem_limit,
 )
-from kernels.rows.contract import LaneFold, RowMath, RowReduction, StagedMath, Stats, Walk, reduction_math
+from kernels.rows.contract import ROW_MAX, LaneFold, RowMath, RowReduction, StagedMath, Stats, Walk, reduction_math
 from kernels.rows.kernel import RowKernel, build
 
-__all__ = ["CONFIG_TYPES", "LANES", "LaneFold", "MEMORY_PARAMS", "STRATEGIES", "STREAMED", "SUBLANES", "Plan",
+__all__ = ["CONFIG_TYPES", "ROW_MAX", "LANES", "LaneFold", "MEMORY_PARAMS", "STRATEGIES", "STREAMED", "SUBLANES", "Plan",
            "RowConfig", "RowConfigInterpret", "RowConfigTPU", "RowConfigTriton", "RowKernel",
            "RowMath", "RowReduction", "StagedMath", "Stats", "Walk", "build", "from_dict", "is_pow2",
            "reduction_math", "split_shape", "vmem_limit"]

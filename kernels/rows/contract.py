@@ -169,6 +169,8 @@ class Walk:
     finish(value, stats, cols) -> the statistic that later walks and `apply` see (default: value).
     rewrite(x, stats) -> x': when given, each chunk is replaced in place (in the input dtype)
         before it is folded: softmax stores exp(x - max) once and only scales it afterwards.
+    stored_dtype: fold the chunk in the input dtype, not float32 (exact for a max, and it saves
+        a conversion of every element: packed bf16 instructions).
     """
 
     fold: Callable[..., jax.Array]
@@ -176,6 +178,7 @@ class Walk:
     identity: float
     finish: Callable[..., jax.Array] | None = None
     rewrite: Callable[..., jax.Array] | None = None
+    stored_dtype: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,3 +205,9 @@ class StagedMath:
     def __post_init__(self) -> None:
         if (self.apply is None) == (self.result is None):
             raise ValueError(f"{self.name}: a staged row kernel has exactly one of apply and result")
+
+
+# The row's max, folded in the input dtype (exact) and kept as float32: softmax's and cross
+# entropy's first walk.
+ROW_MAX = Walk(fold=lambda acc, x, stats, valid: jnp.maximum(acc, x), across=jnp.max, identity=-math.inf,
+               finish=lambda value, stats, cols: value.astype(jnp.float32), stored_dtype=True)

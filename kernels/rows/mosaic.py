@@ -24,7 +24,9 @@ bf16 columns with no column inputs); `check_config` refuses longer ones, and a s
 such a shape gets no trials on this target.
 
 Config knobs, in the row engine's vocabulary: strategy "smem_row"; block_rows 1 (a block per
-row); block_cols, the chunk of the walks (a power of two, 1024 to 8192: 8 to 64 values per thread).
+row); block_cols, the chunk of the walks (a power of two, 1024 to 8192: 8 to 64 values per thread);
+approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few ulp of
+float32, well within the farm's tolerances; the numerics check of every trial still applies).
 """
 from __future__ import annotations
 
@@ -67,8 +69,11 @@ class StagedRowConfig:
     block_cols: int
     block_rows: int = 1
     strategy: str = STRATEGY
+    approx_math: int = 0
 
     def __post_init__(self) -> None:
+        if self.approx_math not in (0, 1):
+            raise ValueError(f"approx_math must be 0 or 1 on {TARGET}, got {self.approx_math!r}")
         if self.strategy != STRATEGY:
             raise ValueError(f"strategy must be {STRATEGY!r} on {TARGET}, got {self.strategy!r}")
         if self.block_rows != 1:
@@ -172,7 +177,7 @@ def default_config(shape: tuple[int, ...]) -> dict[str, Any]:
     when shorter: 4096 was the fastest of 1024, 2048 and 4096 for softmax at 8192 x 32000 and
     8192 x 50257 on the H200 (BENCHMARKS.md)."""
     chunk = min(DEFAULT_CHUNK, max(CHUNKS[0], 1 << max(shape[-1] - 1, 1).bit_length()))
-    return {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk}
+    return {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk, "approx_math": 0}
 
 
 def _positions(chunk: int, dtype: Any, interpret: bool) -> jax.Array:
@@ -252,7 +257,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             for walk in math_.walks:
                 def fold_at(j: Any, acc: Any, valid: jax.Array | None, walk=walk, stats=stats) -> Any:
                     ref = chunk_at(x_smem, j)
-                    x = ref[...].astype(F32)
+                    x = ref[...] if walk.stored_dtype else ref[...].astype(F32)
                     if walk.rewrite is not None:
                         x = walk.rewrite(x, stats)
                         ref[...] = x.astype(dtype)
@@ -309,8 +314,9 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
         out = jax.ShapeDtypeStruct((rows,), F32)
     else:
         out = jax.ShapeDtypeStruct((rows, C) if p.aligned else (rows * C,), dtype)
+    params = plgpu.CompilerParams(approx_math=bool(p.config.approx_math))
     call = mgpu_launch.mosaic_kernel(body, platform=platform, out_shape=[out], grid=(rows,),
-                                     grid_names=("rows",), name=math_.name)
+                                     grid_names=("rows",), compiler_params=params, name=math_.name)
 
     def run(x: jax.Array, *others: jax.Array) -> jax.Array:
         if tuple(x.shape) != tuple(shape):
