@@ -47,14 +47,7 @@ from kernels.rows.contract import StagedMath
 from kernels.rows.kernel import RowKernel
 
 TARGET = "gpu-mosaic"
-STRATEGY = "smem_row"  # a block per row
-RING = "smem_ring"  # persistent blocks, a ring of row slots each
-STRATEGIES = (STRATEGY, RING)
-RING_BUFFERS = (2, 4)
-MAX_BLOCKS_PER_SM = 4
-# Shared memory of one SM on sm_90 (228 KiB), of which each resident block reserves 1 KiB.
-SM_SMEM_BYTES = 233472
-BLOCK_RESERVED = 1024
+STRATEGY = "smem_row"
 VECTOR_BYTES = 16  # what a bulk copy's addresses and sizes are multiples of
 COPY_BYTES = 128  # a copy into shared memory moves a multiple of this (one byte count per thread)
 # Rows of other byte lengths are read through windows up to COPY_BYTES + 15 bytes longer than the
@@ -70,31 +63,27 @@ F32 = jnp.float32
 
 @dataclasses.dataclass(frozen=True)
 class StagedRowConfig:
-    """Rows staged in shared memory and walked in register chunks of block_cols columns: a block
-    per row (strategy "smem_row"), or persistent blocks, blocks_per_sm of them per SM, each
-    cycling its rows through a ring of `buffers` row slots (strategy "smem_ring")."""
+    """A block per row (block_rows 1), the row staged in shared memory (strategy "smem_row"),
+    walked in register chunks of block_cols columns; column inputs staged whole beside it
+    (stream_cols 0) or chunk by chunk, double-buffered, as the map reaches them (stream_cols 1)."""
 
     block_cols: int
     block_rows: int = 1
     strategy: str = STRATEGY
     approx_math: int = 0
-    buffers: int = 1
-    blocks_per_sm: int = 1
+    stream_cols: int = 0
 
     def __post_init__(self) -> None:
-        if self.approx_math not in (0, 1):
-            raise ValueError(f"approx_math must be 0 or 1 on {TARGET}, got {self.approx_math!r}")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES} on {TARGET}, got {self.strategy!r}")
+        for knob in ("approx_math", "stream_cols"):
+            if getattr(self, knob) not in (0, 1):
+                raise ValueError(f"{knob} must be 0 or 1 on {TARGET}, got {getattr(self, knob)!r}")
+        if self.strategy != STRATEGY:
+            raise ValueError(f"strategy must be {STRATEGY!r} on {TARGET}, got {self.strategy!r}")
         if self.block_rows != 1:
-            raise ValueError(f"block_rows must be 1 on {TARGET} (a row at a time), got {self.block_rows}")
-        if self.strategy == STRATEGY and (self.buffers, self.blocks_per_sm) != (1, 1):
-            raise ValueError(f"{STRATEGY} stages one row per block: buffers and blocks_per_sm must be 1, "
-                             f"got {self.buffers} and {self.blocks_per_sm}")
-        if self.strategy == RING and not (RING_BUFFERS[0] <= self.buffers <= RING_BUFFERS[1]
-                                          and 1 <= self.blocks_per_sm <= MAX_BLOCKS_PER_SM):
-            raise ValueError(f"{RING} takes buffers in [{RING_BUFFERS[0]}, {RING_BUFFERS[1]}] and blocks_per_sm "
-                             f"in [1, {MAX_BLOCKS_PER_SM}], got {self.buffers} and {self.blocks_per_sm}")
+            raise ValueError(f"block_rows must be 1 on {TARGET} (a block per row), got {self.block_rows}")
+        if not (is_pow2(self.block_cols) and CHUNKS[0] <= self.block_cols <= CHUNKS[1]):
+            raise ValueError(f"block_cols must be a power of two in [{CHUNKS[0]}, {CHUNKS[1]}], "
+                             f"got {self.block_cols}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,15 +142,14 @@ class Plan:
         return (self.rows * self.cols - self.last_base) // unit * unit
 
     @property
-    def footprint(self) -> int:
-        """Shared-memory bytes of one block: its row slots and each column input, staged."""
-        return (self.config.buffers + self.col_inputs) * self.staged * self.itemsize + SMEM_OVERHEAD
+    def col_staged(self) -> int:
+        """Shared-memory elements per column input: the whole staged row, or two chunks."""
+        return 2 * self.config.block_cols if self.config.stream_cols else self.staged
 
-    def programs(self, num_sms: int) -> int:
-        """Blocks launched: one per row, or (the ring) blocks_per_sm per SM, at most one per row."""
-        if self.config.strategy == STRATEGY:
-            return self.rows
-        return min(self.rows, num_sms * self.config.blocks_per_sm)
+    @property
+    def footprint(self) -> int:
+        """Shared-memory bytes of one block: the row and each column input, staged."""
+        return (self.staged + self.col_inputs * self.col_staged) * self.itemsize + SMEM_OVERHEAD
 
 
 def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any) -> Plan:
@@ -177,9 +165,8 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
     if itemsize not in (2, 4):
         raise NotImplementedError(f"{name} on {TARGET} takes 16- or 32-bit floats, got {jnp.dtype(dtype)}")
     p = Plan(typed, rows, cols, itemsize, math_.col_inputs)
-    if not p.aligned and typed.strategy == RING:
-        raise ValueError(f"{name} on {TARGET}: {RING} takes rows of whole {COPY_BYTES}-byte units, not "
-                         f"{cols} columns ({cols * itemsize} bytes); {STRATEGY} takes any width")
+    if typed.stream_cols and not math_.col_inputs:
+        raise ValueError(f"{name} has no column inputs to stream: stream_cols must be 0")
     if not p.aligned and math_.col_inputs:
         raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes) are not whole "
                          f"{COPY_BYTES}-byte units, which a kernel with column inputs needs (gpu-triton takes any width)")
@@ -188,13 +175,10 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
                          f"multiple of {COPY_BYTES}) need at least {MIN_UNALIGNED_COLS} columns and "
                          f"fewer than 2**31 elements in all")
     if p.footprint > mgpu_launch.SMEM_BYTES:
-        staged = (mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // ((typed.buffers + math_.col_inputs) * itemsize)
+        staged = (mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // ((1 + (not typed.stream_cols) * math_.col_inputs) * itemsize)
         raise ValueError(f"a row of {cols} columns stages {p.footprint} bytes of shared memory; a "
                          f"block has {mgpu_launch.SMEM_BYTES} on sm_90 (rows up to about "
-                         f"{staged - p.config.block_cols} columns with {typed.buffers} row slot(s))")
-    if typed.blocks_per_sm * (p.footprint + BLOCK_RESERVED) > SM_SMEM_BYTES:
-        raise ValueError(f"{typed.blocks_per_sm} blocks of {p.footprint} bytes of shared memory do not fit "
-                         f"one SM's {SM_SMEM_BYTES} (a persistent grid would run in waves)")
+                         f"{staged - p.config.block_cols} columns)")
     return p
 
 
@@ -203,7 +187,7 @@ def default_config(shape: tuple[int, ...]) -> dict[str, Any]:
     when shorter: 4096 was the fastest of 1024, 2048 and 4096 for softmax at 8192 x 32000 and
     8192 x 50257 on the H200 (BENCHMARKS.md)."""
     chunk = min(DEFAULT_CHUNK, max(CHUNKS[0], 1 << max(shape[-1] - 1, 1).bit_length()))
-    return {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk, "approx_math": 0}
+    return {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk, "approx_math": 0, "stream_cols": 0}
 
 
 def _positions(chunk: int, dtype: Any, interpret: bool) -> jax.Array:
@@ -230,8 +214,8 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
     rows, C, chunk, V = p.rows, p.cols, p.config.block_cols, p.vector
     n_chunks = p.staged // chunk
     n_cols, n_vectors = math_.col_inputs, math_.vector_inputs
-    ring, slots = p.config.strategy == RING, p.config.buffers
-    programs = p.programs(mgpu_launch.num_sms())
+    stream = bool(p.config.stream_cols)
+    full_chunks, tail = divmod(C, chunk)  # column inputs' chunks (streamed): whole ones, then the rest
     # Every copy stays within its array, so Mosaic GPU issues a bulk copy (a tiled TMA copy
     # would move at most 256 elements along a dimension).
     in_bounds = plgpu.OOBFillMode.PROMISE_IN_BOUNDS
@@ -241,169 +225,133 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
     edge_chunks = sorted({j for j in range(n_chunks) if (j + 1) * chunk > C} | ({0} if not p.aligned else set()))
     loop_end = min([j for j in edge_chunks if j > 0], default=n_chunks)
 
-    def chunk_at(ref: Any, j: Any) -> Any:
-        return ref.at[pl.ds(j * chunk, chunk)]
-
-    def walk_row(x_smem: Any, head: Any) -> tuple[jax.Array, ...]:
-        """Mask a staged row's edges to `pad`, then run the walks: the row's statistics."""
-
-        def valid_at(j: int) -> jax.Array:
-            position = _positions(chunk, dtype, platform.interpret) + j * chunk
-            return (position >= head) & (position < head + C)
-
-        for j in edge_chunks:
-            ref = chunk_at(x_smem, j)
-            ref[...] = jnp.where(valid_at(j), ref[...].astype(F32), math_.pad).astype(dtype)
-
-        stats: tuple[jax.Array, ...] = ()
-        for walk in math_.walks:
-            def fold_at(j: Any, acc: Any, valid: jax.Array | None, walk=walk, stats=stats) -> Any:
-                ref = chunk_at(x_smem, j)
-                x = ref[...] if walk.stored_dtype else ref[...].astype(F32)
-                if walk.rewrite is not None:
-                    x = walk.rewrite(x, stats)
-                    ref[...] = x.astype(dtype)
-                return walk.fold(acc, x, stats, valid)
-
-            # The first chunk outside the loop gives the accumulator its layout.
-            acc = fold_at(0, walk.identity, valid_at(0) if 0 in edge_chunks else None)
-            acc = lax.fori_loop(1, loop_end, lambda j, a, fold_at=fold_at: fold_at(j, a, None), acc)
-            for j in edge_chunks:
-                if j > 0:
-                    acc = fold_at(j, acc, valid_at(j))
-            value = walk.across(acc)
-            stats = (*stats, value if walk.finish is None else walk.finish(value, stats, C))
-        return stats
-
-    def apply_row(x_smem: Any, col_smems: tuple[Any, ...], stats: tuple[jax.Array, ...]) -> None:
-        """Map the staged row in place, chunk by chunk."""
-
-        def apply(j: Any, carry: Any) -> Any:
-            ref = chunk_at(x_smem, j)
-            cols = (chunk_at(c, j)[...].astype(F32) for c in col_smems)
-            ref[...] = math_.apply(ref[...].astype(F32), stats, *cols).astype(dtype)
-            return carry
-
-        lax.fori_loop(0, n_chunks, apply, 0)
-
-    def result_row(x_smem: Any, head: Any, stats: tuple[jax.Array, ...], vectors: tuple[Any, ...]) -> jax.Array:
-        return math_.result(stats, lambda i: x_smem[head + i].astype(F32), *vectors, cols=C)
-
-    def row_body(x_gmem, col_gmems, vector_gmems, o_gmem, x_smem, col_smems, loaded, cols_loaded):
-        """smem_row: this block's row, through a window when rows are not whole COPY_BYTES."""
-        row = lax.axis_index("rows")
-        start = row * C
-        if p.aligned:
-            head = 0
-            plgpu.copy_gmem_to_smem(x_gmem.at[row], x_smem.at[pl.ds(0, C)], loaded, oob_mode=in_bounds)
-        else:  # a window of the flattened rows, from the row's start rounded down to 16 bytes
-            base = lax.div(start, V) * V
-            head = start - base
-
-            @pl.when(row != rows - 1)
-            def _():
-                plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(base, p.window)], x_smem.at[pl.ds(0, p.window)],
-                                        loaded, oob_mode=in_bounds)
-
-            @pl.when(row == rows - 1)
-            def _():  # the last window would run past the array: whole units, then the rest
-                plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(p.last_base, p.last_copied)],
-                                        x_smem.at[pl.ds(0, p.last_copied)], loaded, oob_mode=in_bounds)
-                for k in range(p.last_copied, rows * C - p.last_base):
-                    x_smem[k] = x_gmem[p.last_base + k]
-        for col_gmem, col_smem in zip(col_gmems, col_smems):
-            plgpu.copy_gmem_to_smem(col_gmem, col_smem.at[pl.ds(0, C)], cols_loaded, oob_mode=in_bounds)
-        vectors = tuple(v[row] for v in vector_gmems)
-        plgpu.barrier_wait(loaded)
-        stats = walk_row(x_smem, head)
-        if math_.result is not None:
-            o_gmem[row] = result_row(x_smem, head, stats, vectors)
-            return
-        if n_cols:
-            plgpu.barrier_wait(cols_loaded)
-        apply_row(x_smem, col_smems, stats)
-        plgpu.commit_smem()
-        if p.aligned:
-            plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, C)], o_gmem.at[row])
-        else:
-            # The aligned interior in one bulk copy, the ends element by element.
-            lead = lax.rem(V - head, V)  # elements before the row's first 16-byte boundary
-            plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(head + lead, p.interior)],
-                                    o_gmem.at[pl.ds(start + lead, p.interior)])
-            for k in range(V - 1 if C % V else 0):
-                @pl.when(k < lead)
-                def _():
-                    o_gmem[start + k] = x_smem[head + k]
-            for k in range(p.interior, C):
-                @pl.when(k >= lead + p.interior)
-                def _():
-                    o_gmem[start + k] = x_smem[head + k]
-        plgpu.wait_smem_to_gmem(0)
-
-    def ring_body(x_gmem, col_gmems, vector_gmems, o_gmem, slot_smem, col_smems, loaded, cols_loaded):
-        """smem_ring: rows g, g + programs, ... of block g through `slots` row slots; the slot of
-        row t - 1 is refilled (with row t - 1 + slots) before row t is walked, once the store of
-        row t - 1 has read it, so that up to slots - 1 rows are in flight during each walk."""
-        g = lax.axis_index("rows")
-        mine = lax.div(rows - 1 - g, programs) + 1  # rows of this block (programs <= rows)
-
-        def load(t: Any, slot: Any) -> None:
-            plgpu.copy_gmem_to_smem(x_gmem.at[g + t * programs], slot_smem.at[slot, pl.ds(0, C)], loaded.at[slot],
-                                    oob_mode=in_bounds)
-
-        for t in range(slots):
-            @pl.when(t < mine)
-            def _():
-                load(t, t)
-        for col_gmem, col_smem in zip(col_gmems, col_smems):
-            plgpu.copy_gmem_to_smem(col_gmem, col_smem.at[pl.ds(0, C)], cols_loaded, oob_mode=in_bounds)
-        if n_cols:
-            plgpu.barrier_wait(cols_loaded)
-
-        def step(t: Any, carry: Any) -> Any:
-            row, slot = g + t * programs, lax.rem(t, slots)
-
-            @pl.when((t >= 1) & (t - 1 + slots < mine))
-            def _():
-                if math_.result is None:
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # row t - 1's store has read its slot
-                load(t - 1 + slots, lax.rem(t - 1, slots))
-
-            plgpu.barrier_wait(loaded.at[slot])
-            x_smem = slot_smem.at[slot]
-            stats = walk_row(x_smem, 0)
-            if math_.result is not None:
-                o_gmem[row] = result_row(x_smem, 0, stats, tuple(v[row] for v in vector_gmems))
-                return carry
-            apply_row(x_smem, col_smems, stats)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, C)], o_gmem.at[row])
-            return carry
-
-        lax.fori_loop(0, mine, step, 0)
-        if math_.result is None:
-            plgpu.wait_smem_to_gmem(0)
-
     def body(x_gmem, *refs):
         col_gmems, vector_gmems, o_gmem = refs[:n_cols], refs[n_cols:n_cols + n_vectors], refs[-1]
+        row = lax.axis_index("rows")
+
+        def scoped(x_smem, col_smems, loaded, cols_loaded):
+            def load_cols(j: Any) -> None:
+                """Chunk j of every column input into slot j % 2 (whole chunks, then the rest)."""
+                slot = lax.rem(j, 2)
+                for size, when in ((chunk, j < full_chunks), (tail, j == full_chunks)):
+                    if size:
+                        @pl.when(when)
+                        def _(size=size):
+                            plgpu.commit_smem()  # the slot's last reads (chunk j - 2) are done
+                            for col_gmem, col_smem in zip(col_gmems, col_smems):
+                                plgpu.copy_gmem_to_smem(col_gmem.at[pl.ds(j * chunk, size)],
+                                                        col_smem.at[pl.ds(slot * chunk, size)],
+                                                        cols_loaded.at[slot], oob_mode=in_bounds)
+
+            if p.aligned:
+                head, start = 0, row * C
+                plgpu.copy_gmem_to_smem(x_gmem.at[row], x_smem.at[pl.ds(0, C)], loaded, oob_mode=in_bounds)
+            else:  # a window of the flattened rows, from the row's start rounded down to 16 bytes
+                start = row * C
+                base = lax.div(start, V) * V
+                head = start - base
+
+                @pl.when(row != rows - 1)
+                def _():
+                    plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(base, p.window)], x_smem.at[pl.ds(0, p.window)],
+                                            loaded, oob_mode=in_bounds)
+
+                @pl.when(row == rows - 1)
+                def _():  # the last window would run past the array: whole units, then the rest
+                    plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(p.last_base, p.last_copied)],
+                                            x_smem.at[pl.ds(0, p.last_copied)], loaded, oob_mode=in_bounds)
+                    for k in range(p.last_copied, rows * C - p.last_base):
+                        x_smem[k] = x_gmem[p.last_base + k]
+            if stream:
+                load_cols(0)
+            for col_gmem, col_smem in zip(col_gmems, col_smems if not stream else ()):
+                plgpu.copy_gmem_to_smem(col_gmem, col_smem.at[pl.ds(0, C)], cols_loaded, oob_mode=in_bounds)
+            vectors = tuple(v[row] for v in vector_gmems)
+            plgpu.barrier_wait(loaded)
+
+            def chunk_at(ref: Any, j: Any) -> Any:
+                return ref.at[pl.ds(j * chunk, chunk)]
+
+            def valid_at(j: int) -> jax.Array:
+                position = _positions(chunk, dtype, platform.interpret) + j * chunk
+                return (position >= head) & (position < head + C)
+
+            for j in edge_chunks:
+                ref = chunk_at(x_smem, j)
+                ref[...] = jnp.where(valid_at(j), ref[...].astype(F32), math_.pad).astype(dtype)
+
+            stats: tuple[jax.Array, ...] = ()
+            for walk in math_.walks:
+                def fold_at(j: Any, acc: Any, valid: jax.Array | None, walk=walk, stats=stats) -> Any:
+                    ref = chunk_at(x_smem, j)
+                    x = ref[...] if walk.stored_dtype else ref[...].astype(F32)
+                    if walk.rewrite is not None:
+                        x = walk.rewrite(x, stats)
+                        ref[...] = x.astype(dtype)
+                    return walk.fold(acc, x, stats, valid)
+
+                # The first chunk outside the loop gives the accumulator its layout.
+                acc = fold_at(0, walk.identity, valid_at(0) if 0 in edge_chunks else None)
+                acc = lax.fori_loop(1, loop_end, lambda j, a, fold_at=fold_at: fold_at(j, a, None), acc)
+                for j in edge_chunks:
+                    if j > 0:
+                        acc = fold_at(j, acc, valid_at(j))
+                value = walk.across(acc)
+                stats = (*stats, value if walk.finish is None else walk.finish(value, stats, C))
+
+            if math_.result is not None:
+                o_gmem[row] = math_.result(stats, lambda i: x_smem[head + i].astype(F32), *vectors, cols=C)
+                return
+            if n_cols and not stream:
+                plgpu.barrier_wait(cols_loaded)
+
+            def apply(j: Any, carry: Any) -> Any:
+                ref = chunk_at(x_smem, j)
+                if stream:  # chunk j + 1 of the column inputs is copied in while chunk j is mapped
+                    @pl.when(j + 1 < n_chunks)
+                    def _():
+                        load_cols(j + 1)
+                    plgpu.barrier_wait(cols_loaded.at[lax.rem(j, 2)])
+                    cols = (chunk_at(c, lax.rem(j, 2))[...].astype(F32) for c in col_smems)
+                else:
+                    cols = (chunk_at(c, j)[...].astype(F32) for c in col_smems)
+                ref[...] = math_.apply(ref[...].astype(F32), stats, *cols).astype(dtype)
+                return carry
+
+            lax.fori_loop(0, n_chunks, apply, 0)
+            plgpu.commit_smem()
+            if p.aligned:
+                plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, C)], o_gmem.at[row])
+            else:
+                # The aligned interior in one bulk copy, the ends element by element.
+                lead = lax.rem(V - head, V)  # elements before the row's first 16-byte boundary
+                plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(head + lead, p.interior)],
+                                        o_gmem.at[pl.ds(start + lead, p.interior)])
+                for k in range(V - 1 if C % V else 0):
+                    @pl.when(k < lead)
+                    def _():
+                        o_gmem[start + k] = x_smem[head + k]
+                for k in range(p.interior, C):
+                    @pl.when(k >= lead + p.interior)
+                    def _():
+                        o_gmem[start + k] = x_smem[head + k]
+            plgpu.wait_smem_to_gmem(0)
 
         def allocated(x_smem, *rest):
-            col_smems, loaded = rest[:n_cols], rest[n_cols]
-            cols_loaded = rest[n_cols + 1] if n_cols else None
-            (ring_body if ring else row_body)(x_gmem, col_gmems, vector_gmems, o_gmem, x_smem, col_smems, loaded,
-                                              cols_loaded)
+            col_smems = rest[:n_cols]
+            scoped(x_smem, col_smems, rest[n_cols], rest[n_cols + 1] if n_cols else None)
 
-        staged_row = plgpu.SMEM((slots, p.staged) if ring else (p.staged,), dtype)
-        loaded = plgpu.Barrier(num_arrivals=1, num_barriers=slots) if ring else plgpu.Barrier(num_arrivals=1)
-        cols = [plgpu.SMEM((p.staged,), dtype) for _ in range(n_cols)]
-        pl.run_scoped(allocated, staged_row, *cols, loaded, *([plgpu.Barrier(num_arrivals=n_cols)] if n_cols else []))
+        cols_loaded = plgpu.Barrier(num_arrivals=n_cols, num_barriers=2 if stream else 1)
+        barriers = [plgpu.Barrier(num_arrivals=1)] + ([cols_loaded] if n_cols else [])
+        pl.run_scoped(allocated, plgpu.SMEM((p.staged,), dtype),
+                      *(plgpu.SMEM((p.col_staged,), dtype) for _ in range(n_cols)), *barriers)
 
     if math_.result is not None:
         out = jax.ShapeDtypeStruct((rows,), F32)
     else:
         out = jax.ShapeDtypeStruct((rows, C) if p.aligned else (rows * C,), dtype)
     params = plgpu.CompilerParams(approx_math=bool(p.config.approx_math))
-    call = mgpu_launch.mosaic_kernel(body, platform=platform, out_shape=[out], grid=(programs,),
+    call = mgpu_launch.mosaic_kernel(body, platform=platform, out_shape=[out], grid=(rows,),
                                      grid_names=("rows",), compiler_params=params, name=math_.name)
 
     def run(x: jax.Array, *others: jax.Array) -> jax.Array:
