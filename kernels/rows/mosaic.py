@@ -25,6 +25,9 @@ such a shape gets no trials on this target.
 
 Config knobs, in the row engine's vocabulary: strategy "smem_row"; block_rows 1 (a block per
 row); block_cols, the chunk of the walks (a power of two, 1024 to 8192: 8 to 64 values per thread);
+stream_cols (kernels with column inputs), 1 to copy the column inputs in chunk by chunk,
+double-buffered, as the map reaches them, instead of whole beside the row: less shared memory a
+block, so more blocks (warpgroups) per SM; their copies hit L2 after the first rows;
 approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few ulp of
 float32, well within the farm's tolerances; the numerics check of every trial still applies).
 """
@@ -341,8 +344,8 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             col_smems = rest[:n_cols]
             scoped(x_smem, col_smems, rest[n_cols], rest[n_cols + 1] if n_cols else None)
 
-        cols_loaded = plgpu.Barrier(num_arrivals=n_cols, num_barriers=2 if stream else 1)
-        barriers = [plgpu.Barrier(num_arrivals=1)] + ([cols_loaded] if n_cols else [])
+        cols_loaded = [plgpu.Barrier(num_arrivals=n_cols, num_barriers=2 if stream else 1)] if n_cols else []
+        barriers = [plgpu.Barrier(num_arrivals=1), *cols_loaded]
         pl.run_scoped(allocated, plgpu.SMEM((p.staged,), dtype),
                       *(plgpu.SMEM((p.col_staged,), dtype) for _ in range(n_cols)), *barriers)
 
@@ -390,7 +393,10 @@ def protocol(kernel: RowKernel, math_: StagedMath) -> tuple[Callable[..., Any], 
 
     def default_config_(shape: tuple[int, ...], target: str) -> dict[str, Any]:
         """A safe config for any shape with exactly the knobs of `target`."""
-        return default_config(shape) if target == TARGET else kernel.default_config(shape, target)
+        if target != TARGET:
+            return kernel.default_config(shape, target)
+        config = default_config(shape)
+        return config if math_.col_inputs else {k: v for k, v in config.items() if k != "stream_cols"}
 
     def build_(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform) -> Any:
         """The Pallas kernel of `config`: the staged rows, or the row engine's strategies."""

@@ -1,0 +1,185 @@
+"""The row engine on Mosaic GPU (rows staged in shared memory, kernels/rows/mosaic.py): softmax,
+rms norm, layer norm and cross entropy. Numerics in Pallas's GPU interpreter, CUDA lowering at
+users' shapes with the footprint against Mosaic GPU's own count, refusals, the farm's measure path."""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernels
+from farm.measure import outcomes, validate
+from farm.measure.device import measure
+from farm.tasks import TuningTask
+from kernels import batch_softmax, cross_entropy, layer_norm, rms_norm, softmax
+from kernels.lowering import Platform
+from kernels.rows import mosaic as mosaic_rows
+
+TARGET = "gpu-mosaic"
+
+
+def _config(block_cols: int = 1024, **knobs) -> dict:
+    return {"block_rows": 1, "strategy": "smem_row", "block_cols": block_cols, **knobs}
+
+
+def _error(module, shape: tuple[int, int], dtype, config: dict, inputs: tuple | None = None) -> float:
+    inputs = module.make_inputs(shape, dtype, jax.random.key(5)) if inputs is None else inputs
+    fn = module.build(config, shape, dtype, Platform(TARGET, interpret=True, poison_outputs=True))
+    return validate.relative_error(fn(*inputs), module.reference(*validate.upcast(inputs)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("shape", [
+    (3, 2048),   # rows of whole 128-byte units: each row is its own window, no masks
+    (3, 1096),   # 16-byte but not 128-byte rows: the window path with every row aligned; the
+                 # last chunk masked past the row
+    (5, 1001),   # odd: no row after the first starts aligned; windows start up to 7 (bf16) or
+                 # 3 (f32) elements early, and each row's ends are stored element by element
+])
+@pytest.mark.parametrize("module", [softmax, cross_entropy], ids=["softmax", "cross_entropy"])
+def test_staged_rows_match_the_reference_in_the_gpu_interpreter(module, shape, dtype):
+    plan = mosaic_rows.plan(module.STAGED, _config(), shape, dtype)
+    assert plan.aligned == (shape[1] == 2048)
+    assert _error(module, shape, dtype, _config()) <= validate.tolerance(jnp.dtype(dtype).name, module)
+
+
+@pytest.mark.parametrize("stream_cols", [0, 1])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("module,shape", [
+    (rms_norm, (3, 2048)),    # whole chunks
+    (rms_norm, (3, 3136)),    # a partial last chunk (3136 = 3 x 1024 + 64): masked walk, a short column copy
+    (layer_norm, (4, 5120)),  # ditto, two column inputs
+])
+def test_norms_stage_rows_beside_their_column_inputs(module, shape, dtype, stream_cols):
+    config = _config(stream_cols=stream_cols)
+    assert _error(module, shape, dtype, config) <= validate.tolerance(jnp.dtype(dtype).name, module)
+    # Streamed, each column input takes two chunks of shared memory instead of the whole row.
+    whole = module.footprint(_config(), shape, dtype, TARGET)
+    saved = (whole - module.footprint(config, shape, dtype, TARGET)) // jnp.dtype(dtype).itemsize
+    assert saved == stream_cols * module.STAGED.col_inputs * (-(-shape[1] // 1024) * 1024 - 2 * 1024)
+
+
+def test_layer_norm_walks_exact_moments_for_rows_far_from_zero():
+    # Mean, then squared deviations from it, both over the staged row: rows offset by 1000 with
+    # unit spread keep their variance (a one-walk E[x^2] - E[x]^2 in float32 would not).
+    shape = (3, 2048)
+    x, weight, bias = layer_norm.make_inputs(shape, jnp.float32, jax.random.key(3))
+    x = x - x.mean(axis=1, keepdims=True) + 1000.0
+    error = _error(layer_norm, shape, jnp.float32, _config(), (x, weight, bias))
+    assert error <= validate.tolerance("float32", layer_norm)
+
+
+def test_cross_entropy_picks_the_label_and_ignores_labels_out_of_range_like_the_row_engine():
+    shape = (4, 1001)
+    logits, labels = cross_entropy.make_inputs(shape, jnp.bfloat16, jax.random.key(4))
+    labels = labels.at[0].set(1000).at[1].set(0).at[2].set(-1).at[3].set(5000)
+    staged = cross_entropy.build(_config(), shape, jnp.bfloat16, Platform(TARGET, interpret=True))(logits, labels)
+    engine = cross_entropy.build(cross_entropy.default_config(shape, "interpret"), shape, jnp.bfloat16,
+                                 Platform("interpret", interpret=True))(logits, labels)
+    np.testing.assert_allclose(np.asarray(staged), np.asarray(engine), rtol=1e-5)
+    reference = cross_entropy.reference(logits.astype(jnp.float32), labels)
+    np.testing.assert_allclose(np.asarray(staged)[:2], np.asarray(reference)[:2], rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 1001), (2, 4, 2048)])
+def test_batch_softmax_flattens_the_batch_into_staged_rows(shape):
+    x = batch_softmax.make_inputs(shape, jnp.bfloat16, jax.random.key(2))[0]
+    fn = batch_softmax.build(_config(), shape, jnp.bfloat16, Platform(TARGET, interpret=True, poison_outputs=True))
+    error = validate.relative_error(fn(x), batch_softmax.reference(x.astype(jnp.float32)))
+    assert error <= validate.tolerance("bfloat16", batch_softmax)
+    assert batch_softmax.footprint(_config(), shape, "bfloat16", TARGET) == \
+        softmax.footprint(_config(), (shape[0] * shape[1], shape[2]), "bfloat16", TARGET)
+
+
+def test_rows_far_from_zero_and_with_one_dominant_column():
+    # The max is taken before the exponentials: large offsets cannot overflow, and a row whose
+    # mass sits on one column (in the masked edge chunk) comes out as that one-hot row.
+    shape = (4, 1001)
+    x = softmax.make_inputs(shape, jnp.float32, jax.random.key(1))[0] + 1000.0
+    x = x.at[:, -1].add(100.0)
+    assert _error(softmax, shape, jnp.float32, _config(), (x,)) <= validate.tolerance("float32", softmax)
+
+
+@pytest.mark.parametrize("name,shape,knobs", [
+    ("softmax", (8192, 32000), {}),
+    ("softmax", (8192, 50257), {"approx_math": 1}),
+    ("softmax", (4096, 100000), {}),
+    ("cross_entropy", (8192, 50257), {"approx_math": 1}),
+    ("rms_norm", (16384, 16384), {}),
+    ("layer_norm", (16384, 16384), {"stream_cols": 1, "block_cols": 2048}),
+    ("layer_norm", (4096, 5120), {"stream_cols": 1, "approx_math": 1}),
+])
+def test_users_shapes_lower_for_cuda_within_the_footprint(name, shape, knobs, monkeypatch):
+    module = kernels.load(name)
+    config = {**module.default_config(shape, TARGET), **knobs}
+    args = jax.eval_shape(lambda: module.make_inputs(shape, jnp.bfloat16, jax.random.key(0)))
+
+    def lower() -> str:
+        fn = module.build(config, shape, jnp.bfloat16, Platform(TARGET))
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+    assert "mosaic_gpu" in lower()
+    core = pytest.importorskip("jax.experimental.mosaic.gpu.core")
+    if not hasattr(core, "_SMEM_SIZE_BOUND"):
+        pytest.skip("this JAX does not expose Mosaic GPU's shared-memory bound")
+    monkeypatch.setattr(core, "_SMEM_SIZE_BOUND", 1)
+    with pytest.raises(ValueError, match="exceeds available shared memory") as info:
+        lower()
+    actual = int(re.search(r"smem_bytes=(\d+)", str(info.value)).group(1))
+    model = module.footprint(config, shape, jnp.bfloat16, TARGET)
+    assert actual <= model <= actual + 1024
+
+
+def test_what_it_refuses_it_names():
+    assert softmax.check_config(_config(), (8192, 50257), "bfloat16", TARGET) is None
+    reason = softmax.check_config(_config(), (8192, 151936), "bfloat16", TARGET)
+    assert "shared memory" in reason and "151936 columns" in reason
+    assert "power of two" in softmax.check_config(_config(3000), (64, 4096), "bfloat16", TARGET)
+    assert "smem_row" in softmax.check_config({**_config(), "strategy": "one_pass"}, (64, 4096), "bfloat16", TARGET)
+    assert "block_rows must be 1" in softmax.check_config({**_config(), "block_rows": 2}, (64, 4096),
+                                                          "bfloat16", TARGET)
+    assert "smem_row" in softmax.check_config(_config(), (64, 4096), "bfloat16", "gpu-triton")
+    assert "approx_math must be 0 or 1" in softmax.check_config(_config(approx_math=2), (64, 4096), "bfloat16",
+                                                                TARGET)
+    assert "no column inputs" in softmax.check_config(_config(stream_cols=1), (64, 4096), "bfloat16", TARGET)
+    # A norm's weight would sit at another offset in every window of an odd width: gpu-triton runs those.
+    reason = rms_norm.check_config(_config(), (64, 1001), "bfloat16", TARGET)
+    assert "128-byte units" in reason and "gpu-triton" in reason
+    assert rms_norm.check_config(_config(), (64, 1001), "bfloat16", "gpu-triton") is not None  # strategy
+    assert softmax.default_config((8192, 50257), TARGET) == _config(4096, approx_math=0)
+    assert rms_norm.default_config((4096, 5120), TARGET) == _config(4096, approx_math=0, stream_cols=0)
+    assert cross_entropy.default_config((128, 1000), TARGET) == _config(1024, approx_math=0)
+
+
+@pytest.mark.parametrize("kernel,shape", [("softmax", (4, 1001)), ("layer_norm", (4, 1024)),
+                                          ("cross_entropy", (4, 1001))])
+def test_the_farm_measures_staged_rows_in_the_gpu_interpreter(kernel, shape):
+    task = TuningTask(kernel, shape, "bfloat16", TARGET)
+    m = measure(task, _config(), interpret=True, repetitions=2, warmup=1)
+    assert m.outcome == outcomes.OK, m.error
+    assert m.numerics_error <= validate.tolerance("bfloat16", kernels.load(kernel))
+
+
+def test_a_row_longer_than_shared_memory_gets_no_trials_on_mosaic_gpu_and_the_space_still_loads(tmp_path):
+    # 151936 bf16 columns (297 KB) do not fit a block: the shipped space with that user shape loads
+    # (its gpu-triton task tunes it), and the gpu-mosaic task answers its default `invalid` with
+    # the kernel's reason and proposes nothing.
+    import optuna
+
+    from farm.search import plan, spaces
+    from farm.search.searcher import Searcher
+
+    path = tmp_path / "vocab.yaml"
+    path.write_text("kernel: softmax\nshapes: [[8192, 151936]]\ndtypes: [bfloat16]\n")
+    space = spaces.load_space(path)
+    planned = {p.task.target: p for p in plan.expand([space], ["gpu-triton", TARGET], 8)}
+    answered = []
+    searcher = Searcher.open(planned[TARGET], optuna.storages.InMemoryStorage(),
+                             on_answer=lambda a: answered.append(a) or a)
+    assert searcher.ask() is None
+    assert [a.outcome for a in answered] == [outcomes.INVALID] and "shared memory" in answered[0].error
+    triton = Searcher.open(planned["gpu-triton"], optuna.storages.InMemoryStorage())
+    assert triton.ask() is not None
