@@ -5,8 +5,9 @@ Streamed rows fold each column chunk's count, mean and sum of squared deviations
 running ones (Chan et al.'s parallel merge), which stays accurate when |mean| >> std; with
 fold 'lanes' (Triton), each lane keeps Welford's running moments of its columns, and the lanes
 are merged the same way once per row. On Mosaic GPU (strategy smem_row, `kernels.rows.mosaic`)
-each row is staged once in shared memory beside weight and bias, and walked twice there: the
-mean, then the sum of squared deviations from it (exact two-pass moments, one HBM read).
+each row is staged once in shared memory beside weight and bias and walked once there for the
+sums of x - x[0] and of their squares (moments shifted by the row's first element, which cancel
+little however far the row sits from zero), then normalized in place: one HBM read.
 Config knobs: those of the row engine (`kernels.rows`, which documents them once).
 """
 from __future__ import annotations
@@ -124,18 +125,25 @@ MATH = rows.RowMath(NAME, rows=_layer_norm_rows, init=_init, update=_update, fin
                     lanes=rows.LaneFold(update=_lane_update, combine=_combine_lanes))
 
 
-def _squared_deviations(acc: jax.Array, x: jax.Array, stats: rows.Stats, valid: jax.Array | None) -> jax.Array:
-    centred = x - stats[0]
-    return acc + (centred * centred if valid is None else jnp.where(valid, centred * centred, 0.0))
+def _shifted_moments(acc: tuple[jax.Array, jax.Array], x: jax.Array, stats: rows.Stats,
+                     valid: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """Per lane: the sums of d = x - shift and of d^2 (positions outside the row add nothing)."""
+    d = x - stats[0]
+    d = d if valid is None else jnp.where(valid, d, 0.0)
+    return acc[0] + d, acc[1] + d * d
+
+
+def _mean_rstd(sums: tuple[jax.Array, jax.Array], stats: rows.Stats, cols: int) -> tuple[jax.Array, jax.Array]:
+    mean = sums[0] / cols
+    var = jnp.maximum(sums[1] / cols - mean * mean, 0.0)
+    return stats[0] + mean, jax.lax.rsqrt(var + EPS)
 
 
 STAGED = rows.StagedMath(
-    NAME, col_inputs=2,
-    walks=(rows.Walk(fold=lambda acc, x, stats, valid: acc + x, across=jnp.sum, identity=0.0,
-                     finish=lambda total, stats, cols: total / cols),
-           rows.Walk(fold=_squared_deviations, across=jnp.sum, identity=0.0,
-                     finish=lambda m2, stats, cols: jax.lax.rsqrt(m2 / cols + EPS))),
-    apply=lambda x, stats, weight, bias: (x - stats[0]) * stats[1] * weight + bias)
+    NAME, col_inputs=2, shift=True,
+    walks=(rows.Walk(fold=_shifted_moments, across=lambda acc: (jnp.sum(acc[0]), jnp.sum(acc[1])),
+                     identity=(0.0, 0.0), finish=_mean_rstd),),
+    apply=lambda x, stats, weight, bias: (x - stats[1][0]) * stats[1][1] * weight + bias)
 
 
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)

@@ -62,9 +62,9 @@ def test_norms_stage_rows_beside_their_column_inputs(module, shape, dtype, strea
     assert saved == stream_cols * module.STAGED.col_inputs * (-(-shape[1] // 1024) * 1024 - 2 * 1024)
 
 
-def test_layer_norm_walks_exact_moments_for_rows_far_from_zero():
-    # Mean, then squared deviations from it, both over the staged row: rows offset by 1000 with
-    # unit spread keep their variance (a one-walk E[x^2] - E[x]^2 in float32 would not).
+def test_layer_norm_shifted_moments_hold_for_rows_far_from_zero():
+    # One walk sums x - x[0] and its square: rows offset by 1000 with unit spread keep their
+    # variance (unshifted, E[x^2] - E[x]^2 in float32 would lose it to cancellation).
     shape = (3, 2048)
     x, weight, bias = layer_norm.make_inputs(shape, jnp.float32, jax.random.key(3))
     x = x - x.mean(axis=1, keepdims=True) + 1000.0

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -161,11 +162,12 @@ def reduction_math(name: str, reduction: RowReduction, vector_inputs: int = 0) -
 class Walk:
     """One walk over a row staged whole in on-chip memory, folding it into one per-row statistic.
 
-    fold(acc, x, stats, valid) -> acc: elementwise on a chunk x (f32); acc starts as `identity`;
+    fold(acc, x, stats, valid) -> acc: elementwise on a chunk x (f32); acc (an array, or a tuple
+        of them) starts as `identity` (a float, or a tuple of them);
         stats are the finished statistics of the walks before this one; valid is None for a
         chunk wholly inside the row, else a bool mask of its positions that are (positions
         outside read as `StagedMath.pad`).
-    across(acc) -> the lanes reduced to one value (jnp.sum or jnp.max).
+    across(acc) -> the lanes reduced to the walk's value (jnp.sum or jnp.max; a tuple for a tuple).
     finish(value, stats, cols) -> the statistic that later walks and `apply` see (default: value).
     rewrite(x, stats) -> x': when given, each chunk is replaced in place (in the input dtype)
         before it is folded: softmax stores exp(x - max) once and only scales it afterwards.
@@ -173,9 +175,9 @@ class Walk:
         a conversion of every element: packed bf16 instructions).
     """
 
-    fold: Callable[..., jax.Array]
-    across: Callable[[jax.Array], jax.Array]
-    identity: float
+    fold: Callable[..., Any]
+    across: Callable[[Any], Any]
+    identity: float | tuple[float, ...]
     finish: Callable[..., jax.Array] | None = None
     rewrite: Callable[..., jax.Array] | None = None
     stored_dtype: bool = False
@@ -192,6 +194,8 @@ class StagedMath:
     result(stats, pick, *vectors, cols) -> the row's float32 result; pick(i) reads the row's
         column i (a traced int32 in [0, cols)), vectors are the per-row inputs' values (a label).
     pad: what positions outside the row hold during the walks.
+    shift: the walks see the row's first element as stats[0] (a shift that keeps one-walk moments
+        accurate: sums of x - x[0] and of its squares cancel little however far the row is from 0).
     """
 
     name: str
@@ -201,6 +205,7 @@ class StagedMath:
     col_inputs: int = 0
     vector_inputs: int = 0
     pad: float = 0.0
+    shift: bool = False
 
     def __post_init__(self) -> None:
         if (self.apply is None) == (self.result is None):

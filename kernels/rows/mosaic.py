@@ -283,7 +283,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                 ref = chunk_at(x_smem, j)
                 ref[...] = jnp.where(valid_at(j), ref[...].astype(F32), math_.pad).astype(dtype)
 
-            stats: tuple[jax.Array, ...] = ()
+            stats: tuple[jax.Array, ...] = (x_smem[head].astype(F32),) if math_.shift else ()
             for walk in math_.walks:
                 def fold_at(j: Any, acc: Any, valid: jax.Array | None, walk=walk, stats=stats) -> Any:
                     ref = chunk_at(x_smem, j)
