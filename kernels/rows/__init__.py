@@ -64,7 +64,7 @@ from kernels.rows.config import (
 from kernels.rows.contract import ROW_MAX, LaneFold, RowMath, RowReduction, StagedMath, Stats, Walk, reduction_math
 from kernels.rows.kernel import RowKernel, build
 
-__all__ = ["CONFIG_TYPES", "ROW_MAX", "LANES", "LaneFold", "MEMORY_PARAMS", "STRATEGIES", "STREAMED", "SUBLANES", "Plan",
-           "RowConfig", "RowConfigInterpret", "RowConfigTPU", "RowConfigTriton", "RowKernel",
+__all__ = ["CONFIG_TYPES", "ROW_MAX", "LANES", "LaneFold", "MEMORY_PARAMS", "STRATEGIES", "STREAMED", "SUBLANES",
+           "Plan", "RowConfig", "RowConfigInterpret", "RowConfigTPU", "RowConfigTriton", "RowKernel",
            "RowMath", "RowReduction", "StagedMath", "Stats", "Walk", "build", "from_dict", "is_pow2",
            "reduction_math", "split_shape", "vmem_limit"]

@@ -172,13 +172,15 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
         raise ValueError(f"{name} has no column inputs to stream: stream_cols must be 0")
     if not p.aligned and math_.col_inputs:
         raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes) are not whole "
-                         f"{COPY_BYTES}-byte units, which a kernel with column inputs needs (gpu-triton takes any width)")
+                         f"{COPY_BYTES}-byte units, which a kernel with column inputs needs "
+                         f"(gpu-triton takes any width)")
     if not p.aligned and (cols < MIN_UNALIGNED_COLS or rows * cols + p.window >= 2**31):
         raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes, not a "
                          f"multiple of {COPY_BYTES}) need at least {MIN_UNALIGNED_COLS} columns and "
                          f"fewer than 2**31 elements in all")
     if p.footprint > mgpu_launch.SMEM_BYTES:
-        staged = (mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // ((1 + (not typed.stream_cols) * math_.col_inputs) * itemsize)
+        arrays = 1 + (not typed.stream_cols) * math_.col_inputs  # staged whole: the row, column inputs
+        staged = (mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // (arrays * itemsize)
         raise ValueError(f"a row of {cols} columns stages {p.footprint} bytes of shared memory; a "
                          f"block has {mgpu_launch.SMEM_BYTES} on sm_90 (rows up to about "
                          f"{staged - p.config.block_cols} columns)")
