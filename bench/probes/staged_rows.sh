@@ -2,12 +2,15 @@
 # Mosaic GPU staged rows (kernels/rows/mosaic.py): device time of configs beside torch.compile.
 # Cases on stdin, a line each: KERNEL SHAPE CONFIG_JSON [CONFIG_JSON ...] (JSON without spaces).
 # On the H200:  bash bench/probes/staged_rows.sh $OUT/staged < bench/probes/staged_rows.txt
+# (about 3 minutes for the shipped cases; JSON per case: N_KERNEL_SHAPE.json)
 set -euo pipefail
 out=${1:?usage: staged_rows.sh OUT_DIR < CASES}
 mkdir -p "$out"
+n=0
 while read -r kernel shape configs; do
   [[ -z "$kernel" || "$kernel" == \#* ]] && continue
+  n=$((n + 1))
   args=(); for c in $configs; do args+=(--config "$c"); done
   python3 bench/kernel_profile.py --target gpu-mosaic --kernel "$kernel" --shape "$shape" --column torch_compile \
-    --out "$out/${kernel}_${shape}.json" "${args[@]}" 2>&1 | grep -E "per call in kernels" | cut -c1-160
+    --out "$out/${n}_${kernel}_${shape}.json" "${args[@]}" 2>&1 | grep -E "per call in kernels" | cut -c1-160
 done
