@@ -2,7 +2,7 @@
 # Mosaic GPU staged rows (kernels/rows/mosaic.py): device time of configs beside torch.compile.
 # Cases on stdin, a line each: KERNEL SHAPE CONFIG_JSON [CONFIG_JSON ...] (JSON without spaces).
 # On the H200:  bash bench/probes/staged_rows.sh $OUT/staged < bench/probes/staged_rows.txt
-# (about 3 minutes for the shipped cases; JSON per case: N_KERNEL_SHAPE.json)
+# (about 6 minutes for the shipped cases; JSON per case: N_KERNEL_SHAPE.json)
 set -euo pipefail
 out=${1:?usage: staged_rows.sh OUT_DIR < CASES}
 mkdir -p "$out"
