@@ -11,7 +11,9 @@ max m_b, sum_b exp(x - m_b) and the label's logit if it holds the label column; 
 The walk over columns (one block, a loop, a grid axis or emit_pipeline) is the `strategy`
 knob of the row engine (`kernels.rows`, which documents every knob and shape rule). On Mosaic
 GPU (strategy smem_row, `kernels.rows.mosaic`) each row is staged once in shared memory and
-walked twice there (max, then the sum of exp(x - max)); the label's logit is one load.
+walked twice there (max, then the sum of exp(x - max)); the label's logit is one load. Rows
+longer than shared memory stream through it in pieces (smem_pieces), each piece's logsumexp
+merged into the row's.
 """
 from __future__ import annotations
 
@@ -72,8 +74,14 @@ def _staged_loss(stats: rows.Stats, pick: Callable[[jax.Array], jax.Array], labe
     return stats[1] - jnp.where(inside, pick(jnp.clip(label, 0, cols - 1)), 0.0)
 
 
+def _merge_logsumexp(a: rows.Stats, b: rows.Stats) -> rows.Stats:
+    """(max, logsumexp) of two spans of a row, combined."""
+    hi = jnp.maximum(a[1], b[1])
+    return jnp.maximum(a[0], b[0]), hi + jnp.log(jnp.exp(a[1] - hi) + jnp.exp(b[1] - hi))
+
+
 STAGED = rows.StagedMath(
-    NAME, pad=-math.inf, vector_inputs=1,
+    NAME, pad=-math.inf, vector_inputs=1, merge=_merge_logsumexp,
     walks=(rows.ROW_MAX,
            rows.Walk(fold=lambda acc, x, stats, valid: acc + jnp.exp(x - stats[0]), across=jnp.sum, identity=0.0,
                      finish=lambda total, stats, cols: stats[0] + jnp.log(total))),

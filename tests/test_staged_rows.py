@@ -84,6 +84,25 @@ def test_cross_entropy_picks_the_label_and_ignores_labels_out_of_range_like_the_
     np.testing.assert_allclose(np.asarray(staged)[:2], np.asarray(reference)[:2], rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape,dtype,piece,slots", [
+    ((3, 9216), jnp.bfloat16, 4096, 2),  # pieces 4096, 4096 and 1024: the slots wrap around once
+    ((3, 8256), jnp.float32, 4096, 3),   # a last piece of 64 columns, shorter than a chunk
+    ((2, 20480), jnp.bfloat16, 4096, 4),  # five pieces through four slots
+])
+def test_cross_entropy_streams_rows_through_shared_memory_in_pieces(shape, dtype, piece, slots):
+    config = _config(strategy="smem_pieces", piece_cols=piece, slots=slots)
+    logits, labels = cross_entropy.make_inputs(shape, dtype, jax.random.key(6))
+    labels = labels.at[0].set(shape[1] - 1).at[1].set(-3)  # the last piece's last column; out of range
+    platform = Platform(TARGET, interpret=True, poison_outputs=True)
+    pieces = np.asarray(cross_entropy.build(config, shape, dtype, platform)(logits, labels))
+    whole = np.asarray(cross_entropy.build(_config(), shape, dtype, platform)(logits, labels))
+    np.testing.assert_allclose(pieces, whole, rtol=1e-5)
+    assert validate.relative_error(pieces[:1], cross_entropy.reference(logits.astype(jnp.float32), labels)[:1]) \
+        <= validate.tolerance(jnp.dtype(dtype).name, cross_entropy)
+    staged = cross_entropy.footprint(config, shape, dtype, TARGET) - mosaic_rows.SMEM_OVERHEAD
+    assert staged == slots * piece * jnp.dtype(dtype).itemsize
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 1001), (2, 4, 2048)])
 def test_batch_softmax_flattens_the_batch_into_staged_rows(shape):
     x = batch_softmax.make_inputs(shape, jnp.bfloat16, jax.random.key(2))[0]
@@ -111,6 +130,8 @@ def test_rows_far_from_zero_and_with_one_dominant_column():
     ("rms_norm", (16384, 16384), {}),
     ("layer_norm", (16384, 16384), {"stream_cols": 1, "block_cols": 2048}),
     ("layer_norm", (4096, 5120), {"stream_cols": 1, "approx_math": 1}),
+    ("cross_entropy", (8192, 128256), {}),  # the default: pieces of 16384 columns, 3 slots
+    ("cross_entropy", (8192, 151936), {"piece_cols": 32768, "slots": 2, "approx_math": 1}),
 ])
 def test_users_shapes_lower_for_cuda_within_the_footprint(name, shape, knobs, monkeypatch):
     module = kernels.load(name)
@@ -149,9 +170,23 @@ def test_what_it_refuses_it_names():
     reason = rms_norm.check_config(_config(), (64, 1001), "bfloat16", TARGET)
     assert "128-byte units" in reason and "gpu-triton" in reason
     assert rms_norm.check_config(_config(), (64, 1001), "bfloat16", "gpu-triton") is not None  # strategy
+    # Rows in pieces: kernels that can merge pieces' statistics, rows of whole 128-byte units.
+    assert "cannot merge" in softmax.check_config(_config(strategy="smem_pieces"), (64, 8192), "bfloat16", TARGET)
+    pieces = _config(strategy="smem_pieces", piece_cols=4096)
+    assert "128-byte units" in cross_entropy.check_config(pieces, (64, 50257), "bfloat16", TARGET)
+    assert "shorter than the row" in cross_entropy.check_config(pieces, (64, 4096), "bfloat16", TARGET)
+    assert "slots must be in" in cross_entropy.check_config({**pieces, "slots": 5}, (64, 8192), "bfloat16", TARGET)
+    reason = cross_entropy.check_config({**pieces, "piece_cols": 65536, "slots": 4}, (64, 151936), "bfloat16", TARGET)
+    assert "4 slots of 65536 columns" in reason
     assert softmax.default_config((8192, 50257), TARGET) == _config(4096, approx_math=0)
     assert rms_norm.default_config((4096, 5120), TARGET) == _config(4096, approx_math=0, stream_cols=0)
-    assert cross_entropy.default_config((128, 1000), TARGET) == _config(1024, approx_math=0)
+    assert cross_entropy.default_config((128, 1000), TARGET) == _config(1024, approx_math=0, piece_cols=16384,
+                                                                         slots=3)
+    for vocab in (128256, 151936):  # too long for a block whole: the default streams pieces
+        default = cross_entropy.default_config((8192, vocab), TARGET)
+        assert default["strategy"] == "smem_pieces"
+        assert all(cross_entropy.check_config(default, (8192, vocab), dtype, TARGET) is None
+                   for dtype in ("bfloat16", "float32"))
 
 
 @pytest.mark.parametrize("kernel,shape", [("softmax", (4, 1001)), ("layer_norm", (4, 1024)),
@@ -183,3 +218,22 @@ def test_a_row_longer_than_shared_memory_gets_no_trials_on_mosaic_gpu_and_the_sp
     assert [a.outcome for a in answered] == [outcomes.INVALID] and "shared memory" in answered[0].error
     triton = Searcher.open(planned["gpu-triton"], optuna.storages.InMemoryStorage())
     assert triton.ask() is not None
+
+
+def test_cross_entropy_over_shared_memory_tunes_on_mosaic_gpu_in_pieces(tmp_path):
+    # The shipped cross-entropy space with a user's 151936-class vocabulary: the gpu-mosaic task
+    # proposes only smem_pieces configs (whole rows do not fit a block), all of them valid.
+    import optuna
+
+    from farm.search import plan, spaces
+    from farm.search.searcher import Searcher
+
+    path = tmp_path / "vocab.yaml"
+    path.write_text("kernel: cross_entropy\nshapes: [[8192, 151936]]\ndtypes: [bfloat16]\n")
+    space = spaces.load_space(path)
+    (planned,) = plan.expand([space], [TARGET], 8)
+    searcher = Searcher.open(planned, optuna.storages.InMemoryStorage())
+    asked = [searcher.ask() for _ in range(6)]
+    configs = [a.config for a in asked if a is not None]
+    assert len(configs) == 6 and all(c["strategy"] == "smem_pieces" for c in configs)
+    assert all(cross_entropy.check_config(c, (8192, 151936), "bfloat16", TARGET) is None for c in configs)

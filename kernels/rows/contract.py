@@ -196,6 +196,10 @@ class StagedMath:
     pad: what positions outside the row hold during the walks.
     shift: the walks see the row's first element as stats[0] (a shift that keeps one-walk moments
         accurate: sums of x - x[0] and of its squares cancel little however far the row is from 0).
+    merge(a, b) -> stats: the statistics of two disjoint spans of a row combined (kernels with a
+        `result`). With it, rows longer than shared memory stream through it in pieces (strategy
+        smem_pieces), each piece walked and merged into the row's statistics; `pick` then reads
+        global memory.
     """
 
     name: str
@@ -206,10 +210,13 @@ class StagedMath:
     vector_inputs: int = 0
     pad: float = 0.0
     shift: bool = False
+    merge: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self) -> None:
         if (self.apply is None) == (self.result is None):
             raise ValueError(f"{self.name}: a staged row kernel has exactly one of apply and result")
+        if self.merge is not None and self.result is None:
+            raise ValueError(f"{self.name}: merge streams per-row results; a kernel with apply has none")
 
 
 # The row's max, folded in the input dtype (exact) and kept as float32: softmax's and cross

@@ -21,15 +21,20 @@ and the up to 2 x 7 elements at their ends one by one. Kernels with column input
 whole 128-byte units only (their columns would sit at a different offset in every window).
 Rows (and column inputs) must fit shared memory (227 KiB a block on sm_90: up to about 115,000
 bf16 columns with no column inputs); `check_config` refuses longer ones, and a space's task of
-such a shape gets no trials on this target.
+such a shape gets no trials on this target, unless the kernel can merge the statistics of pieces
+of a row (`StagedMath.merge`: cross entropy): then strategy "smem_pieces" streams rows of any
+length (of whole 128-byte units) through `slots` slots of `piece_cols` columns, walking each
+piece while the next ones load, and reads the label's logit from global memory.
 
-Config knobs, in the row engine's vocabulary: strategy "smem_row"; block_rows 1 (a block per
-row); block_cols, the chunk of the walks (a power of two, 1024 to 8192: 8 to 64 values per thread);
-stream_cols (kernels with column inputs), 1 to copy the column inputs in chunk by chunk,
-double-buffered, as the map reaches them, instead of whole beside the row: less shared memory a
-block, so more blocks (warpgroups) per SM; their copies hit L2 after the first rows;
-approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few ulp of
-float32, well within the farm's tolerances; the numerics check of every trial still applies).
+Config knobs, in the row engine's vocabulary: strategy "smem_row" (or "smem_pieces", with
+piece_cols, a power of two from 4096 to 65536, and slots, 2 to 4); block_rows 1 (a block per
+row); block_cols, the chunk of the walks (a power of two, 1024 to 8192: 8 to 64 values per
+thread); stream_cols (kernels with column inputs), 1 to copy the column inputs in chunk by
+chunk, double-buffered, as the map reaches them, instead of whole beside the row: less shared
+memory a block, so more blocks (warpgroups) per SM; their copies hit L2 after the first rows;
+approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few
+ulp of float32, well within the farm's tolerances; the numerics check of every trial still
+applies).
 """
 from __future__ import annotations
 
@@ -50,7 +55,12 @@ from kernels.rows.contract import StagedMath
 from kernels.rows.kernel import RowKernel
 
 TARGET = "gpu-mosaic"
-STRATEGY = "smem_row"
+STRATEGY = "smem_row"  # a block per row, the row staged whole
+PIECES = "smem_pieces"  # a block per row, the row streamed through slots in pieces (kernels with merge)
+STRATEGIES = (STRATEGY, PIECES)
+PIECE_COLS = (4096, 65536)  # piece_cols bounds
+SLOTS = (2, 4)  # slots bounds: pieces in shared memory at once
+DEFAULT_PIECE = (16384, 3)  # piece_cols and slots of the default for rows too long to stage whole
 VECTOR_BYTES = 16  # what a bulk copy's addresses and sizes are multiples of
 COPY_BYTES = 128  # a copy into shared memory moves a multiple of this (one byte count per thread)
 # Rows of other byte lengths are read through windows up to COPY_BYTES + 15 bytes longer than the
@@ -68,20 +78,29 @@ F32 = jnp.float32
 class StagedRowConfig:
     """A block per row (block_rows 1), the row staged in shared memory (strategy "smem_row"),
     walked in register chunks of block_cols columns; column inputs staged whole beside it
-    (stream_cols 0) or chunk by chunk, double-buffered, as the map reaches them (stream_cols 1)."""
+    (stream_cols 0) or chunk by chunk, double-buffered, as the map reaches them (stream_cols 1).
+    Strategy "smem_pieces" (kernels with a merge) streams the row through `slots` slots of
+    piece_cols columns instead; smem_row ignores piece_cols and slots."""
 
     block_cols: int
     block_rows: int = 1
     strategy: str = STRATEGY
     approx_math: int = 0
     stream_cols: int = 0
+    piece_cols: int = DEFAULT_PIECE[0]
+    slots: int = DEFAULT_PIECE[1]
 
     def __post_init__(self) -> None:
         for knob in ("approx_math", "stream_cols"):
             if getattr(self, knob) not in (0, 1):
                 raise ValueError(f"{knob} must be 0 or 1 on {TARGET}, got {getattr(self, knob)!r}")
-        if self.strategy != STRATEGY:
-            raise ValueError(f"strategy must be {STRATEGY!r} on {TARGET}, got {self.strategy!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES} on {TARGET}, got {self.strategy!r}")
+        if not (is_pow2(self.piece_cols) and PIECE_COLS[0] <= self.piece_cols <= PIECE_COLS[1]):
+            raise ValueError(f"piece_cols must be a power of two in [{PIECE_COLS[0]}, {PIECE_COLS[1]}], "
+                             f"got {self.piece_cols}")
+        if not SLOTS[0] <= self.slots <= SLOTS[1]:
+            raise ValueError(f"slots must be in [{SLOTS[0]}, {SLOTS[1]}], got {self.slots}")
         if self.block_rows != 1:
             raise ValueError(f"block_rows must be 1 on {TARGET} (a block per row), got {self.block_rows}")
         if not (is_pow2(self.block_cols) and CHUNKS[0] <= self.block_cols <= CHUNKS[1]):
@@ -120,8 +139,16 @@ class Plan:
         return pl.cdiv(self.cols + self.vector - 1, unit) * unit
 
     @property
+    def pieces(self) -> bool:
+        """Whether the row streams through shared memory in pieces."""
+        return self.config.strategy == PIECES
+
+    @property
     def staged(self) -> int:
-        """Shared-memory elements per staged array: the window rounded up to whole chunks."""
+        """Shared-memory elements per staged array: the window rounded up to whole chunks (a
+        piece, when the row streams in pieces)."""
+        if self.pieces:
+            return self.config.piece_cols
         return pl.cdiv(self.window, self.config.block_cols) * self.config.block_cols
 
     @property
@@ -152,7 +179,8 @@ class Plan:
     @property
     def footprint(self) -> int:
         """Shared-memory bytes of one block: the row and each column input, staged."""
-        return (self.staged + self.col_inputs * self.col_staged) * self.itemsize + SMEM_OVERHEAD
+        rows = self.config.slots if self.pieces else 1
+        return (rows * self.staged + self.col_inputs * self.col_staged) * self.itemsize + SMEM_OVERHEAD
 
 
 def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any) -> Plan:
@@ -170,6 +198,16 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
     p = Plan(typed, rows, cols, itemsize, math_.col_inputs)
     if typed.stream_cols and not math_.col_inputs:
         raise ValueError(f"{name} has no column inputs to stream: stream_cols must be 0")
+    if p.pieces:
+        if math_.merge is None:
+            raise ValueError(f"{name} cannot merge the statistics of pieces of a row: {PIECES} is for "
+                             f"per-row reductions (cross entropy); use {STRATEGY}")
+        if not p.aligned:
+            raise ValueError(f"{name} on {TARGET}: {PIECES} takes rows of whole {COPY_BYTES}-byte units, not "
+                             f"{cols} columns ({cols * itemsize} bytes); {STRATEGY} takes any width that fits")
+        if not typed.block_cols <= typed.piece_cols < cols:
+            raise ValueError(f"{PIECES}: piece_cols must be at least block_cols ({typed.block_cols}) and "
+                             f"shorter than the row ({cols}), got {typed.piece_cols}")
     if not p.aligned and math_.col_inputs:
         raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes) are not whole "
                          f"{COPY_BYTES}-byte units, which a kernel with column inputs needs "
@@ -178,6 +216,9 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
         raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes, not a "
                          f"multiple of {COPY_BYTES}) need at least {MIN_UNALIGNED_COLS} columns and "
                          f"fewer than 2**31 elements in all")
+    if p.footprint > mgpu_launch.SMEM_BYTES and p.pieces:
+        raise ValueError(f"{typed.slots} slots of {typed.piece_cols} columns stage {p.footprint} bytes of shared "
+                         f"memory; a block has {mgpu_launch.SMEM_BYTES} on sm_90")
     if p.footprint > mgpu_launch.SMEM_BYTES:
         arrays = 1 + (not typed.stream_cols) * math_.col_inputs  # staged whole: the row, column inputs
         staged = (mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // (arrays * itemsize)
@@ -187,12 +228,22 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
     return p
 
 
-def default_config(shape: tuple[int, ...]) -> dict[str, Any]:
+def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
     """Chunks of 4096 columns (32 values per thread), or of the row rounded up to a power of two
     when shorter: 4096 was the fastest of 1024, 2048 and 4096 for softmax at 8192 x 32000 and
-    8192 x 50257 on the H200 (BENCHMARKS.md)."""
-    chunk = min(DEFAULT_CHUNK, max(CHUNKS[0], 1 << max(shape[-1] - 1, 1).bit_length()))
-    return {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk, "approx_math": 0, "stream_cols": 0}
+    8192 x 50257 on the H200 (BENCHMARKS.md). Knobs the kernel has: stream_cols with column
+    inputs; with a merge, piece_cols and slots, and the rows in pieces when a float32 row would
+    not fit a block whole."""
+    cols = shape[-1]
+    chunk = min(DEFAULT_CHUNK, max(CHUNKS[0], 1 << max(cols - 1, 1).bit_length()))
+    config = {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk, "approx_math": 0}
+    if math_.col_inputs:
+        config["stream_cols"] = 0
+    if math_.merge is not None:
+        config.update(piece_cols=DEFAULT_PIECE[0], slots=DEFAULT_PIECE[1])
+        if 4 * cols + SMEM_OVERHEAD > mgpu_launch.SMEM_BYTES:
+            config["strategy"] = PIECES
+    return config
 
 
 def _positions(chunk: int, dtype: Any, interpret: bool) -> jax.Array:
@@ -224,13 +275,90 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
     # Every copy stays within its array, so Mosaic GPU issues a bulk copy (a tiled TMA copy
     # would move at most 256 elements along a dimension).
     in_bounds = plgpu.OOBFillMode.PROMISE_IN_BOUNDS
-    # Chunks that may hold positions outside the row (before it: the first, when unaligned;
-    # after it: those reaching past the shortest offset + C), masked to `pad` once after the load
-    # and walked with a validity mask; the rest are walked in one loop.
-    edge_chunks = sorted({j for j in range(n_chunks) if (j + 1) * chunk > C} | ({0} if not p.aligned else set()))
-    loop_end = min([j for j in edge_chunks if j > 0], default=n_chunks)
+
+    def chunk_at(ref: Any, j: Any) -> Any:
+        return ref.at[pl.ds(j * chunk, chunk)]
+
+    def walk_span(x_smem: Any, head: Any, length: int, unaligned: bool) -> tuple[jax.Array, ...]:
+        """The walks' statistics of `length` columns staged from position `head` of x_smem."""
+        spanned = pl.cdiv(length + (V - 1 if unaligned else 0), chunk)
+        # Chunks that may hold positions outside the span (before it: the first, when unaligned;
+        # after it: those reaching past the shortest offset + length), masked to `pad` once and
+        # walked with a validity mask; the rest are walked in one loop.
+        edge_chunks = sorted({j for j in range(spanned) if (j + 1) * chunk > length} | ({0} if unaligned else set()))
+        loop_end = min([j for j in edge_chunks if j > 0], default=spanned)
+
+        def valid_at(j: int) -> jax.Array:
+            position = _positions(chunk, dtype, platform.interpret) + j * chunk
+            return (position >= head) & (position < head + length)
+
+        for j in edge_chunks:
+            ref = chunk_at(x_smem, j)
+            ref[...] = jnp.where(valid_at(j), ref[...].astype(F32), math_.pad).astype(dtype)
+
+        stats: tuple[jax.Array, ...] = (x_smem[head].astype(F32),) if math_.shift else ()
+        for walk in math_.walks:
+            def fold_at(j: Any, acc: Any, valid: jax.Array | None, walk=walk, stats=stats) -> Any:
+                ref = chunk_at(x_smem, j)
+                x = ref[...] if walk.stored_dtype else ref[...].astype(F32)
+                if walk.rewrite is not None:
+                    x = walk.rewrite(x, stats)
+                    ref[...] = x.astype(dtype)
+                return walk.fold(acc, x, stats, valid)
+
+            # The first chunk outside the loop gives the accumulator its layout.
+            acc = fold_at(0, walk.identity, valid_at(0) if 0 in edge_chunks else None)
+            acc = lax.fori_loop(1, loop_end, lambda j, a, fold_at=fold_at: fold_at(j, a, None), acc)
+            for j in edge_chunks:
+                if j > 0:
+                    acc = fold_at(j, acc, valid_at(j))
+            value = walk.across(acc)
+            stats = (*stats, value if walk.finish is None else walk.finish(value, stats, length))
+        return stats
+
+    def pieces_body(x_gmem, *refs):
+        """smem_pieces: the row streams through `slots` slots of P columns; each piece is walked,
+        its slot refilled with the piece `slots` further on, and its statistics merged."""
+        vector_gmems, o_gmem = refs[:-1], refs[-1]
+        row = lax.axis_index("rows")
+        P, S = p.config.piece_cols, p.config.slots
+        n_pieces = pl.cdiv(C, P)
+        tail = C - (n_pieces - 1) * P
+
+        def scoped(slot_smem, loaded):
+            def load(k: Any, slot: Any) -> None:
+                """Piece k into `slot`: P columns, or the tail for the last piece."""
+                def copy(size: int) -> None:
+                    plgpu.commit_smem()  # the slot's last reads (the walks of piece k - S) are done
+                    plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(k * P, size)], slot_smem.at[slot, pl.ds(0, size)],
+                                            loaded.at[slot], oob_mode=in_bounds)
+                if isinstance(k, int):
+                    if k < n_pieces:
+                        copy(P if k < n_pieces - 1 else tail)
+                    return
+                pl.when(k < n_pieces - 1)(lambda: copy(P))
+                pl.when(k == n_pieces - 1)(lambda: copy(tail))
+
+            for k in range(min(S, n_pieces)):
+                load(k, k)
+            vectors = tuple(v[row] for v in vector_gmems)
+
+            def piece(k: Any, slot: Any, length: int) -> tuple[jax.Array, ...]:
+                plgpu.barrier_wait(loaded.at[slot])
+                stats = walk_span(slot_smem.at[slot], 0, length, False)
+                load(k + S, slot)
+                return stats
+
+            total = piece(0, 0, P)
+            total = lax.fori_loop(1, n_pieces - 1, lambda k, t: math_.merge(t, piece(k, lax.rem(k, S), P)), total)
+            total = math_.merge(total, piece(n_pieces - 1, (n_pieces - 1) % S, tail))
+            o_gmem[row] = math_.result(total, lambda i: x_gmem[row, i].astype(F32), *vectors, cols=C)
+
+        pl.run_scoped(scoped, plgpu.SMEM((S, P), dtype), plgpu.Barrier(num_arrivals=1, num_barriers=S))
 
     def body(x_gmem, *refs):
+        if p.pieces:
+            return pieces_body(x_gmem, *refs)
         col_gmems, vector_gmems, o_gmem = refs[:n_cols], refs[n_cols:n_cols + n_vectors], refs[-1]
         row = lax.axis_index("rows")
 
@@ -274,35 +402,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             vectors = tuple(v[row] for v in vector_gmems)
             plgpu.barrier_wait(loaded)
 
-            def chunk_at(ref: Any, j: Any) -> Any:
-                return ref.at[pl.ds(j * chunk, chunk)]
-
-            def valid_at(j: int) -> jax.Array:
-                position = _positions(chunk, dtype, platform.interpret) + j * chunk
-                return (position >= head) & (position < head + C)
-
-            for j in edge_chunks:
-                ref = chunk_at(x_smem, j)
-                ref[...] = jnp.where(valid_at(j), ref[...].astype(F32), math_.pad).astype(dtype)
-
-            stats: tuple[jax.Array, ...] = (x_smem[head].astype(F32),) if math_.shift else ()
-            for walk in math_.walks:
-                def fold_at(j: Any, acc: Any, valid: jax.Array | None, walk=walk, stats=stats) -> Any:
-                    ref = chunk_at(x_smem, j)
-                    x = ref[...] if walk.stored_dtype else ref[...].astype(F32)
-                    if walk.rewrite is not None:
-                        x = walk.rewrite(x, stats)
-                        ref[...] = x.astype(dtype)
-                    return walk.fold(acc, x, stats, valid)
-
-                # The first chunk outside the loop gives the accumulator its layout.
-                acc = fold_at(0, walk.identity, valid_at(0) if 0 in edge_chunks else None)
-                acc = lax.fori_loop(1, loop_end, lambda j, a, fold_at=fold_at: fold_at(j, a, None), acc)
-                for j in edge_chunks:
-                    if j > 0:
-                        acc = fold_at(j, acc, valid_at(j))
-                value = walk.across(acc)
-                stats = (*stats, value if walk.finish is None else walk.finish(value, stats, C))
+            stats = walk_span(x_smem, head, C, not p.aligned)
 
             if math_.result is not None:
                 o_gmem[row] = math_.result(stats, lambda i: x_smem[head + i].astype(F32), *vectors, cols=C)
@@ -395,10 +495,7 @@ def protocol(kernel: RowKernel, math_: StagedMath) -> tuple[Callable[..., Any], 
 
     def default_config_(shape: tuple[int, ...], target: str) -> dict[str, Any]:
         """A safe config for any shape with exactly the knobs of `target`."""
-        if target != TARGET:
-            return kernel.default_config(shape, target)
-        config = default_config(shape)
-        return config if math_.col_inputs else {k: v for k, v in config.items() if k != "stream_cols"}
+        return default_config(math_, shape) if target == TARGET else kernel.default_config(shape, target)
 
     def build_(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform) -> Any:
         """The Pallas kernel of `config`: the staged rows, or the row engine's strategies."""
