@@ -178,9 +178,9 @@ def test_what_it_refuses_it_names():
     assert "slots must be in" in cross_entropy.check_config({**pieces, "slots": 5}, (64, 8192), "bfloat16", TARGET)
     reason = cross_entropy.check_config({**pieces, "piece_cols": 65536, "slots": 4}, (64, 151936), "bfloat16", TARGET)
     assert "4 slots of 65536 columns" in reason
-    assert softmax.default_config((8192, 50257), TARGET) == _config(4096, approx_math=0)
-    assert rms_norm.default_config((4096, 5120), TARGET) == _config(4096, approx_math=0, stream_cols=0)
-    assert cross_entropy.default_config((128, 1000), TARGET) == _config(1024, approx_math=0, piece_cols=16384,
+    assert softmax.default_config((8192, 50257), TARGET) == _config(4096, approx_math=1)
+    assert rms_norm.default_config((4096, 5120), TARGET) == _config(4096, approx_math=1, stream_cols=0)
+    assert cross_entropy.default_config((128, 1000), TARGET) == _config(1024, approx_math=1, piece_cols=16384,
                                                                          slots=3)
     for vocab in (128256, 151936):  # too long for a block whole: the default streams pieces
         default = cross_entropy.default_config((8192, vocab), TARGET)
