@@ -51,7 +51,7 @@ def test_staged_rows_match_the_reference_in_the_gpu_interpreter(module, shape, d
 @pytest.mark.parametrize("module,shape", [
     (rms_norm, (3, 2048)),    # whole chunks
     (rms_norm, (3, 3136)),    # a partial last chunk (3136 = 3 x 1024 + 64): masked walk, a short column copy
-    (layer_norm, (4, 5120)),  # ditto, two column inputs
+    (layer_norm, (4, 5184)),  # ditto (5 x 1024 + 64), two column inputs
 ])
 def test_norms_stage_rows_beside_their_column_inputs(module, shape, dtype, stream_cols):
     config = _config(stream_cols=stream_cols)
