@@ -261,3 +261,29 @@ def test_shipped_tasks_stay_enumerable(repo):
             if size > valid_set.ENUMERATION_LIMIT:
                 large.add((path.stem, target))
     assert large == TOO_LARGE_TO_ENUMERATE
+
+
+@pytest.mark.parametrize("name,target,shape,dtype", [
+    ("layer_norm", "gpu-triton", (16384, 16384), "bfloat16"),   # the largest enumerated product
+    ("cross_entropy", "gpu-mosaic", (8192, 151936), "bfloat16"),
+    ("cross_entropy_long", "tpu", (16384, 131072), "float32"),
+])
+def test_enumeration_skips_prefixes_without_losing_a_valid_config(repo, name, target, shape, dtype):
+    # Constraints checked as soon as the knobs they read are set prune whole subtrees of the
+    # product; the valid configs, and their order, are those of checking every config.
+    from farm.search.valid_set import ValidSet
+
+    space = spaces.load_space(repo / "search_spaces" / f"{name}.yaml")
+    params = space.params_for(target)
+    checked: list[dict] = []
+
+    def valid(config: dict) -> bool:
+        checked.append(config)
+        return space.violated(config, shape, dtype, target) is None
+
+    every = ValidSet.enumerate(params, valid)
+    product = len(checked)
+    checked.clear()
+    pruned = ValidSet.enumerate(params, valid, space.prefix_checks(shape, dtype, target))
+    assert pruned.configs == every.configs and len(every) > 0
+    assert len(checked) < product

@@ -13,7 +13,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,34 @@ class SearchSpace:
     def env(self, config: Mapping[str, Any], shape: Sequence[int], dtype: str) -> dict[str, Any]:
         """The variables a constraint sees: config knobs, named shape dims, dtype_bytes."""
         return {**dict(zip(self.shape_names, shape)), "dtype_bytes": DTYPE_BYTES[dtype], **config}
+
+    def prefix_checks(self, shape: Sequence[int], dtype: str, target: str) -> list[Callable[[Mapping[str, Any]], bool]]:
+        """For enumerating `params_for(target)` in order: check d holds once knobs 0..d are set
+        (the target's constraints that read no later knob and none it lacks, evaluated as
+        `violated` would; one that cannot be evaluated fails). A config that fails a check
+        fails `violated`, so an enumeration may skip every config under that prefix."""
+        params = self.params_for(target)
+        known = set(self.shape_names) | {"dtype_bytes"} | {p.name for p in params}
+        depth = {p.name: d for d, p in enumerate(params)}
+        staged: list[list[Any]] = [[] for _ in params]
+        for spec in self.constraints:
+            if (spec.targets is not None and target not in spec.targets) or not spec.constraint.names <= known:
+                continue
+            knobs = [depth[n] for n in spec.constraint.names if n in depth]
+            if knobs:
+                staged[max(knobs)].append(spec.constraint)
+        fixed = self.env({}, shape, dtype)
+
+        def check(constraints: list[Any]) -> Callable[[Mapping[str, Any]], bool]:
+            def holds(config: Mapping[str, Any]) -> bool:
+                env = {**fixed, **config}
+                try:
+                    return all(c(env) for c in constraints)
+                except ConstraintEvalError:
+                    return False
+            return holds
+
+        return [check(c) for c in staged]
 
     def violated(self, config: Mapping[str, Any], shape: Sequence[int], dtype: str,
                  target: str, *, strict: bool = False) -> str | None:
