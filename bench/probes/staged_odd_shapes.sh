@@ -5,14 +5,15 @@
 set -euo pipefail
 out=${1:?usage: staged_odd_shapes.sh OUT_DIR}
 mkdir -p "$out"
+source bench/probes/lib.sh
 n=0
 while read -r kernel shape dtype configs; do
   [[ -z "$kernel" || "$kernel" == \#* ]] && continue
   n=$((n + 1))
-  args=(); for c in $configs; do args+=(--config "$c"); done
-  python3 bench/kernel_profile.py --target gpu-mosaic --kernel "$kernel" --shape "$shape" --dtype "$dtype" \
-    --out "$out/${n}_${kernel}_${shape}.json" "${args[@]}" 2>&1 | grep -E "per call in kernels|Error" | cut -c1-200 \
-    | sed "s/^/$kernel $shape $dtype: /"
+  # shellcheck disable=SC2086  # one config per word
+  PROFILE_TARGET=gpu-mosaic PROFILE_ARGS="--dtype $dtype" \
+    profile_configs "$out/${n}_${kernel}_${shape}.json" "$kernel" "$shape" $configs < /dev/null 2>&1 \
+    | grep -E "per call in kernels|Error" | cut -c1-200 | sed "s/^/$kernel $shape $dtype: /"
 done <<'CASES'
 softmax 3x50257 bfloat16 {} {"block_cols":1024,"approx_math":0}
 softmax 1x1001 float32 {}

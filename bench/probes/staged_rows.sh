@@ -6,11 +6,13 @@
 set -euo pipefail
 out=${1:?usage: staged_rows.sh OUT_DIR < CASES}
 mkdir -p "$out"
+source bench/probes/lib.sh
 n=0
 while read -r kernel shape configs; do
   [[ -z "$kernel" || "$kernel" == \#* ]] && continue
   n=$((n + 1))
-  args=(); for c in $configs; do args+=(--config "$c"); done
-  python3 bench/kernel_profile.py --target gpu-mosaic --kernel "$kernel" --shape "$shape" --column torch_compile \
-    --out "$out/${n}_${kernel}_${shape}.json" "${args[@]}" 2>&1 | grep -E "per call in kernels" | cut -c1-160
+  # shellcheck disable=SC2086  # one config per word
+  PROFILE_TARGET=gpu-mosaic PROFILE_ARGS="--column torch_compile" \
+    profile_configs "$out/${n}_${kernel}_${shape}.json" "$kernel" "$shape" $configs < /dev/null 2>&1 \
+    | grep -E "per call in kernels" | cut -c1-160
 done
