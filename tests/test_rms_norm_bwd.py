@@ -7,7 +7,11 @@ from tests.rowwise_checks import RAGGED, SHAPE, kernel_checks
 
 CONFIGS = {**ROW_CONFIGS,
            "gpu-triton": [{"block_rows": 2, "strategy": "one_pass", "rows_per_program": 16, "num_warps": 4},
-                          {"block_rows": 4, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 4}]}
+                          {"block_rows": 4, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 4},
+                          # the next block of rows loaded while this one computes (RAGGED: the
+                          # second program's last blocks are partly and wholly past the rows)
+                          {"block_rows": 2, "strategy": "one_pass", "rows_per_program": 8, "num_warps": 4,
+                           "prefetch": 1}]}
 
 test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
     kernel_checks(K, SHAPE, RAGGED, CONFIGS)
@@ -39,3 +43,18 @@ def test_footprint_by_hand() -> None:
     config = {"block_rows": 8, "strategy": "fori_loop", "block_cols": 512, "rows_per_program": 8, "num_warps": 4,
               "num_stages": 3}
     assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 2 * 2 * 8 * 512 * 2 + 8 * 4 * 4
+
+
+def test_prefetch_needs_a_loop_over_blocks_of_rows() -> None:
+    shape = (64, 512)
+    base = {"block_rows": 2, "strategy": "one_pass", "num_warps": 4, "prefetch": 1}
+    assert K.check_config({**base, "rows_per_program": 8}, shape, "bfloat16", "gpu-triton") is None
+    reason = K.check_config({**base, "rows_per_program": 2}, shape, "bfloat16", "gpu-triton")
+    assert "prefetch=1" in reason and "rows_per_program" in reason
+    reason = K.check_config({**base, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 2},
+                            shape, "bfloat16", "gpu-triton")
+    assert "prefetch" in reason and "one_pass" in reason
+    assert "prefetch" in K.check_config({**base, "prefetch": 2, "rows_per_program": 8}, shape, "bfloat16",
+                                        "gpu-triton")
+    assert "prefetch" in K.check_config({"block_rows": 16, "strategy": "one_pass", "prefetch": 1}, shape,
+                                        "bfloat16", "tpu")

@@ -37,6 +37,9 @@ The knob vocabulary, the same names on every target:
                 reduces them once per row, after the loop.
   unroll        Triton fori_loop: 1 writes the walks over a row's chunks (at most 32) as
                 straight-line code, so that every chunk's loads are in flight at once.
+  prefetch      Triton one_pass looping over several blocks of rows (kernels with column
+                outputs): 1 loads the next block while this one computes, and the column
+                inputs once per program.
   num_warps, num_stages  Triton compiler params (defaults 4 and 3, always passed explicitly).
 Shape rules, refused up front with a message (`RowKernel.check_config` says why): blocks divide
 the shape on TPU and interpret (interpret allows a partial last block of rows unless the kernel

@@ -186,13 +186,16 @@ class RowConfigTriton(RowConfig):
     fold: how fori_loop folds its chunks into statistics: "chunk" (per row, a reduction per
     chunk) or "lanes" (per lane, one reduction per row after the loop; kernels with a
     `LaneFold` only). unroll: 1 writes fori_loop's walks over a row's chunks (at most
-    MAX_UNROLLED) as straight-line code instead of loops."""
+    MAX_UNROLLED) as straight-line code instead of loops. prefetch: 1 has a one_pass program
+    that loops over several blocks of rows load the next block while it computes this one
+    (the loaded tiles are the loop's carry), and load the column inputs once."""
 
     rows_per_program: int | None = None
     num_warps: int = 4
     num_stages: int = 3
     fold: str = "chunk"
     unroll: int = 0
+    prefetch: int = 0
 
     TARGET = "gpu-triton"
 
@@ -218,6 +221,12 @@ class RowConfigTriton(RowConfig):
         if self.unroll not in (0, 1) or (self.unroll and not looped):
             raise ValueError(f"unroll must be 0 or 1 (1: strategy 'fori_loop' only), got {self.unroll} "
                              f"with strategy {self.strategy!r}")
+        if self.prefetch not in (0, 1) or (self.prefetch and looped):
+            raise ValueError(f"prefetch must be 0 or 1 (1: strategy 'one_pass' only), got {self.prefetch} "
+                             f"with strategy {self.strategy!r}")
+        if self.prefetch and (self.rows_per_program or self.block_rows) <= self.block_rows:
+            raise ValueError(f"prefetch=1 loads a program's next block of rows: it needs rows_per_program "
+                             f"> block_rows ({self.block_rows}), got {self.rows_per_program}")
 
     def check(self, shape: tuple[int, ...], math_: RowMath) -> Plan:
         batch, rows, cols = split_shape(shape)

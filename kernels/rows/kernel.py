@@ -72,7 +72,9 @@ class RowKernel:
         block_batch for 3-D shapes; stats_layout on TPU when the kernel has per-row vectors;
         rows_per_program on Triton unless it writes per-row results (one block of rows per
         program: a result needs no partial sum to amortise); unroll on Triton with fori_loop,
-        and fold when the math has a `LaneFold` too; strategy when there is a choice."""
+        and fold when the math has a `LaneFold` too; prefetch on Triton when the math has
+        column outputs (its programs loop over many rows to keep the partial sums few);
+        strategy when there is a choice."""
         names = ["block_rows", "block_cols"]
         if len(self.strategies[target]) > 1:
             names.insert(1, "strategy")
@@ -86,6 +88,8 @@ class RowKernel:
             names += ["num_warps", "num_stages"]
             if "fori_loop" in self.strategies[target]:
                 names += ["unroll", "fold"] if self.math.lanes is not None else ["unroll"]
+            if self.math.col_outputs:
+                names.append("prefetch")
         return tuple(names)
 
     def check_config(self, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,

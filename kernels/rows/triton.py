@@ -8,6 +8,7 @@ through 16-byte-aligned windows (`flat_rows`), so that their loads are whole vec
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,21 @@ def _and(a: jax.Array | None, b: jax.Array | None) -> jax.Array | None:
     if a is None or b is None:
         return b if a is None else a
     return a & b
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """Where one chunk of a block of rows lies: its window of the row refs, the store mask, the
+    column mask, the column of the window's first element (negative for a flat window that
+    starts before its row), the flat window's in-array mask (None otherwise) and the chunk's
+    first column."""
+
+    window: Any
+    mask: jax.Array | None
+    col_valid: jax.Array | None
+    first: Any
+    in_array: jax.Array | None
+    c0: Any
 
 
 # A vector load moves 16 bytes; Triton issues one only from an address it knows is aligned.
@@ -76,8 +92,8 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
     slack = (1 << align_shift) - 1 if flat else 0  # elements a flat window may start early
     total = p.batch * p.rows * C
 
-    def load_chunk(rows: jax.Array, row_valid: jax.Array | None, c0: Any, policy: str | None):
-        """(blocks, window, store mask, column mask, column of the window's first element)."""
+    def locate(rows: jax.Array, row_valid: jax.Array | None, c0: Any) -> Chunk:
+        """Where a chunk of a block of rows lies, and its masks (nothing loaded)."""
         if flat:
             # The window starts at the row's aligned start plus c0; shifting keeps the
             # alignment visible to Triton (its divisibility of x << k is at least 2**k).
@@ -86,27 +102,36 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
             first = c0 - (start - base)
             columns = first + jnp.arange(width)
             col_valid = ((columns >= 0) & (columns < C))[None, :]
-            window = (pl.ds(0, 1), pl.ds(base + c0, width))
             in_array = (base + c0 + jnp.arange(width) < total)[None, :]
-            blocks = [jnp.where(col_valid,
-                                pltriton.load(ref.at[window], mask=in_array, other=math_.pad,
-                                              eviction_policy=policy).astype(F32),
-                                math_.pad) for ref in row_in]
-            mask = _and(row_valid, col_valid)
-        else:
-            first = c0
-            col_valid = (c0 + jnp.arange(width) < C)[None, :] if ragged_cols else None
-            mask = _and(row_valid, col_valid)
-            window = (b, pl.ds(rows, br), pl.ds(c0, width))
-            blocks = [pltriton.load(ref.at[window], mask=mask,
-                                    other=None if mask is None else math_.pad,
-                                    eviction_policy=policy).astype(F32) for ref in row_in]
-        # Every program reads the column inputs: keep them in L2.
-        blocks += [pltriton.load(ref.at[pl.ds(0, 1), pl.ds(c0, width)], mask=col_valid,
-                                 other=None if col_valid is None else 0.0,
-                                 eviction_policy="evict_last").astype(F32)
-                   for ref in col_in]
-        return blocks, window, mask, col_valid, first
+            return Chunk((pl.ds(0, 1), pl.ds(base + c0, width)), _and(row_valid, col_valid),
+                         col_valid, first, in_array, c0)
+        col_valid = (c0 + jnp.arange(width) < C)[None, :] if ragged_cols else None
+        return Chunk((b, pl.ds(rows, br), pl.ds(c0, width)), _and(row_valid, col_valid), col_valid,
+                     c0, None, c0)
+
+    def load_rows(chunk: Chunk, policy: str | None) -> list[jax.Array]:
+        """The row inputs' tiles of `chunk`, float32, padding where masked."""
+        if flat:
+            return [jnp.where(chunk.col_valid,
+                              pltriton.load(ref.at[chunk.window], mask=chunk.in_array, other=math_.pad,
+                                            eviction_policy=policy).astype(F32),
+                              math_.pad) for ref in row_in]
+        return [pltriton.load(ref.at[chunk.window], mask=chunk.mask,
+                              other=None if chunk.mask is None else math_.pad,
+                              eviction_policy=policy).astype(F32) for ref in row_in]
+
+    def load_cols(chunk: Chunk) -> list[jax.Array]:
+        """The column inputs' tiles of `chunk`; every program reads them: keep them in L2."""
+        return [pltriton.load(ref.at[pl.ds(0, 1), pl.ds(chunk.c0, width)], mask=chunk.col_valid,
+                              other=None if chunk.col_valid is None else 0.0,
+                              eviction_policy="evict_last").astype(F32)
+                for ref in col_in]
+
+    def load_chunk(rows: jax.Array, row_valid: jax.Array | None, c0: Any,
+                   policy: str | None) -> tuple[list[jax.Array], Chunk]:
+        """(row and column input tiles, where they lie)."""
+        chunk = locate(rows, row_valid, c0)
+        return load_rows(chunk, policy) + load_cols(chunk), chunk
 
     def store_chunk(results, window, mask) -> list[jax.Array]:
         for ref, value in zip(row_out, results[:n_row_out]):
@@ -127,30 +152,54 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
         for ref, value in zip(res_out, values, strict=True):
             pltriton.store(ref.at[window], value.reshape(br).astype(ref.dtype), mask=mask)
 
-    def row_block(k: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+    def block_of(k: Any) -> tuple[jax.Array, jax.Array | None]:
+        """The first row of the program's k-th block of rows, and which of its rows exist."""
         rows = program * p.rows_per_program + k * br
-        row_valid = (rows + jnp.arange(br) < p.rows)[:, None] if ragged_rows else None
-        vec_window, vectors = row_vectors(rows, row_valid)
-        if p.strategy == "one_pass":
-            blocks, window, mask, valid, first = load_chunk(rows, row_valid, 0, None)
-            if flat:  # the window's columns start at -offset: the streamed form takes a start
-                stats = math_.update(math_.init((br, 1)), *blocks, *vectors, start=first,
-                                     valid=valid)
-                row_values = math_.finish(stats, C)
-                outs = (*math_.apply(row_values, *blocks, *vectors),
-                        *row_values[:math_.results])
-            else:
-                outs = math_.rows(*blocks, *vectors, cols=C, valid=valid)
-            contributions = store_chunk(outs[:n_out], window, mask)
-            store_results(vec_window, row_valid, outs[n_out:])
-            return tuple(s + c for s, c in zip(sums, contributions))
+        return rows, (rows + jnp.arange(br) < p.rows)[:, None] if ragged_rows else None
 
+    def one_pass(k: Any, sums: tuple[jax.Array, ...], blocks: list[jax.Array]) -> tuple[jax.Array, ...]:
+        """Whole rows of the k-th block, given its loaded row and column tiles."""
+        rows, row_valid = block_of(k)
+        vec_window, vectors = row_vectors(rows, row_valid)
+        chunk = locate(rows, row_valid, 0)
+        if flat:  # the window's columns start at -offset: the streamed form takes a start
+            stats = math_.update(math_.init((br, 1)), *blocks, *vectors, start=chunk.first,
+                                 valid=chunk.col_valid)
+            row_values = math_.finish(stats, C)
+            outs = (*math_.apply(row_values, *blocks, *vectors), *row_values[:math_.results])
+        else:
+            outs = math_.rows(*blocks, *vectors, cols=C, valid=chunk.col_valid)
+        contributions = store_chunk(outs[:n_out], chunk.window, chunk.mask)
+        store_results(vec_window, row_valid, outs[n_out:])
+        return tuple(s + c for s, c in zip(sums, contributions))
+
+    def prefetched(steps: int, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        """one_pass over `steps` blocks, each block's row tiles loaded one step ahead (the
+        loop's carry), so that their loads are in flight while the previous block computes;
+        the column inputs loaded once."""
+        cols = load_cols(locate(*block_of(0), 0))
+
+        def load(k: Any) -> list[jax.Array]:
+            return load_rows(locate(*block_of(k), 0), None)
+
+        def step(k: jax.Array, carry: tuple[Any, list[jax.Array]]) -> tuple[Any, list[jax.Array]]:
+            sums, blocks = carry
+            ahead = load(jnp.minimum(k + 1, steps - 1))  # the last step reloads its own block
+            return one_pass(k, sums, blocks + cols), ahead
+
+        return lax.fori_loop(0, steps, step, (sums, load(0)))[0]
+
+    def row_block(k: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        rows, row_valid = block_of(k)
+        if p.strategy == "one_pass":
+            return one_pass(k, sums, load_chunk(rows, row_valid, 0, None)[0])
+        vec_window, vectors = row_vectors(rows, row_valid)
         lanes = math_.lanes if p.config.fold == "lanes" else None
         update = math_.update if lanes is None else lanes.update
 
         def fold(j: jax.Array, stats: Stats) -> Stats:
-            blocks, _, _, valid, first = load_chunk(rows, row_valid, j * width, fold_policy)
-            return update(stats, *blocks, *vectors, start=first, valid=valid)
+            blocks, chunk = load_chunk(rows, row_valid, j * width, fold_policy)
+            return update(stats, *blocks, *vectors, start=chunk.first, valid=chunk.col_valid)
 
         stats = walk(fold, math_.init((br, 1 if lanes is None else width)))
         row_values = math_.finish(stats if lanes is None else lanes.combine(stats), C)
@@ -159,8 +208,9 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
             return sums
 
         def write(j: jax.Array, carry: int) -> int:
-            blocks, window, mask, _, _ = load_chunk(rows, row_valid, j * width, "evict_first")
-            contributions = store_chunk(math_.apply(row_values, *blocks, *vectors), window, mask)
+            blocks, chunk = load_chunk(rows, row_valid, j * width, "evict_first")
+            contributions = store_chunk(math_.apply(row_values, *blocks, *vectors), chunk.window,
+                                        chunk.mask)
             # fori_loop covers one block of rows per program: its partial sums are final.
             part = (b * p.row_blocks + program, pl.ds(j * width, width))
             for ref, value in zip(col_out, contributions):
@@ -189,7 +239,10 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
 
     sums = tuple(jnp.zeros((width,), F32) for _ in col_out)
     steps = p.rows_per_program // br
-    sums = row_block(0, sums) if steps == 1 else lax.fori_loop(0, steps, row_block, sums)
+    if p.config.prefetch:
+        sums = prefetched(steps, sums)
+    else:
+        sums = row_block(0, sums) if steps == 1 else lax.fori_loop(0, steps, row_block, sums)
     if p.strategy == "one_pass":
         part = (b * p.row_blocks + program, pl.ds(0, width))
         for ref, value in zip(col_out, sums):
