@@ -103,6 +103,43 @@ def test_cross_entropy_streams_rows_through_shared_memory_in_pieces(shape, dtype
     assert staged == slots * piece * jnp.dtype(dtype).itemsize
 
 
+@pytest.mark.parametrize("shape,dtype,piece,slots", [
+    # f32: a head of 8192 columns beside 3 slots of 16384; the tail's 2 pieces end in a partial chunk
+    ((3, 30720), jnp.float32, 16384, 3),
+    ((2, 74752), jnp.float32, 16384, 3),  # five tail pieces through three slots, both passes wrapping
+    ((3, 82944), jnp.bfloat16, 16384, 4),  # bf16: a head of 49152; tail pieces 16384, 16384, 1024
+])
+def test_softmax_rows_longer_than_shared_memory_stage_their_head_and_stream_their_tail_twice(
+        shape, dtype, piece, slots):
+    config = _config(4096, strategy="smem_split", piece_cols=piece, slots=slots)
+    plan = mosaic_rows.plan(softmax.STAGED, config, shape, dtype)
+    head = plan.head
+    assert plan.footprint <= mosaic_rows.mgpu_launch.SMEM_BYTES and 0 < head < shape[1]
+    x = softmax.make_inputs(shape, dtype, jax.random.key(8))[0]
+    x = x.at[0, head + 5].set(30.0)      # row 0: the max in the tail, far above the head's
+    x = x.at[1, head:].set(-jnp.inf)     # row 1: a tail of -inf only (its pieces sum to 0, not NaN)
+    x = x.at[2 % shape[0], :head].set(-jnp.inf)  # the last row: a head of -inf only
+    error = _error(softmax, shape, dtype, config, (x,))
+    assert error <= validate.tolerance(jnp.dtype(dtype).name, softmax)
+
+
+def test_softmax_over_shared_memory_tunes_on_mosaic_gpu_with_a_split_row(tmp_path):
+    # The shipped softmax space with a user's 151936-column vocabulary: the gpu-mosaic task
+    # proposes only smem_split configs (whole rows do not fit a block), all of them valid.
+    import optuna
+
+    from farm.search import plan, spaces
+    from farm.search.searcher import Searcher
+
+    path = tmp_path / "vocab.yaml"
+    path.write_text("kernel: softmax\nshapes: [[8192, 151936]]\ndtypes: [bfloat16]\n")
+    (planned,) = plan.expand([spaces.load_space(path)], [TARGET], 8)
+    searcher = Searcher.open(planned, optuna.storages.InMemoryStorage())
+    configs = [a.config for a in (searcher.ask() for _ in range(6)) if a is not None]
+    assert len(configs) == 6 and all(c["strategy"] == "smem_split" for c in configs)
+    assert all(softmax.check_config(c, (8192, 151936), "bfloat16", TARGET) is None for c in configs)
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 1001), (2, 4, 2048)])
 def test_batch_softmax_flattens_the_batch_into_staged_rows(shape):
     x = batch_softmax.make_inputs(shape, jnp.bfloat16, jax.random.key(2))[0]
@@ -132,6 +169,8 @@ def test_rows_far_from_zero_and_with_one_dominant_column():
     ("layer_norm", (4096, 5120), {"stream_cols": 1, "approx_math": 1}),
     ("cross_entropy", (8192, 128256), {}),  # the default: pieces of 16384 columns, 3 slots
     ("cross_entropy", (8192, 151936), {"piece_cols": 32768, "slots": 2, "approx_math": 1}),
+    ("softmax", (8192, 128256), {}),  # the default: a staged head, the tail through 2 slots of 8192
+    ("softmax", (8192, 151936), {"piece_cols": 4096, "slots": 3}),
 ])
 def test_users_shapes_lower_for_cuda_within_the_footprint(name, shape, knobs, monkeypatch):
     module = kernels.load(name)
@@ -171,14 +210,16 @@ def test_what_it_refuses_it_names():
     assert "128-byte units" in reason and "gpu-triton" in reason
     assert rms_norm.check_config(_config(), (64, 1001), "bfloat16", "gpu-triton") is not None  # strategy
     # Rows in pieces: kernels that can merge pieces' statistics, rows of whole 128-byte units.
-    assert "cannot merge" in softmax.check_config(_config(strategy="smem_pieces"), (64, 8192), "bfloat16", TARGET)
+    reason = softmax.check_config(_config(strategy="smem_pieces"), (64, 8192), "bfloat16", TARGET)
+    assert "cannot stream its rows in pieces" in reason and "smem_split" in reason
+    assert "smem_split" not in rms_norm.check_config(_config(strategy="smem_pieces"), (64, 8192), "bfloat16", TARGET)
     pieces = _config(strategy="smem_pieces", piece_cols=4096)
     assert "128-byte units" in cross_entropy.check_config(pieces, (64, 50257), "bfloat16", TARGET)
     assert "shorter than the row" in cross_entropy.check_config(pieces, (64, 4096), "bfloat16", TARGET)
     assert "slots must be in" in cross_entropy.check_config({**pieces, "slots": 5}, (64, 8192), "bfloat16", TARGET)
     reason = cross_entropy.check_config({**pieces, "piece_cols": 65536, "slots": 4}, (64, 151936), "bfloat16", TARGET)
     assert "4 slots of 65536 columns" in reason
-    assert softmax.default_config((8192, 50257), TARGET) == _config(4096, approx_math=1)
+    assert softmax.default_config((8192, 50257), TARGET) == _config(4096, approx_math=1, piece_cols=16384, slots=3)
     assert rms_norm.default_config((4096, 5120), TARGET) == _config(4096, approx_math=1, stream_cols=0)
     assert cross_entropy.default_config((128, 1000), TARGET) == _config(1024, approx_math=1, piece_cols=16384,
                                                                          slots=3)
@@ -187,6 +228,22 @@ def test_what_it_refuses_it_names():
         assert default["strategy"] == "smem_pieces"
         assert all(cross_entropy.check_config(default, (8192, vocab), dtype, TARGET) is None
                    for dtype in ("bfloat16", "float32"))
+        default = softmax.default_config((8192, vocab), TARGET)  # a map: the head staged, the tail streamed
+        assert default == _config(4096, approx_math=1, strategy="smem_split", piece_cols=8192, slots=2)
+        assert all(softmax.check_config(default, (8192, vocab), dtype, TARGET) is None
+                   for dtype in ("bfloat16", "float32"))
+    # A float32 default of a row that a bfloat16 block holds whole is still valid in bfloat16.
+    default = softmax.default_config((64, 60032), TARGET)
+    assert default["strategy"] == "smem_split"
+    assert softmax.check_config(default, (64, 60032), "bfloat16", TARGET) is None
+    # smem_split: row maps whose statistics merge; rows of whole 128-byte units; a head of a chunk at least.
+    split = _config(4096, strategy="smem_split", piece_cols=8192, slots=2)
+    for module, shape in ((cross_entropy, (64, 151936)), (rms_norm, (64, 151936)), (layer_norm, (64, 151936))):
+        assert "smem_split" in module.check_config(split, shape, "bfloat16", TARGET)
+    assert "128-byte units" in softmax.check_config(split, (64, 150001), "bfloat16", TARGET)
+    assert "head of at least one chunk" in softmax.check_config(split, (64, 4096), "bfloat16", TARGET)
+    assert "head of at least one chunk" in softmax.check_config({**split, "piece_cols": 32768, "slots": 4},
+                                                                 (64, 151936), "float32", TARGET)
 
 
 @pytest.mark.parametrize("kernel,shape", [("softmax", (4, 1001)), ("layer_norm", (4, 1024)),
@@ -198,24 +255,25 @@ def test_the_farm_measures_staged_rows_in_the_gpu_interpreter(kernel, shape):
     assert m.numerics_error <= validate.tolerance("bfloat16", kernels.load(kernel))
 
 
-def test_a_row_longer_than_shared_memory_gets_no_trials_on_mosaic_gpu_and_the_space_still_loads(tmp_path):
-    # 151936 bf16 columns (297 KB) do not fit a block: the shipped space with that user shape loads
-    # (its gpu-triton task tunes it), and the gpu-mosaic task answers its default `invalid` with
-    # the kernel's reason and proposes nothing.
+def test_a_shape_mosaic_gpu_cannot_run_gets_no_trials_there_and_the_space_still_loads(tmp_path):
+    # A norm's rows of 1001 bf16 columns are not whole 128-byte units, which its column inputs
+    # need on Mosaic GPU: the shipped space with that user shape loads (its gpu-triton task tunes
+    # it), and the gpu-mosaic task answers its default `invalid` with the kernel's reason and
+    # proposes nothing.
     import optuna
 
     from farm.search import plan, spaces
     from farm.search.searcher import Searcher
 
-    path = tmp_path / "vocab.yaml"
-    path.write_text("kernel: softmax\nshapes: [[8192, 151936]]\ndtypes: [bfloat16]\n")
+    path = tmp_path / "odd.yaml"
+    path.write_text("kernel: rms_norm\nshapes: [[64, 1001]]\ndtypes: [bfloat16]\n")
     space = spaces.load_space(path)
     planned = {p.task.target: p for p in plan.expand([space], ["gpu-triton", TARGET], 8)}
     answered = []
     searcher = Searcher.open(planned[TARGET], optuna.storages.InMemoryStorage(),
                              on_answer=lambda a: answered.append(a) or a)
     assert searcher.ask() is None
-    assert [a.outcome for a in answered] == [outcomes.INVALID] and "shared memory" in answered[0].error
+    assert [a.outcome for a in answered] == [outcomes.INVALID] and "128-byte units" in answered[0].error
     triton = Searcher.open(planned["gpu-triton"], optuna.storages.InMemoryStorage())
     assert triton.ask() is not None
 

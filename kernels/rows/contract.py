@@ -196,10 +196,15 @@ class StagedMath:
     pad: what positions outside the row hold during the walks.
     shift: the walks see the row's first element as stats[0] (a shift that keeps one-walk moments
         accurate: sums of x - x[0] and of its squares cancel little however far the row is from 0).
-    merge(a, b) -> stats: the statistics of two disjoint spans of a row combined (kernels with a
-        `result`). With it, rows longer than shared memory stream through it in pieces (strategy
-        smem_pieces), each piece walked and merged into the row's statistics; `pick` then reads
-        global memory.
+    merge(a, b) -> stats: the statistics of two disjoint spans of a row combined. With it, rows
+        longer than shared memory stream through it: kernels with a `result` in pieces (strategy
+        smem_pieces), each piece walked and merged into the row's statistics, `pick` then reading
+        global memory; kernels with `apply` as a staged head and a tail streamed twice (strategy
+        smem_split: walked for statistics, then mapped and written).
+    rebase(span, row) -> stats: what `apply` needs for a span whose walks rewrote it in place
+        (`Walk.rewrite`) with the span's own statistics `span`, given the row's merged `row`
+        (softmax: exp(x - max_span) staged, scaled by exp(max_span - max_row) / sum_row).
+        Needed with merge and apply when a walk rewrites.
     """
 
     name: str
@@ -211,12 +216,17 @@ class StagedMath:
     pad: float = 0.0
     shift: bool = False
     merge: Callable[[Any, Any], Any] | None = None
+    rebase: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self) -> None:
         if (self.apply is None) == (self.result is None):
             raise ValueError(f"{self.name}: a staged row kernel has exactly one of apply and result")
-        if self.merge is not None and self.result is None:
-            raise ValueError(f"{self.name}: merge streams per-row results; a kernel with apply has none")
+        rewrites = any(walk.rewrite is not None for walk in self.walks)
+        if self.merge is not None and self.apply is not None and rewrites and self.rebase is None:
+            raise ValueError(f"{self.name}: a walk rewrites the staged row, so merging spans for apply "
+                             "needs rebase")
+        if self.rebase is not None and (self.merge is None or self.apply is None):
+            raise ValueError(f"{self.name}: rebase serves apply over merged spans; it needs merge and apply")
 
 
 # The row's max, folded in the input dtype (exact) and kept as float32: softmax's and cross

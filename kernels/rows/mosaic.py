@@ -24,10 +24,14 @@ bf16 columns with no column inputs); `check_config` refuses longer ones, and a s
 such a shape gets no trials on this target, unless the kernel can merge the statistics of pieces
 of a row (`StagedMath.merge`: cross entropy): then strategy "smem_pieces" streams rows of any
 length (of whole 128-byte units) through `slots` slots of `piece_cols` columns, walking each
-piece while the next ones load, and reads the label's logit from global memory.
+piece while the next ones load, and reads the label's logit from global memory. Row maps whose
+statistics merge (softmax) take strategy "smem_split" for such rows: the row's head, as long as
+shared memory holds beside the slots, is staged in one bulk copy while the tail streams through
+the slots twice (walked for statistics, then mapped and written back); the tail's second read
+comes from L2 when the tails in flight fit it (132 blocks x the tail).
 
-Config knobs, in the row engine's vocabulary: strategy "smem_row" (or "smem_pieces", with
-piece_cols, a power of two from 4096 to 65536, and slots, 2 to 4); block_rows 1 (a block per
+Config knobs, in the row engine's vocabulary: strategy "smem_row" (or "smem_pieces" or
+"smem_split", with piece_cols, a power of two from 4096 to 65536, and slots, 2 to 4); block_rows 1 (a block per
 row); block_cols, the chunk of the walks (a power of two, 1024 to 8192: 8 to 64 values per
 thread); stream_cols (kernels with column inputs), 1 to copy the column inputs in chunk by
 chunk, double-buffered, as the map reaches them, instead of whole beside the row: less shared
@@ -57,10 +61,12 @@ from kernels.rows.kernel import RowKernel
 TARGET = "gpu-mosaic"
 STRATEGY = "smem_row"  # a block per row, the row staged whole
 PIECES = "smem_pieces"  # a block per row, the row streamed through slots in pieces (kernels with merge)
-STRATEGIES = (STRATEGY, PIECES)
+SPLIT = "smem_split"  # a block per row, its head staged, its tail streamed twice (maps with merge)
+STRATEGIES = (STRATEGY, PIECES, SPLIT)
 PIECE_COLS = (4096, 65536)  # piece_cols bounds
 SLOTS = (2, 4)  # slots bounds: pieces in shared memory at once
 DEFAULT_PIECE = (16384, 3)  # piece_cols and slots of the default for rows too long to stage whole
+DEFAULT_SPLIT = (8192, 2)  # the same for smem_split: small slots leave the head most of shared memory
 VECTOR_BYTES = 16  # what a bulk copy's addresses and sizes are multiples of
 COPY_BYTES = 128  # a copy into shared memory moves a multiple of this (one byte count per thread)
 # Rows of other byte lengths are read through windows up to COPY_BYTES + 15 bytes longer than the
@@ -79,8 +85,9 @@ class StagedRowConfig:
     """A block per row (block_rows 1), the row staged in shared memory (strategy "smem_row"),
     walked in register chunks of block_cols columns; column inputs staged whole beside it
     (stream_cols 0) or chunk by chunk, double-buffered, as the map reaches them (stream_cols 1).
-    Strategy "smem_pieces" (kernels with a merge) streams the row through `slots` slots of
-    piece_cols columns instead; smem_row ignores piece_cols and slots."""
+    Strategy "smem_pieces" (kernels with a merge and a result) streams the row through `slots`
+    slots of piece_cols columns instead; "smem_split" (a merge and a map) stages the row's head
+    and streams its tail through the slots twice; smem_row ignores piece_cols and slots."""
 
     block_cols: int
     block_rows: int = 1
@@ -144,10 +151,26 @@ class Plan:
         return self.config.strategy == PIECES
 
     @property
+    def split(self) -> bool:
+        """Whether the row's head is staged and its tail streamed in pieces."""
+        return self.config.strategy == SPLIT
+
+    @property
+    def head(self) -> int:
+        """smem_split: the columns staged whole, in whole chunks: what shared memory holds beside
+        the slots, short of the whole row (so that a config is valid at any dtype; where a row
+        fits whole, smem_row stages it); 0 for other strategies."""
+        if not self.split:
+            return 0
+        free = (mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // self.itemsize - self.config.slots * self.config.piece_cols
+        chunk = self.config.block_cols
+        return min(max(free, 0), self.cols - 1) // chunk * chunk
+
+    @property
     def staged(self) -> int:
         """Shared-memory elements per staged array: the window rounded up to whole chunks (a
-        piece, when the row streams in pieces)."""
-        if self.pieces:
+        piece, when the row streams in pieces or its tail does)."""
+        if self.pieces or self.split:
             return self.config.piece_cols
         return pl.cdiv(self.window, self.config.block_cols) * self.config.block_cols
 
@@ -179,8 +202,8 @@ class Plan:
     @property
     def footprint(self) -> int:
         """Shared-memory bytes of one block: the row and each column input, staged."""
-        rows = self.config.slots if self.pieces else 1
-        return (rows * self.staged + self.col_inputs * self.col_staged) * self.itemsize + SMEM_OVERHEAD
+        rows = self.config.slots if self.pieces or self.split else 1
+        return (self.head + rows * self.staged + self.col_inputs * self.col_staged) * self.itemsize + SMEM_OVERHEAD
 
 
 def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any) -> Plan:
@@ -199,15 +222,31 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
     if typed.stream_cols and not math_.col_inputs:
         raise ValueError(f"{name} has no column inputs to stream: stream_cols must be 0")
     if p.pieces:
-        if math_.merge is None:
-            raise ValueError(f"{name} cannot merge the statistics of pieces of a row: {PIECES} is for "
-                             f"per-row reductions (cross entropy); use {STRATEGY}")
+        if math_.merge is None or math_.result is None:
+            raise ValueError(f"{name} cannot stream its rows in pieces: {PIECES} is for per-row reductions "
+                             f"whose statistics merge (cross entropy); use {STRATEGY}"
+                             f"{f' or {SPLIT}' if math_.merge is not None else ''}")
         if not p.aligned:
             raise ValueError(f"{name} on {TARGET}: {PIECES} takes rows of whole {COPY_BYTES}-byte units, not "
                              f"{cols} columns ({cols * itemsize} bytes); {STRATEGY} takes any width that fits")
         if not typed.block_cols <= typed.piece_cols < cols:
             raise ValueError(f"{PIECES}: piece_cols must be at least block_cols ({typed.block_cols}) and "
                              f"shorter than the row ({cols}), got {typed.piece_cols}")
+    if p.split:
+        if math_.merge is None or math_.apply is None or math_.shift or math_.col_inputs:
+            raise ValueError(f"{name} on {TARGET}: {SPLIT} stages a row's head and streams its tail twice; it "
+                             f"is for row maps whose statistics merge (softmax), without column inputs or "
+                             f"shift; use {STRATEGY}")
+        if not p.aligned:
+            raise ValueError(f"{name} on {TARGET}: {SPLIT} takes rows of whole {COPY_BYTES}-byte units, not "
+                             f"{cols} columns ({cols * itemsize} bytes)")
+        if typed.piece_cols < typed.block_cols:
+            raise ValueError(f"{SPLIT}: piece_cols must be at least block_cols ({typed.block_cols}), got "
+                             f"{typed.piece_cols}")
+        if p.head < typed.block_cols:
+            raise ValueError(f"{SPLIT}: a head of at least one chunk ({typed.block_cols} columns) short of the "
+                             f"row ({cols} columns) must fit shared memory beside {typed.slots} slots of "
+                             f"{typed.piece_cols} columns")
     if not p.aligned and math_.col_inputs:
         raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes) are not whole "
                          f"{COPY_BYTES}-byte units, which a kernel with column inputs needs "
@@ -216,7 +255,7 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
         raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes, not a "
                          f"multiple of {COPY_BYTES}) need at least {MIN_UNALIGNED_COLS} columns and "
                          f"fewer than 2**31 elements in all")
-    if p.footprint > mgpu_launch.SMEM_BYTES and p.pieces:
+    if p.footprint > mgpu_launch.SMEM_BYTES and (p.pieces or p.split):
         raise ValueError(f"{typed.slots} slots of {typed.piece_cols} columns stage {p.footprint} bytes of shared "
                          f"memory; a block has {mgpu_launch.SMEM_BYTES} on sm_90")
     if p.footprint > mgpu_launch.SMEM_BYTES:
@@ -234,7 +273,8 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
     8192 x 50257 on the H200 (BENCHMARKS.md). Approximate math (`ex2.approx`, as Triton's exp):
     as fast or faster at every shape measured (cross entropy 8192 x 32000: 118 against 142 us).
     Knobs the kernel has: stream_cols with column inputs; with a merge, piece_cols and slots,
-    and the rows in pieces when a float32 row would not fit a block whole."""
+    and the rows in pieces (a map: a staged head and a streamed tail, for rows of whole 128-byte
+    units) when a float32 row would not fit a block whole."""
     cols = shape[-1]
     chunk = min(DEFAULT_CHUNK, max(CHUNKS[0], 1 << max(cols - 1, 1).bit_length()))
     config = {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk, "approx_math": 1}
@@ -243,7 +283,10 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
     if math_.merge is not None:
         config.update(piece_cols=DEFAULT_PIECE[0], slots=DEFAULT_PIECE[1])
         if 4 * cols + SMEM_OVERHEAD > mgpu_launch.SMEM_BYTES:
-            config["strategy"] = PIECES
+            if math_.result is not None:
+                config["strategy"] = PIECES
+            elif cols % (COPY_BYTES // 2) == 0:  # whole 128-byte units in 16-bit types (and 32-bit)
+                config.update(strategy=SPLIT, piece_cols=DEFAULT_SPLIT[0], slots=DEFAULT_SPLIT[1])
     return config
 
 
@@ -357,9 +400,97 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
 
         pl.run_scoped(scoped, plgpu.SMEM((S, P), dtype), plgpu.Barrier(num_arrivals=1, num_barriers=S))
 
+    def split_body(x_gmem, o_gmem):
+        """smem_split: the row's head (H columns) is copied into shared memory in one bulk copy
+        while its tail streams through `slots` slots of P columns twice: 2n visits of its n
+        pieces, the first n walked for statistics, the last n mapped and written back, each slot
+        refilled S visits on. Between the passes the head is walked and the statistics merged;
+        the head is mapped and written last, as the tail's writes drain."""
+        row = lax.axis_index("rows")
+        P, S, H = p.config.piece_cols, p.config.slots, p.head
+        n = pl.cdiv(C - H, P)
+        last = C - H - (n - 1) * P  # the tail's last piece
+        visits = 2 * n
+
+        def scoped(head_smem, slot_smem, head_loaded, loaded):
+            def load(v: Any, slot: Any) -> None:
+                """Visit v's piece (v mod n) into `slot`; nothing past the last visit."""
+                def copy(k: Any, size: int) -> None:
+                    plgpu.commit_smem()  # the slot's last reads (visit v - S, or its write-back) are done
+                    plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(H + k * P, size)], slot_smem.at[slot, pl.ds(0, size)],
+                                            loaded.at[slot], oob_mode=in_bounds)
+                if isinstance(v, int):
+                    if v < visits:
+                        copy(v % n, P if v % n < n - 1 else last)
+                    return
+                k = lax.rem(v, n)
+                pl.when((v < visits) & (k < n - 1))(lambda: copy(k, P))
+                pl.when((v < visits) & (k == n - 1))(lambda: copy(k, last))
+
+            plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(0, H)], head_smem, head_loaded, oob_mode=in_bounds)
+            for v in range(min(S, visits)):
+                load(v, v)
+
+            def walked(v: Any, slot: Any, size: int) -> tuple[jax.Array, ...]:
+                plgpu.barrier_wait(loaded.at[slot])
+                stats = walk_span(slot_smem.at[slot], 0, size, False)
+                load(v + S, slot)
+                return stats
+
+            tail = walked(0, 0, P if n > 1 else last)
+            if n > 2:
+                tail = lax.fori_loop(1, n - 1, lambda v, t: math_.merge(t, walked(v, lax.rem(v, S), P)), tail)
+            if n > 1:
+                tail = math_.merge(tail, walked(n - 1, (n - 1) % S, last))
+            plgpu.barrier_wait(head_loaded)
+            head = walk_span(head_smem, 0, H, False)
+            row_stats = math_.merge(head, tail)
+            head_stats = row_stats if math_.rebase is None else math_.rebase(head, row_stats)
+
+            def mapped(x: jax.Array) -> jax.Array:
+                """A chunk of the row as read (f32) mapped to the output: the walks' rewrites, then apply."""
+                for walk in math_.walks:
+                    if walk.rewrite is not None:
+                        x = walk.rewrite(x, row_stats)
+                return math_.apply(x, row_stats)
+
+            def written(v: Any, slot: Any, size: int) -> None:
+                plgpu.barrier_wait(loaded.at[slot])
+                piece = slot_smem.at[slot]
+
+                def map_chunk(j: Any, carry: int) -> int:
+                    ref = chunk_at(piece, j)
+                    ref[...] = mapped(ref[...].astype(F32)).astype(dtype)
+                    return carry
+
+                lax.fori_loop(0, pl.cdiv(size, chunk), map_chunk, 0)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(piece.at[pl.ds(0, size)], o_gmem.at[row, pl.ds(H + (v - n) * P, size)])
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # read out before the slot is refilled
+                load(v + S, slot)
+
+            if n > 1:
+                lax.fori_loop(n, visits - 1, lambda v, c: (written(v, lax.rem(v, S), P), c)[1], 0)
+            written(visits - 1, (visits - 1) % S, last)
+
+            def map_head(j: Any, carry: int) -> int:
+                ref = chunk_at(head_smem, j)
+                ref[...] = math_.apply(ref[...].astype(F32), head_stats).astype(dtype)
+                return carry
+
+            lax.fori_loop(0, H // chunk, map_head, 0)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(head_smem, o_gmem.at[row, pl.ds(0, H)])
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(scoped, plgpu.SMEM((H,), dtype), plgpu.SMEM((S, P), dtype), plgpu.Barrier(num_arrivals=1),
+                      plgpu.Barrier(num_arrivals=1, num_barriers=S))
+
     def body(x_gmem, *refs):
         if p.pieces:
             return pieces_body(x_gmem, *refs)
+        if p.split:
+            return split_body(x_gmem, *refs)
         col_gmems, vector_gmems, o_gmem = refs[:n_cols], refs[n_cols:n_cols + n_vectors], refs[-1]
         row = lax.axis_index("rows")
 
