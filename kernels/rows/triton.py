@@ -179,12 +179,15 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
         the column inputs loaded once."""
         cols = load_cols(locate(*block_of(0), 0))
 
-        def load(k: Any) -> list[jax.Array]:
-            return load_rows(locate(*block_of(k), 0), None)
+        def load(k: Any, live: jax.Array | None = None) -> list[jax.Array]:
+            rows, row_valid = block_of(k)
+            if live is not None:  # masked off: no memory traffic
+                row_valid = _and(row_valid, jnp.full((br, 1), live))
+            return load_rows(locate(rows, row_valid, 0), None)
 
         def step(k: jax.Array, carry: tuple[Any, list[jax.Array]]) -> tuple[Any, list[jax.Array]]:
             sums, blocks = carry
-            ahead = load(jnp.minimum(k + 1, steps - 1))  # the last step reloads its own block
+            ahead = load(k + 1, k + 1 < steps)  # the last step loads nothing
             return one_pass(k, sums, blocks + cols), ahead
 
         return lax.fori_loop(0, steps, step, (sums, load(0)))[0]
