@@ -1,9 +1,8 @@
 """Gated linear units, elementwise: out = act(a) * b for a, b of shape (batch, seq, hidden).
 
-Shared by `swiglu` and `geglu`, which supply `act` (float32 -> float32) and `tanh_act` (the same
-activation written with a given tanh) to `gated_unit`, which makes every protocol member of
-their modules. Inputs are read once, the output written once, the math done in float32 and
-rounded to the input dtype.
+Shared by `swiglu` and `geglu`, which supply `act` (float32 -> float32) to `gated_unit`, which
+makes every protocol member of their modules. Inputs are read once,
+the output written once, the math done in float32 and rounded to the input dtype.
 
 Not on the row engine (`kernels.rows`): a gated unit reduces nothing, so none of the engine's
 strategies (whole rows, a loop over column chunks with per-row statistics, streamed chunks
@@ -21,9 +20,7 @@ Config knobs (typed below, each default once):
     when > 1); tiling "flat" — the arrays as one vector in masked 1-D blocks; or tiling "rows"
     — (batch * seq, hidden) as a 2-D array in masked (block_size / block_cols) x block_cols
     tiles, a program walking blocks_per_program tiles down the rows. Powers of two; any shape;
-    num_warps, num_stages; approx_math 1 computes the activation as `tanh_act` with PTX
-    tanh.approx.f32 (relative error ~2**-11; bfloat16 and float16 inputs only; interpret mode,
-    which cannot run inline PTX, uses jnp.tanh in the same formula), 0 (default) as `act`.
+    num_warps, num_stages.
 """
 from __future__ import annotations
 
@@ -47,11 +44,6 @@ TILINGS = ("flat", "rows")
 # The knobs that grow on-chip memory (see farm.pruning).
 MEMORY_PARAMS = ("block_rows", "block_cols", "buffers", "block_size", "num_stages")
 Activation = Callable[[jax.Array], jax.Array]
-# The activation as a function of (a, tanh): the formula approx_math computes with tanh.approx.
-TanhActivation = Callable[[jax.Array, Activation], jax.Array]
-# Input dtypes approx_math=1 serves: tanh.approx.f32's ~2**-11 is at or below their unit
-# roundoff (bfloat16 2**-8, float16 2**-11); float32 inputs keep libdevice accuracy.
-APPROX_DTYPES = ("bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +58,8 @@ class GluConfigInterpret:
             raise ValueError(f"block_rows and block_cols must be positive, got {self.block_rows} "
                              f"and {self.block_cols}")
 
-    def check(self, shape: tuple[int, ...], dtype: Any) -> None:
-        """Raise if the config cannot run on `shape` and `dtype` (interpret: any positive tile)."""
+    def check(self, shape: tuple[int, ...]) -> None:
+        """Raise if the config cannot run on `shape` (interpret: any positive tile)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +73,7 @@ class GluConfigTPU(GluConfigInterpret):
         if self.buffers not in (1, 2):
             raise ValueError(f"buffers must be 1 or 2 on TPU, got {self.buffers}")
 
-    def check(self, shape: tuple[int, ...], dtype: Any) -> None:
+    def check(self, shape: tuple[int, ...]) -> None:
         _, seq, hidden = shape
         br, bc = self.block_rows, self.block_cols
         # Partial edge tiles are refused: TPU interpret mode (JAX 0.10) mis-shapes them when
@@ -98,7 +90,7 @@ class GluConfigTPU(GluConfigInterpret):
 class GluConfigTriton:
     """block_size elements per step (a power of two), blocks_per_program steps per program,
     tiling "flat" or "rows" (block_cols: the rows tiles' width; flat ignores it, the spaces pin
-    it at 64), num_warps, num_stages and approx_math (1: the activation with tanh.approx.f32)."""
+    it at 64), num_warps and num_stages."""
 
     block_size: int
     tiling: str = "flat"
@@ -106,7 +98,6 @@ class GluConfigTriton:
     block_cols: int = 64
     num_warps: int = 4
     num_stages: int = 3
-    approx_math: int = 0
 
     def __post_init__(self) -> None:
         if self.tiling not in TILINGS:
@@ -121,44 +112,37 @@ class GluConfigTriton:
         if self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"num_warps and num_stages must be positive, got {self.num_warps} "
                              f"and {self.num_stages}")
-        if self.approx_math not in (0, 1):
-            raise ValueError(f"approx_math must be 0 or 1, got {self.approx_math}")
 
-    def check(self, shape: tuple[int, ...], dtype: Any) -> None:
-        """Raise if the config cannot run on `shape` and `dtype` (flat tiling indexes with int32;
-        approx_math is for half types only)."""
+    def check(self, shape: tuple[int, ...]) -> None:
+        """Raise if the config cannot run on `shape` (flat tiling indexes with int32)."""
         if self.tiling == "flat" and math.prod(shape) >= 2**31:
             raise NotImplementedError(f"flat tiling indexes with int32; {shape} has >= 2**31 elements "
                                       "(use tiling 'rows')")
-        name = jnp.dtype(dtype).name
-        if self.approx_math and name not in APPROX_DTYPES:
-            raise ValueError(f"approx_math=1 (tanh.approx.f32, relative error ~2**-11) takes "
-                             f"{'/'.join(APPROX_DTYPES)} inputs, not {name}")
 
 
 CONFIG_TYPES = {"interpret": GluConfigInterpret, "tpu": GluConfigTPU, "gpu-triton": GluConfigTriton}
 GluConfig = GluConfigInterpret | GluConfigTPU | GluConfigTriton
 
 
-def typed_config(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, target: str,
+def typed_config(config: Mapping[str, Any], shape: tuple[int, ...], target: str,
                  name: str = "glu") -> GluConfig:
-    """The typed config of `config`, checked against `shape` and `dtype` on `target`; raises with a
-    reason."""
+    """The typed config of `config`, checked against `shape` on `target`; raises with a reason."""
     if len(shape) != 3:
         raise NotImplementedError(f"{name} takes (batch, seq, hidden) inputs, got shape {shape}")
     if target not in CONFIG_TYPES:
         raise NotImplementedError(f"{name} does not support target {target!r}; expected one of "
                                   f"{list(CONFIG_TYPES)}")
     typed = from_dict(CONFIG_TYPES[target], config, f"{name} on {target}")
-    typed.check(tuple(shape), dtype)
+    typed.check(tuple(shape))
     return typed
 
 
 def check_config(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
                  target: str) -> str | None:
-    """None if `config` can run on `shape`, `dtype` and `target`, else a short reason."""
+    """None if `config` can run on `shape` and `target`, else a short reason."""
+    del dtype
     try:
-        typed_config(config, shape, dtype, target)
+        typed_config(config, shape, target)
     except (ValueError, NotImplementedError) as err:
         return str(err)
     return None
@@ -192,7 +176,7 @@ def footprint(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, tar
     with one buffer. gpu-triton: shared memory only (register tiles spill, they do not fail):
     num_stages - 1 pipelined (a, b) steps when a program loops.
     """
-    c = typed_config(config, shape, dtype, target)
+    c = typed_config(config, shape, target)
     item = jnp.dtype(dtype).itemsize
     if isinstance(c, GluConfigTriton):
         stages = c.num_stages - 1 if c.blocks_per_program > 1 else 0
@@ -262,33 +246,14 @@ def _rows_body(a_ref, b_ref, o_ref, *, act: Activation, block_rows: int, block_c
     _steps(step, blocks_per_program)
 
 
-def _triton_act(act: Activation, tanh_act: TanhActivation | None, c: GluConfigTriton,
-                platform: Platform, name: str) -> Activation:
-    """The activation a Triton kernel computes: `act`, or with approx_math `tanh_act` with
-    tanh.approx.f32 (jnp.tanh in interpret mode, which cannot run inline PTX)."""
-    if not c.approx_math:
-        return act
-    if tanh_act is None:
-        raise NotImplementedError(f"{name} has no tanh form of its activation for approx_math=1")
-    if platform.interpret:
-        return lambda a: tanh_act(a, jnp.tanh)
-    from jax.experimental.pallas import triton as pltriton
-
-    return lambda a: tanh_act(a, pltriton.approx_tanh)
-
-
 def build(act: Activation, name: str, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
-          platform: Platform, tanh_act: TanhActivation | None = None
-          ) -> Callable[[jax.Array, jax.Array], jax.Array]:
-    """The Pallas gated unit act(a) * b for `config` on `platform`: a function of (a, b).
-
-    `tanh_act` is the activation as a function of (a, tanh), for approx_math on gpu-triton."""
-    c = typed_config(config, shape, dtype, platform.target, name)
+          platform: Platform) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The Pallas gated unit act(a) * b for `config` on `platform`: a function of (a, b)."""
+    c = typed_config(config, shape, platform.target, name)
     batch, seq, hidden = shape
     dtype = jnp.dtype(dtype)
 
     if isinstance(c, GluConfigTriton):
-        act = _triton_act(act, tanh_act, c, platform, name)
         size, per = c.block_size, c.blocks_per_program
         if c.tiling == "flat":
             flat_shape = (math.prod(shape),)
@@ -326,7 +291,7 @@ def build(act: Activation, name: str, config: Mapping[str, Any], shape: tuple[in
 
 
 def gated_unit(name: str, act: Activation, reference_act: Activation, flops_per_element: int,
-               formula: str, tanh_act: TanhActivation) -> Members:
+               formula: str) -> Members:
     """The protocol members of the gated unit `name` (all but NAME): out = act(a) * b; only
     `reference`, `flops` and `build` depend on the activation.
 
@@ -337,8 +302,6 @@ def gated_unit(name: str, act: Activation, reference_act: Activation, flops_per_
       reference_act: the same activation from `jax.nn`, the reference's.
       flops_per_element: floating-point operations of act(a) * b per element.
       formula: the math in words, for the docstrings (e.g. "silu(a) * b").
-      tanh_act: the activation as a function of (a, tanh), float32 -> float32: what the Triton
-        kernel computes with approx_math=1 (tanh: tanh.approx.f32; jnp.tanh in interpret mode).
     """
 
     def reference_(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -349,7 +312,7 @@ def gated_unit(name: str, act: Activation, reference_act: Activation, flops_per_
 
     def build_(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any,
                platform: Platform) -> Callable[[jax.Array, jax.Array], jax.Array]:
-        return build(act, name, config, shape, dtype, platform, tanh_act)
+        return build(act, name, config, shape, dtype, platform)
 
     reference_.__doc__ = f"{formula} in plain jax.numpy, computed in float32."
     flops_.__doc__ = f"Approximate floating-point operations: {flops_per_element} per element."

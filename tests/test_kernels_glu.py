@@ -1,8 +1,6 @@
 """swiglu and geglu: act(a) * b on every target, in interpret mode, plus TPU/Triton lowering."""
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -44,59 +42,6 @@ def test_activations_are_the_stated_formulas():
     assert float(jnp.max(jnp.abs(geglu.gelu_tanh(a) - jax.nn.gelu(a, approximate=True)))) < 1e-5
     # The tanh approximation, not the erf form: they differ by ~1e-3 near |a| = 2.
     assert float(jnp.max(jnp.abs(geglu.gelu_tanh(a) - jax.nn.gelu(a, approximate=False)))) > 1e-4
-
-
-def test_tanh_forms_are_the_stated_formulas():
-    """approx_math's formulas, with jnp.tanh, are silu and tanh-GELU in float32."""
-    a = jnp.linspace(-8.0, 8.0, 1001, dtype=jnp.float32)
-    assert float(jnp.max(jnp.abs(swiglu.silu_tanh(a) - jax.nn.silu(a)))) < 1e-5
-    assert float(jnp.max(jnp.abs(geglu.gelu_tanh(a, tanh=jnp.tanh) - jax.nn.gelu(a, approximate=True)))) < 1e-5
-
-
-APPROX = [{"tiling": "flat", "block_size": 512, "blocks_per_program": 2, "num_stages": 2, "approx_math": 1},
-          {"tiling": "rows", "block_size": 1024, "block_cols": 128, "approx_math": 1}]
-
-
-@pytest.mark.parametrize("module", [swiglu, geglu])
-@pytest.mark.parametrize("config", APPROX, ids=["flat", "rows"])
-def test_approx_math_matches_reference_and_lowers(module, config):
-    """Interpret mode runs the tanh form with jnp.tanh; the CUDA lowering is checked below."""
-    checks.check(module, "gpu-triton", SHAPES["gpu-triton"], "bfloat16", config)
-
-
-@pytest.mark.parametrize("module", [swiglu, geglu])
-@pytest.mark.parametrize("approx_math", [0, 1])
-def test_approx_math_lowers_to_tanh_approx(module, approx_math):
-    """The PTX instruction is in the serialized Triton IR only with approx_math=1."""
-    config = {"tiling": "flat", "block_size": 1024, "approx_math": approx_math}
-    text = checks.lower_for_device(module, config, (2, 64, 256), "bfloat16", "gpu-triton")
-    assert "triton" in text
-    assert ("tanh.approx.f32" in text) == bool(approx_math)
-
-
-@pytest.mark.parametrize("config, dtype, message", [
-    ({"block_size": 1024, "approx_math": 2}, "bfloat16", "approx_math must be 0 or 1, got 2"),
-    ({"block_size": 1024, "approx_math": 1}, "float32", "approx_math=1 .* bfloat16/float16 inputs, not float32"),
-])
-def test_approx_math_refusals(config, dtype, message):
-    shape = (2, 64, 256)
-    for module in (swiglu, geglu):
-        assert re.search(message, module.check_config(config, shape, dtype, "gpu-triton"))
-        with pytest.raises(ValueError, match=message):
-            module.build(config, shape, jnp.dtype(dtype), Platform("gpu-triton"))
-
-
-@pytest.mark.parametrize("target", ["tpu", "interpret"])
-def test_approx_math_is_a_triton_knob_only(target):
-    config = {"block_rows": 64, "block_cols": 256, "approx_math": 1}
-    reason = swiglu.check_config(config, (2, 64, 256), "bfloat16", target)
-    assert "unknown knob(s) ['approx_math']" in reason
-
-
-def test_default_config_is_exact_math():
-    for module in (swiglu, geglu):
-        assert module.default_config((2, 64, 256), "gpu-triton")["approx_math"] == 0
-        assert "approx_math" not in module.default_config((2, 64, 256), "tpu")
 
 
 def test_wrong_activation_is_caught():
