@@ -221,14 +221,14 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
     p = Plan(typed, rows, cols, itemsize, math_.col_inputs)
     if typed.stream_cols and not math_.col_inputs:
         raise ValueError(f"{name} has no column inputs to stream: stream_cols must be 0")
+    if (p.pieces or p.split) and not p.aligned:
+        raise ValueError(f"{name} on {TARGET}: {typed.strategy} takes rows of whole {COPY_BYTES}-byte units, not "
+                         f"{cols} columns ({cols * itemsize} bytes); {STRATEGY} takes any width that fits")
     if p.pieces:
         if math_.merge is None or math_.result is None:
             raise ValueError(f"{name} cannot stream its rows in pieces: {PIECES} is for per-row reductions "
                              f"whose statistics merge (cross entropy); use {STRATEGY}"
                              f"{f' or {SPLIT}' if math_.merge is not None else ''}")
-        if not p.aligned:
-            raise ValueError(f"{name} on {TARGET}: {PIECES} takes rows of whole {COPY_BYTES}-byte units, not "
-                             f"{cols} columns ({cols * itemsize} bytes); {STRATEGY} takes any width that fits")
         if not typed.block_cols <= typed.piece_cols < cols:
             raise ValueError(f"{PIECES}: piece_cols must be at least block_cols ({typed.block_cols}) and "
                              f"shorter than the row ({cols}), got {typed.piece_cols}")
@@ -237,9 +237,6 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
             raise ValueError(f"{name} on {TARGET}: {SPLIT} stages a row's head and streams its tail twice; it "
                              f"is for row maps whose statistics merge (softmax), without column inputs or "
                              f"shift; use {STRATEGY}")
-        if not p.aligned:
-            raise ValueError(f"{name} on {TARGET}: {SPLIT} takes rows of whole {COPY_BYTES}-byte units, not "
-                             f"{cols} columns ({cols * itemsize} bytes)")
         if typed.piece_cols < typed.block_cols:
             raise ValueError(f"{SPLIT}: piece_cols must be at least block_cols ({typed.block_cols}), got "
                              f"{typed.piece_cols}")
