@@ -123,9 +123,10 @@ def test_softmax_rows_longer_than_shared_memory_stage_their_head_and_stream_thei
     assert error <= validate.tolerance(jnp.dtype(dtype).name, softmax)
 
 
-def test_softmax_over_shared_memory_tunes_on_mosaic_gpu_with_a_split_row(tmp_path):
+def test_softmax_over_shared_memory_tunes_on_mosaic_gpu_with_rows_split_over_a_cluster(tmp_path):
     # The shipped softmax space with a user's 151936-column vocabulary: the gpu-mosaic task
-    # proposes only smem_split configs (whole rows do not fit a block), all of them valid.
+    # proposes only rows split over a cluster (whole rows do not fit a block; smem_split is for
+    # rows longer than a cluster holds), all of them valid; at 2**20 columns, only smem_split.
     import optuna
 
     from farm.search import plan, spaces
@@ -135,9 +136,15 @@ def test_softmax_over_shared_memory_tunes_on_mosaic_gpu_with_a_split_row(tmp_pat
     path.write_text("kernel: softmax\nshapes: [[8192, 151936]]\ndtypes: [bfloat16]\n")
     (planned,) = plan.expand([spaces.load_space(path)], [TARGET], 8)
     searcher = Searcher.open(planned, optuna.storages.InMemoryStorage())
-    configs = [a.config for a in (searcher.ask() for _ in range(6)) if a is not None]
-    assert len(configs) == 6 and all(c["strategy"] == "smem_split" for c in configs)
+    configs = [a.config for a in (searcher.ask() for _ in range(8)) if a is not None]
+    assert len(configs) == 8
+    assert all(c["strategy"] == "smem_row" and c["cluster"] > 1 for c in configs)
     assert all(softmax.check_config(c, (8192, 151936), "bfloat16", TARGET) is None for c in configs)
+    path.write_text("kernel: softmax\nshapes: [[64, 1048576]]\ndtypes: [bfloat16]\n")
+    (planned,) = plan.expand([spaces.load_space(path)], [TARGET], 4)
+    searcher = Searcher.open(planned, optuna.storages.InMemoryStorage())
+    configs = [a.config for a in (searcher.ask() for _ in range(4)) if a is not None]
+    assert len(configs) == 4 and all(c["strategy"] == "smem_split" and c["cluster"] == 1 for c in configs)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 1001), (2, 4, 2048)])
@@ -169,8 +176,11 @@ def test_rows_far_from_zero_and_with_one_dominant_column():
     ("layer_norm", (4096, 5120), {"stream_cols": 1, "approx_math": 1}),
     ("cross_entropy", (8192, 128256), {}),  # the default: pieces of 16384 columns, 3 slots
     ("cross_entropy", (8192, 151936), {"piece_cols": 32768, "slots": 2, "approx_math": 1}),
-    ("softmax", (8192, 128256), {}),  # the default: a staged head, the tail through 2 slots of 8192
-    ("softmax", (8192, 151936), {"piece_cols": 4096, "slots": 3}),
+    ("softmax", (8192, 128256), {"strategy": "smem_split", "piece_cols": 8192, "slots": 2, "cluster": 1}),
+    ("softmax", (8192, 151936), {"strategy": "smem_split", "piece_cols": 4096, "slots": 3, "cluster": 1}),
+    ("softmax", (8192, 128256), {}),  # the default: the row split over 4 blocks of a cluster
+    ("softmax", (8192, 151936), {"cluster": 6, "block_cols": 2048}),
+    ("cross_entropy", (8192, 128256), {"strategy": "smem_row", "cluster": 4}),
 ])
 def test_users_shapes_lower_for_cuda_within_the_footprint(name, shape, knobs, monkeypatch):
     module = kernels.load(name)
@@ -219,23 +229,27 @@ def test_what_it_refuses_it_names():
     assert "slots must be in" in cross_entropy.check_config({**pieces, "slots": 5}, (64, 8192), "bfloat16", TARGET)
     reason = cross_entropy.check_config({**pieces, "piece_cols": 65536, "slots": 4}, (64, 151936), "bfloat16", TARGET)
     assert "4 slots of 65536 columns" in reason
-    assert softmax.default_config((8192, 50257), TARGET) == _config(4096, approx_math=1, piece_cols=16384, slots=3)
+    assert softmax.default_config((8192, 50257), TARGET) == _config(4096, approx_math=1, piece_cols=16384, slots=3,
+                                                                    cluster=1)
     assert rms_norm.default_config((4096, 5120), TARGET) == _config(4096, approx_math=1, stream_cols=0)
     assert cross_entropy.default_config((128, 1000), TARGET) == _config(1024, approx_math=1, piece_cols=16384,
-                                                                         slots=3)
+                                                                         slots=3, cluster=1)
     for vocab in (128256, 151936):  # too long for a block whole: the default streams pieces
         default = cross_entropy.default_config((8192, vocab), TARGET)
         assert default["strategy"] == "smem_pieces"
         assert all(cross_entropy.check_config(default, (8192, vocab), dtype, TARGET) is None
                    for dtype in ("bfloat16", "float32"))
-        default = softmax.default_config((8192, vocab), TARGET)  # a map: the head staged, the tail streamed
-        assert default == _config(4096, approx_math=1, strategy="smem_split", piece_cols=8192, slots=2)
+        default = softmax.default_config((8192, vocab), TARGET)  # a map: the row split over a cluster
+        assert default == _config(4096, approx_math=1, piece_cols=16384, slots=3,
+                                  cluster={128256: 4, 151936: 5}[vocab])
         assert all(softmax.check_config(default, (8192, vocab), dtype, TARGET) is None
                    for dtype in ("bfloat16", "float32"))
     # A float32 default of a row that a bfloat16 block holds whole is still valid in bfloat16.
     default = softmax.default_config((64, 60032), TARGET)
-    assert default["strategy"] == "smem_split"
+    assert default["cluster"] == 2
     assert softmax.check_config(default, (64, 60032), "bfloat16", TARGET) is None
+    # Rows too long for a cluster's 8 blocks at float32 stage a head and stream their tail.
+    assert softmax.default_config((64, 480000), TARGET)["strategy"] == "smem_split"
     # smem_split: row maps whose statistics merge; rows of whole 128-byte units; a head of a chunk at least.
     split = _config(4096, strategy="smem_split", piece_cols=8192, slots=2)
     for module, shape in ((cross_entropy, (64, 151936)), (rms_norm, (64, 151936)), (layer_norm, (64, 151936))):
@@ -295,3 +309,55 @@ def test_cross_entropy_over_shared_memory_tunes_on_mosaic_gpu_in_pieces(tmp_path
     configs = [a.config for a in asked if a is not None]
     assert len(configs) == 6 and all(c["strategy"] == "smem_pieces" for c in configs)
     assert all(cross_entropy.check_config(c, (8192, 151936), "bfloat16", TARGET) is None for c in configs)
+
+
+def test_a_cluster_of_blocks_shares_a_row_in_runs_of_whole_chunks():
+    # 8192 x 128256 over 4 blocks: runs of 32768 columns (whole 4096-column chunks), the last
+    # block the remaining 29952; each block stages its run only.
+    config = _config(4096, cluster=4)
+    plan = mosaic_rows.plan(softmax.STAGED, config, (8192, 128256), "bfloat16")
+    assert (plan.segment, plan.last_segment, plan.staged) == (32768, 29952, 32768)
+    assert softmax.footprint(config, (8192, 128256), "bfloat16", TARGET) == 32768 * 2 + mosaic_rows.SMEM_OVERHEAD
+    assert softmax.check_config(_config(2048, cluster=6), (8192, 151936), "bfloat16", TARGET) is None
+    assert cross_entropy.check_config(_config(4096, cluster=4), (8192, 128256), "float32", TARGET) is None
+    # Refused, by name: another strategy; column inputs (norms have no merge either); rows not of
+    # whole 128-byte units; a cluster too large for the row; out of range.
+    assert "smem_split takes cluster 1" in softmax.check_config(
+        _config(4096, strategy="smem_split", piece_cols=8192, slots=2, cluster=2), (64, 151936), "bfloat16", TARGET)
+    assert "use cluster 1" in rms_norm.check_config(_config(4096, cluster=2), (64, 131072), "bfloat16", TARGET)
+    reason = softmax.check_config(_config(4096, cluster=2), (64, 50257), "bfloat16", TARGET)
+    assert "128-byte units" in reason and "cluster 1 takes any width" in reason
+    assert "leaves the last block nothing" in softmax.check_config(_config(4096, cluster=8), (64, 8192), "bfloat16",
+                                                                   TARGET)
+    assert "cluster must be in [1, 8]" in softmax.check_config(_config(4096, cluster=9), (64, 151936), "bfloat16",
+                                                               TARGET)
+    # A row too long for the blocks' runs names the way out.
+    assert "cluster of more blocks" in softmax.check_config(_config(4096, cluster=2), (64, 262144), "bfloat16",
+                                                            TARGET)
+
+
+def test_clustered_rows_run_on_a_gpu_only():
+    # Pallas's GPU interpreter has no clusters: the build says so instead of running something else.
+    with pytest.raises(NotImplementedError, match="GPU only"):
+        softmax.build(_config(4096, cluster=2), (2, 16384), jnp.bfloat16, Platform(TARGET, interpret=True))
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="clusters run on a GPU only (no interpreter support)")
+@pytest.mark.parametrize("module,shape,dtype,config", [
+    (softmax, (3, 128256), jnp.bfloat16, _config(4096, cluster=4, approx_math=1)),
+    (softmax, (3, 151936), jnp.float32, _config(2048, cluster=6)),  # runs of 26624, the last of 18816
+    (cross_entropy, (3, 128256), jnp.bfloat16, _config(4096, cluster=4)),
+    (batch_softmax, (2, 2, 65536), jnp.bfloat16, _config(4096, cluster=3)),
+])
+def test_clustered_rows_match_the_reference_on_a_gpu(module, shape, dtype, config):
+    inputs = module.make_inputs(shape, dtype, jax.random.key(9))
+    if module is not batch_softmax:
+        x = inputs[0]
+        x = x.at[0, -5].set(30.0)            # row 0: the max in the last block, far above the rest
+        x = x.at[1, :shape[1] // 2].set(-jnp.inf)  # row 1: the first blocks see -inf only
+        inputs = (x, *inputs[1:])
+        if module is cross_entropy:  # labels in the last block (row 1's past its -inf)
+            inputs = (x, inputs[1].at[:2].set(shape[1] - 5))
+    fn = module.build(config, shape, dtype, Platform(TARGET, poison_outputs=True))
+    error = validate.relative_error(fn(*inputs), module.reference(*validate.upcast(inputs)))
+    assert error <= validate.tolerance(jnp.dtype(dtype).name, module)

@@ -28,7 +28,13 @@ piece while the next ones load, and reads the label's logit from global memory. 
 statistics merge (softmax) take strategy "smem_split" for such rows: the row's head, as long as
 shared memory holds beside the slots, is staged in one bulk copy while the tail streams through
 the slots twice (walked for statistics, then mapped and written back); the tail's second read
-comes from L2 when the tails in flight fit it (132 blocks x the tail).
+comes from L2 when the tails in flight fit it (132 blocks x the tail). Or such a row is split
+over the blocks of a cluster (smem_row with `cluster` 2 to 8, rows of whole 128-byte units,
+kernels with a merge): each block stages, walks and maps one run of the row, and the blocks
+exchange their statistics through global memory behind the cluster's barrier; smaller runs put
+more blocks, that is more warpgroups, on each SM (softmax at 8192 x 128256 on the H200: 1164 us
+in 4 blocks against 1487 us for smem_split). Pallas's GPU interpreter has no clusters: these
+configs run on a GPU only.
 
 Config knobs, in the row engine's vocabulary: strategy "smem_row" (or "smem_pieces" or
 "smem_split", with piece_cols, a power of two from 4096 to 65536, and slots, 2 to 4); block_rows 1 (a block per
@@ -38,7 +44,7 @@ chunk, double-buffered, as the map reaches them, instead of whole beside the row
 memory a block, so more blocks (warpgroups) per SM; their copies hit L2 after the first rows;
 approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few
 ulp of float32, well within the farm's tolerances; the numerics check of every trial still
-applies).
+applies); cluster (smem_row, kernels with a merge), the blocks sharing a row.
 """
 from __future__ import annotations
 
@@ -65,6 +71,7 @@ SPLIT = "smem_split"  # a block per row, its head staged, its tail streamed twic
 STRATEGIES = (STRATEGY, PIECES, SPLIT)
 PIECE_COLS = (4096, 65536)  # piece_cols bounds
 SLOTS = (2, 4)  # slots bounds: pieces in shared memory at once
+CLUSTERS = (1, 8)  # cluster bounds (smem_row): blocks of one cluster sharing a row (8: the portable maximum)
 DEFAULT_PIECE = (16384, 3)  # piece_cols and slots of the default for rows too long to stage whole
 DEFAULT_SPLIT = (8192, 2)  # the same for smem_split: small slots leave the head most of shared memory
 VECTOR_BYTES = 16  # what a bulk copy's addresses and sizes are multiples of
@@ -87,7 +94,9 @@ class StagedRowConfig:
     (stream_cols 0) or chunk by chunk, double-buffered, as the map reaches them (stream_cols 1).
     Strategy "smem_pieces" (kernels with a merge and a result) streams the row through `slots`
     slots of piece_cols columns instead; "smem_split" (a merge and a map) stages the row's head
-    and streams its tail through the slots twice; smem_row ignores piece_cols and slots."""
+    and streams its tail through the slots twice; smem_row ignores piece_cols and slots.
+    cluster > 1 (smem_row, kernels with a merge): the row split over that many blocks of a
+    cluster, each staging a run of whole chunks."""
 
     block_cols: int
     block_rows: int = 1
@@ -96,6 +105,7 @@ class StagedRowConfig:
     stream_cols: int = 0
     piece_cols: int = DEFAULT_PIECE[0]
     slots: int = DEFAULT_PIECE[1]
+    cluster: int = 1
 
     def __post_init__(self) -> None:
         for knob in ("approx_math", "stream_cols"):
@@ -108,6 +118,11 @@ class StagedRowConfig:
                              f"got {self.piece_cols}")
         if not SLOTS[0] <= self.slots <= SLOTS[1]:
             raise ValueError(f"slots must be in [{SLOTS[0]}, {SLOTS[1]}], got {self.slots}")
+        if not CLUSTERS[0] <= self.cluster <= CLUSTERS[1]:
+            raise ValueError(f"cluster must be in [{CLUSTERS[0]}, {CLUSTERS[1]}] on {TARGET}, got {self.cluster}")
+        if self.cluster > 1 and self.strategy != STRATEGY:
+            raise ValueError(f"cluster > 1 splits a row staged whole ({STRATEGY}) over the blocks of a cluster; "
+                             f"{self.strategy} takes cluster 1")
         if self.block_rows != 1:
             raise ValueError(f"block_rows must be 1 on {TARGET} (a block per row), got {self.block_rows}")
         if not (is_pow2(self.block_cols) and CHUNKS[0] <= self.block_cols <= CHUNKS[1]):
@@ -167,11 +182,33 @@ class Plan:
         return min(max(free, 0), self.cols - 1) // chunk * chunk
 
     @property
+    def clustered(self) -> bool:
+        """Whether the row is split over the blocks of a cluster."""
+        return self.config.cluster > 1
+
+    @property
+    def segment(self) -> int:
+        """Columns each block of a cluster stages: the row cut into `cluster` runs of whole
+        chunks, the last block's (`last_segment`) shorter when they do not divide it evenly."""
+        if not self.clustered:
+            return self.cols
+        chunk = self.config.block_cols
+        return pl.cdiv(pl.cdiv(self.cols, self.config.cluster), chunk) * chunk
+
+    @property
+    def last_segment(self) -> int:
+        """Columns the last block of a cluster stages."""
+        return self.cols - (self.config.cluster - 1) * self.segment
+
+    @property
     def staged(self) -> int:
         """Shared-memory elements per staged array: the window rounded up to whole chunks (a
-        piece, when the row streams in pieces or its tail does)."""
+        piece, when the row streams in pieces or its tail does; a segment, when a cluster
+        shares the row)."""
         if self.pieces or self.split:
             return self.config.piece_cols
+        if self.clustered:
+            return self.segment
         return pl.cdiv(self.window, self.config.block_cols) * self.config.block_cols
 
     @property
@@ -244,6 +281,21 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
             raise ValueError(f"{SPLIT}: a head of at least one chunk ({typed.block_cols} columns) short of the "
                              f"row ({cols} columns) must fit shared memory beside {typed.slots} slots of "
                              f"{typed.piece_cols} columns")
+    if p.clustered:
+        if math_.merge is None or math_.shift or math_.col_inputs:
+            raise ValueError(f"{name} on {TARGET}: cluster > 1 splits a row over a cluster's blocks, which "
+                             f"merge their statistics; it is for kernels with a merge (softmax, cross "
+                             f"entropy), without column inputs or shift; use cluster 1")
+        if not p.aligned:
+            raise ValueError(f"{name} on {TARGET}: cluster > 1 takes rows of whole {COPY_BYTES}-byte units, not "
+                             f"{cols} columns ({cols * itemsize} bytes); cluster 1 takes any width that fits")
+        if len(math_.walks) * typed.cluster > COPY_BYTES // 4:
+            raise ValueError(f"{name} on {TARGET}: {len(math_.walks)} statistics from each of {typed.cluster} "
+                             f"blocks do not fit the exchange's {COPY_BYTES // 4} floats a row")
+        if p.last_segment < 1:
+            raise ValueError(f"cluster {typed.cluster}: a row of {cols} columns cut into runs of whole "
+                             f"{typed.block_cols}-column chunks leaves the last block nothing; use a smaller "
+                             f"cluster or block_cols")
     if not p.aligned and math_.col_inputs:
         raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes) are not whole "
                          f"{COPY_BYTES}-byte units, which a kernel with column inputs needs "
@@ -258,9 +310,11 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
     if p.footprint > mgpu_launch.SMEM_BYTES:
         arrays = 1 + (not typed.stream_cols) * math_.col_inputs  # staged whole: the row, column inputs
         staged = (mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // (arrays * itemsize)
+        larger = "; or a cluster of more blocks, each staging a part" if math_.merge is not None and \
+            typed.cluster < CLUSTERS[1] and not math_.col_inputs and not math_.shift else ""
         raise ValueError(f"a row of {cols} columns stages {p.footprint} bytes of shared memory; a "
                          f"block has {mgpu_launch.SMEM_BYTES} on sm_90 (rows up to about "
-                         f"{staged - p.config.block_cols} columns)")
+                         f"{staged - p.config.block_cols} columns{' a block' if p.clustered else ''}{larger})")
     return p
 
 
@@ -279,12 +333,49 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
         config["stream_cols"] = 0
     if math_.merge is not None:
         config.update(piece_cols=DEFAULT_PIECE[0], slots=DEFAULT_PIECE[1])
+        if not math_.col_inputs and not math_.shift:
+            config["cluster"] = 1
         if 4 * cols + SMEM_OVERHEAD > mgpu_launch.SMEM_BYTES:
+            blocks = _default_cluster(cols, chunk)
             if math_.result is not None:
                 config["strategy"] = PIECES
-            elif cols % (COPY_BYTES // 2) == 0:  # whole 128-byte units in 16-bit types (and 32-bit)
+            elif cols % (COPY_BYTES // 2) == 0 and blocks is not None:  # whole 128-byte units
+                config["cluster"] = blocks
+            elif cols % (COPY_BYTES // 2) == 0:
                 config.update(strategy=SPLIT, piece_cols=DEFAULT_SPLIT[0], slots=DEFAULT_SPLIT[1])
     return config
+
+
+def _default_cluster(cols: int, chunk: int) -> int | None:
+    """The fewest blocks of a cluster (2 to 8) whose runs of `cols` take at most 64 KiB in 16-bit
+    types (three blocks a SM) and fit a block in 32-bit ones; else the fewest that fit; None if
+    none. Measured on the H200 (bf16, 8192 rows): 4 blocks at 128256 columns were the fastest
+    of 2, 3, 4, 5, 6 and 8; at 151936, 5 blocks (this rule) ran 1551 us and 6 blocks of 2048-column chunks, the
+    best, 1468 us; smem_split 1812 us."""
+    def run(blocks: int) -> int:
+        return pl.cdiv(pl.cdiv(cols, blocks), chunk) * chunk
+
+    fitting = [k for k in range(2, CLUSTERS[1] + 1)
+               if cols - (k - 1) * run(k) >= 1 and 4 * run(k) + SMEM_OVERHEAD <= mgpu_launch.SMEM_BYTES]
+    return next((k for k in fitting if 2 * run(k) <= 64 * 1024), fitting[0] if fitting else None)
+
+
+def _cluster_barrier() -> None:
+    """The cluster's hardware barrier (`barrier.cluster`): arrive, with release semantics (this
+    thread's writes so far, global memory included, are ordered before its peers' waits), then
+    wait, with acquire semantics, for every thread of every block of the cluster. Pallas exposes
+    no such barrier (its ClusterBarrier is an mbarrier, without cluster-scope ordering of plain
+    stores), hence the NVVM ops, inlined."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jaxlib.mlir.dialects import nvvm
+
+    @plgpu.inline_mgpu()
+    def barrier(ctx: Any) -> None:
+        del ctx
+        nvvm.cluster_arrive(aligned=True)
+        nvvm.cluster_wait(aligned=True)
+
+    barrier()
 
 
 def _positions(chunk: int, dtype: Any, interpret: bool) -> jax.Array:
@@ -320,13 +411,19 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
     def chunk_at(ref: Any, j: Any) -> Any:
         return ref.at[pl.ds(j * chunk, chunk)]
 
-    def walk_span(x_smem: Any, head: Any, length: int, unaligned: bool) -> tuple[jax.Array, ...]:
-        """The walks' statistics of `length` columns staged from position `head` of x_smem."""
-        spanned = pl.cdiv(length + (V - 1 if unaligned else 0), chunk)
+    def walk_span(x_smem: Any, head: Any, length: Any, unaligned: bool,
+                  shortest: int | None = None) -> tuple[jax.Array, ...]:
+        """The walks' statistics of `length` columns staged from position `head` of x_smem.
+        A traced `length` (a cluster's blocks stage runs of two lengths) needs `shortest`, the
+        least it can be; chunks are walked up to the longest, x_smem's size."""
+        if shortest is None:
+            shortest, spanned = length, pl.cdiv(length + (V - 1 if unaligned else 0), chunk)
+        else:
+            spanned = x_smem.shape[0] // chunk
         # Chunks that may hold positions outside the span (before it: the first, when unaligned;
         # after it: those reaching past the shortest offset + length), masked to `pad` once and
         # walked with a validity mask; the rest are walked in one loop.
-        edge_chunks = sorted({j for j in range(spanned) if (j + 1) * chunk > length} | ({0} if unaligned else set()))
+        edge_chunks = sorted({j for j in range(spanned) if (j + 1) * chunk > shortest} | ({0} if unaligned else set()))
         loop_end = min([j for j in edge_chunks if j > 0], default=spanned)
 
         def valid_at(j: int) -> jax.Array:
@@ -483,7 +580,67 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
         pl.run_scoped(scoped, plgpu.SMEM((H,), dtype), plgpu.SMEM((S, P), dtype), plgpu.Barrier(num_arrivals=1),
                       plgpu.Barrier(num_arrivals=1, num_barriers=S))
 
+    def cluster_body(x_gmem, *refs):
+        """smem_row over a cluster: block k of the row's cluster stages columns [k S, k S + S) (the
+        last block the rest), walks them and writes its statistics to the row's slot of a global
+        exchange buffer; after a cluster barrier (release, then acquire: the writes of every
+        block are seen by all) every block reads all blocks' statistics, in block order, so that
+        every block merges the same values the same way; then it maps its run and writes it
+        back, or block 0 writes the row's result. (Mosaic GPU 0.11 cannot lower a scalar load
+        from a peer's shared memory; a row's slot is a whole 128-byte line, read by no block
+        before the barrier.)"""
+        vector_gmems, o_gmem, xchg_gmem = refs[:n_vectors], refs[-2], refs[-1]
+        row, block = lax.axis_index("rows"), lax.axis_index("cluster")
+        K, S, L = p.config.cluster, p.segment, p.last_segment
+        n_stats = len(math_.walks)
+
+        def each_run(f: Callable[[int], None]) -> None:
+            """f(columns of this block's run), for runs of S and for the last block's L."""
+            if L == S:
+                return f(S)
+            pl.when(block < K - 1)(lambda: f(S))
+            pl.when(block == K - 1)(lambda: f(L))
+
+        def scoped(x_smem, loaded):
+            each_run(lambda size: plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(block * S, size)],
+                                                          x_smem.at[pl.ds(0, size)], loaded, oob_mode=in_bounds))
+            vectors = tuple(v[row] for v in vector_gmems)
+            plgpu.barrier_wait(loaded)
+            run = walk_span(x_smem, 0, jnp.where(block == K - 1, L, S), False, shortest=L)
+            for i, value in enumerate(run):
+                xchg_gmem[row, block * n_stats + i] = value.astype(F32)
+            _cluster_barrier()  # every block's statistics written, and seen
+            total = None
+            for k in range(K):
+                stats = tuple(xchg_gmem[row, k * n_stats + i] for i in range(n_stats))
+                total = stats if total is None else math_.merge(total, stats)
+            if math_.result is not None:
+                @pl.when(block == 0)
+                def _():
+                    o_gmem[row] = math_.result(total, lambda i: x_gmem[row, i].astype(F32), *vectors, cols=C)
+                return
+            scale = total if math_.rebase is None else math_.rebase(run, total)
+
+            def apply(j: Any, carry: int) -> int:
+                ref = chunk_at(x_smem, j)
+                ref[...] = math_.apply(ref[...].astype(F32), scale).astype(dtype)
+                return carry
+
+            lax.fori_loop(0, pl.cdiv(L, chunk), apply, 0)
+            if S > L:  # the last block has no more
+                @pl.when(block < K - 1)
+                def _():
+                    lax.fori_loop(pl.cdiv(L, chunk), S // chunk, apply, 0)
+            plgpu.commit_smem()
+            each_run(lambda size: plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, size)],
+                                                          o_gmem.at[row, pl.ds(block * S, size)]))
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(scoped, plgpu.SMEM((S,), dtype), plgpu.Barrier(num_arrivals=1))
+
     def body(x_gmem, *refs):
+        if p.clustered:
+            return cluster_body(x_gmem, *refs)
         if p.pieces:
             return pieces_body(x_gmem, *refs)
         if p.split:
@@ -584,9 +741,15 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
         out = jax.ShapeDtypeStruct((rows,), F32)
     else:
         out = jax.ShapeDtypeStruct((rows, C) if p.aligned else (rows * C,), dtype)
+    # A cluster's blocks exchange their statistics through a 128-byte line per row.
+    outs = [out, jax.ShapeDtypeStruct((rows, COPY_BYTES // 4), F32)] if p.clustered else [out]
     params = plgpu.CompilerParams(approx_math=bool(p.config.approx_math))
-    call = mgpu_launch.mosaic_kernel(body, platform=platform, out_shape=[out], grid=(rows,),
-                                     grid_names=("rows",), compiler_params=params, name=math_.name)
+    if p.clustered and platform.interpret:
+        raise NotImplementedError(f"{math_.name}: cluster > 1 runs on a GPU only (Pallas's GPU interpreter has "
+                                  f"no clusters)")
+    cluster = dict(cluster=(p.config.cluster,), cluster_names=("cluster",)) if p.clustered else {}
+    call = mgpu_launch.mosaic_kernel(body, platform=platform, out_shape=outs, grid=(rows,),
+                                     grid_names=("rows",), compiler_params=params, name=math_.name, **cluster)
 
     def run(x: jax.Array, *others: jax.Array) -> jax.Array:
         if tuple(x.shape) != tuple(shape):
@@ -596,7 +759,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                              f"got {1 + len(others)} arrays")
         cols = [c.astype(dtype).reshape(C) for c in others[:n_cols]]
         vectors = [v.astype(jnp.int32).reshape(rows) for v in others[n_cols:]]
-        (y,) = call(x.reshape(rows, C) if p.aligned else x.reshape(-1), *cols, *vectors)
+        y = call(x.reshape(rows, C) if p.aligned else x.reshape(-1), *cols, *vectors)[0]
         return y.reshape(shape[:-1] if math_.result is not None else shape)
 
     return run
