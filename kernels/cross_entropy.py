@@ -74,17 +74,24 @@ def _staged_loss(stats: rows.Stats, pick: Callable[[jax.Array], jax.Array], labe
     return stats[1] - jnp.where(inside, pick(jnp.clip(label, 0, cols - 1)), 0.0)
 
 
+def _finite(m: jax.Array) -> jax.Array:
+    """A span's max as the shift of its exponentials: 0 for a span of -inf only (a piece of
+    masked logits sums to 0, its logsumexp -inf, instead of exp(-inf - -inf) = NaN)."""
+    return jnp.where(m == -jnp.inf, 0.0, m)
+
+
 def _merge_logsumexp(a: rows.Stats, b: rows.Stats) -> rows.Stats:
-    """(max, logsumexp) of two spans of a row, combined."""
-    hi = jnp.maximum(a[1], b[1])
+    """(max, logsumexp) of two spans of a row, combined. Two spans of -inf only (masked logits)
+    merge to -inf, not to exp(-inf - -inf) = NaN."""
+    hi = _finite(jnp.maximum(a[1], b[1]))
     return jnp.maximum(a[0], b[0]), hi + jnp.log(jnp.exp(a[1] - hi) + jnp.exp(b[1] - hi))
 
 
 STAGED = rows.StagedMath(
     NAME, pad=-math.inf, vector_inputs=1, merge=_merge_logsumexp,
     walks=(rows.ROW_MAX,
-           rows.Walk(fold=lambda acc, x, stats, valid: acc + jnp.exp(x - stats[0]), across=jnp.sum, identity=0.0,
-                     finish=lambda total, stats, cols: stats[0] + jnp.log(total))),
+           rows.Walk(fold=lambda acc, x, stats, valid: acc + jnp.exp(x - _finite(stats[0])), across=jnp.sum,
+                     identity=0.0, finish=lambda total, stats, cols: _finite(stats[0]) + jnp.log(total))),
     result=_staged_loss)
 KERNEL = rows.RowKernel(rows.reduction_math(NAME, CROSS_ENTROPY, vector_inputs=1), SHAPE_NAMES)
 shape_of = KERNEL.shape_of
