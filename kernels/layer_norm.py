@@ -142,7 +142,7 @@ def _mean_rstd(sums: tuple[jax.Array, jax.Array], stats: rows.Stats, cols: int) 
 STAGED = rows.StagedMath(
     NAME, col_inputs=2, shift=True,
     walks=(rows.Walk(fold=_shifted_moments, across=lambda acc: (jnp.sum(acc[0]), jnp.sum(acc[1])),
-                     identity=(0.0, 0.0), finish=_mean_rstd),),
+                     identity=(0.0, 0.0), finish=_mean_rstd, combine=lambda a, b: (a[0] + b[0], a[1] + b[1])),),
     apply=lambda x, stats, weight, bias: (x - stats[1][0]) * stats[1][1] * weight + bias)
 
 

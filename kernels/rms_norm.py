@@ -103,7 +103,7 @@ MATH = rows.RowMath(NAME, rows=_rms_norm_rows, init=_init, update=_update, finis
 STAGED = rows.StagedMath(
     NAME, col_inputs=1,
     walks=(rows.Walk(fold=lambda acc, x, stats, valid: acc + x * x, across=jnp.sum, identity=0.0,
-                     finish=lambda total, stats, cols: jax.lax.rsqrt(total / cols + EPS)),),
+                     finish=lambda total, stats, cols: jax.lax.rsqrt(total / cols + EPS), combine=jnp.add),),
     apply=lambda x, stats, weight: x * stats[0] * weight)
 
 

@@ -182,6 +182,8 @@ def test_rows_far_from_zero_and_with_one_dominant_column():
     ("softmax", (8192, 128256), {}),  # the default: the row split over 4 blocks of a cluster
     ("softmax", (8192, 151936), {"cluster": 6, "block_cols": 2048}),
     ("cross_entropy", (8192, 128256), {"strategy": "smem_row", "cluster": 4}),
+    ("layer_norm", (16384, 16384), {"cluster": 2, "block_cols": 2048}),  # runs of the weight and bias too
+    ("rms_norm", (4096, 5120), {"cluster": 2, "block_cols": 1024}),  # runs of 3072 and 2048 columns
 ])
 def test_users_shapes_lower_for_cuda_within_the_footprint(name, shape, knobs, monkeypatch):
     module = kernels.load(name)
@@ -232,7 +234,12 @@ def test_what_it_refuses_it_names():
     assert "4 slots of 65536 columns" in reason
     assert softmax.default_config((8192, 50257), TARGET) == _config(4096, approx_math=1, piece_cols=16384, slots=3,
                                                                     cluster=1)
-    assert rms_norm.default_config((4096, 5120), TARGET) == _config(4096, approx_math=1, stream_cols=0)
+    assert rms_norm.default_config((4096, 5120), TARGET) == _config(4096, approx_math=1, stream_cols=0, cluster=1)
+    # A norm's default for rows a block cannot hold whole: column inputs streamed, else a cluster.
+    assert layer_norm.default_config((64, 40960), TARGET)["stream_cols"] == 1
+    default = rms_norm.default_config((64, 131072), TARGET)
+    assert default["cluster"] > 1 and all(rms_norm.check_config(default, (64, 131072), dtype, TARGET) is None
+                                          for dtype in ("bfloat16", "float32"))
     assert cross_entropy.default_config((128, 1000), TARGET) == _config(1024, approx_math=1, piece_cols=16384,
                                                                          slots=3, cluster=1)
     for vocab in (128256, 151936):  # too long for a block whole: the default streams pieces
@@ -293,6 +300,25 @@ def test_a_shape_mosaic_gpu_cannot_run_gets_no_trials_there_and_the_space_still_
     assert triton.ask() is not None
 
 
+@pytest.mark.parametrize("name,shape,clustered", [("rms_norm", (64, 131072), True), ("layer_norm", (64, 16384), False)])
+def test_norms_split_rows_over_a_cluster_only_where_a_block_cannot_hold_them(tmp_path, name, shape, clustered):
+    # The shipped norm spaces at a user's shape: rows of 256 KiB (bf16) go to clusters, all
+    # proposals valid; rows a block holds keep a block per row (clusters measured slower there).
+    import optuna
+
+    from farm.search import plan, spaces
+    from farm.search.searcher import Searcher
+
+    path = tmp_path / "norm.yaml"
+    path.write_text(f"kernel: {name}\nshapes: [{list(shape)}]\ndtypes: [bfloat16]\n")
+    (planned,) = plan.expand([spaces.load_space(path)], [TARGET], 6)
+    searcher = Searcher.open(planned, optuna.storages.InMemoryStorage())
+    configs = [a.config for a in (searcher.ask() for _ in range(6)) if a is not None]
+    assert len(configs) == 6
+    assert all((c["cluster"] > 1) == clustered for c in configs)
+    assert all(kernels.load(name).check_config(c, shape, "bfloat16", TARGET) is None for c in configs)
+
+
 def test_cross_entropy_over_shared_memory_tunes_on_mosaic_gpu_in_pieces_or_a_cluster(tmp_path):
     # The shipped cross-entropy space with a user's 151936-class vocabulary: the gpu-mosaic task
     # proposes only smem_pieces configs or rows split over a cluster (whole rows do not fit a
@@ -323,11 +349,19 @@ def test_a_cluster_of_blocks_shares_a_row_in_runs_of_whole_chunks():
     assert softmax.footprint(config, (8192, 128256), "bfloat16", TARGET) == 32768 * 2 + mosaic_rows.SMEM_OVERHEAD
     assert softmax.check_config(_config(2048, cluster=6), (8192, 151936), "bfloat16", TARGET) is None
     assert cross_entropy.check_config(_config(4096, cluster=4), (8192, 128256), "float32", TARGET) is None
-    # Refused, by name: another strategy; column inputs (norms have no merge either); rows not of
-    # whole 128-byte units; a cluster too large for the row; out of range.
+    # The norms' walks combine (sums): their blocks stage runs of the row and of the column
+    # inputs; a row of 131072 bf16 columns with its weight fits 4 blocks, not 2.
+    norm = _config(4096, cluster=4, stream_cols=0)
+    assert rms_norm.check_config(norm, (64, 131072), "bfloat16", TARGET) is None
+    assert rms_norm.footprint(norm, (64, 131072), "bfloat16", TARGET) == 2 * 32768 * 2 + mosaic_rows.SMEM_OVERHEAD
+    assert "cluster of more blocks" in rms_norm.check_config({**norm, "cluster": 2}, (64, 131072), "bfloat16",
+                                                             TARGET)
+    assert "stream_cols must be 0" in layer_norm.check_config({**norm, "stream_cols": 1}, (64, 131072), "bfloat16",
+                                                              TARGET)
+    # Refused, by name: another strategy; rows not of whole 128-byte units; a cluster too large
+    # for the row; out of range.
     assert "smem_split takes cluster 1" in softmax.check_config(
         _config(4096, strategy="smem_split", piece_cols=8192, slots=2, cluster=2), (64, 151936), "bfloat16", TARGET)
-    assert "use cluster 1" in rms_norm.check_config(_config(4096, cluster=2), (64, 131072), "bfloat16", TARGET)
     reason = softmax.check_config(_config(4096, cluster=2), (64, 50257), "bfloat16", TARGET)
     assert "128-byte units" in reason and "cluster 1 takes any width" in reason
     assert "leaves the last block nothing" in softmax.check_config(_config(4096, cluster=8), (64, 8192), "bfloat16",
@@ -351,10 +385,15 @@ def test_clustered_rows_run_on_a_gpu_only():
     (softmax, (3, 151936), jnp.float32, _config(2048, cluster=6)),  # runs of 26624, the last of 18816
     (cross_entropy, (3, 128256), jnp.bfloat16, _config(4096, cluster=4)),
     (batch_softmax, (2, 2, 65536), jnp.bfloat16, _config(4096, cluster=3)),
+    (rms_norm, (3, 131072), jnp.bfloat16, _config(4096, cluster=4, stream_cols=0)),
+    (layer_norm, (3, 16384), jnp.bfloat16, _config(2048, cluster=2, stream_cols=0)),
+    (layer_norm, (3, 5120), jnp.float32, _config(1024, cluster=2, stream_cols=0)),  # runs of 3072 and 2048
 ])
 def test_clustered_rows_match_the_reference_on_a_gpu(module, shape, dtype, config):
     inputs = module.make_inputs(shape, dtype, jax.random.key(9))
-    if module is not batch_softmax:
+    if module is layer_norm:  # rows far from zero: every block shifts by the row's first element
+        inputs = (inputs[0] + 1000.0, *inputs[1:])
+    elif module in (softmax, cross_entropy):
         x = inputs[0]
         x = x.at[0, -5].set(30.0)            # row 0: the max in the last block, far above the rest
         x = x.at[1, :shape[1] // 2].set(-jnp.inf)  # row 1: the first blocks see -inf only

@@ -173,6 +173,10 @@ class Walk:
         before it is folded: softmax stores exp(x - max) once and only scales it afterwards.
     stored_dtype: fold the chunk in the input dtype, not float32 (exact for a max, and it saves
         a conversion of every element: packed bf16 instructions).
+    combine(a, b) -> value: the values (after `across`, before `finish`) of two disjoint spans of
+        a row combined (a sum: their sum). When every walk of a kernel without `merge` has one, a
+        row can be split over the blocks of a cluster: they exchange each walk's value, combine
+        them and finish it for the whole row.
     """
 
     fold: Callable[..., Any]
@@ -181,6 +185,12 @@ class Walk:
     finish: Callable[..., jax.Array] | None = None
     rewrite: Callable[..., jax.Array] | None = None
     stored_dtype: bool = False
+    combine: Callable[[Any, Any], Any] | None = None
+
+    @property
+    def width(self) -> int:
+        """How many floats the walk's value holds (one per element of `identity`)."""
+        return len(self.identity) if isinstance(self.identity, tuple) else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +237,24 @@ class StagedMath:
                              "needs rebase")
         if self.rebase is not None and (self.merge is None or self.apply is None):
             raise ValueError(f"{self.name}: rebase serves apply over merged spans; it needs merge and apply")
+
+    @property
+    def combines(self) -> bool:
+        """Whether every walk's value combines over spans of a row (`Walk.combine`), and the
+        kernel has no `merge`: a cluster's blocks then exchange each walk's value."""
+        return self.merge is None and all(walk.combine is not None for walk in self.walks)
+
+    @property
+    def splits(self) -> bool:
+        """Whether a row can be split over the blocks of a cluster: statistics that merge (no
+        column inputs or shift), or walks that combine."""
+        return (self.merge is not None and not self.col_inputs and not self.shift) or self.combines
+
+    @property
+    def exchanged(self) -> int:
+        """Floats each block of a cluster exchanges per row: one finished statistic a walk
+        (merge), or every walk's value (combine)."""
+        return sum(walk.width for walk in self.walks) if self.combines else len(self.walks)
 
 
 # The row's max, folded in the input dtype (exact) and kept as float32: softmax's and cross

@@ -30,11 +30,15 @@ shared memory holds beside the slots, is staged in one bulk copy while the tail 
 the slots twice (walked for statistics, then mapped and written back); the tail's second read
 comes from L2 when the tails in flight fit it (132 blocks x the tail). Or such a row is split
 over the blocks of a cluster (smem_row with `cluster` 2 to 8, rows of whole 128-byte units,
-kernels with a merge): each block stages, walks and maps one run of the row, and the blocks
-exchange their statistics through global memory behind the cluster's barrier; smaller runs put
-more blocks, that is more warpgroups, on each SM (softmax at 8192 x 128256 on the H200: 1164 us
-in 4 blocks against 1487 us for smem_split). Pallas's GPU interpreter has no clusters: these
-configs run on a GPU only.
+kernels with a merge, or whose walks combine over spans: the norms, with their column inputs'
+runs staged beside the row's): each block stages, walks and maps one run of the row, and the
+blocks exchange their statistics through global memory behind the cluster's barrier (after the
+walks, or after each walk); smaller runs put more blocks, that is more warpgroups, on each SM
+(softmax at 8192 x 128256 on the H200: 1164 us in 4 blocks against 1487 us for smem_split; rms
+norm at 2048 x 131072: 348 us in 8 blocks against 400 us for torch.compile). Where a block holds
+the row, clusters ran slower (the norms at 4096 to 16384 columns: 1.2-1.7x); the spaces offer
+them for longer rows only. Pallas's GPU interpreter has no clusters: these configs run on a GPU
+only.
 
 Config knobs, in the row engine's vocabulary: strategy "smem_row" (or "smem_pieces" or
 "smem_split", with piece_cols, a power of two from 4096 to 65536, and slots, 2 to 4); block_rows 1 (a block per
@@ -44,7 +48,7 @@ chunk, double-buffered, as the map reaches them, instead of whole beside the row
 memory a block, so more blocks (warpgroups) per SM; their copies hit L2 after the first rows;
 approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few
 ulp of float32, well within the farm's tolerances; the numerics check of every trial still
-applies); cluster (smem_row, kernels with a merge), the blocks sharing a row.
+applies); cluster (smem_row, kernels with a merge or walks that combine), the blocks sharing a row.
 """
 from __future__ import annotations
 
@@ -95,8 +99,8 @@ class StagedRowConfig:
     Strategy "smem_pieces" (kernels with a merge and a result) streams the row through `slots`
     slots of piece_cols columns instead; "smem_split" (a merge and a map) stages the row's head
     and streams its tail through the slots twice; smem_row ignores piece_cols and slots.
-    cluster > 1 (smem_row, kernels with a merge): the row split over that many blocks of a
-    cluster, each staging a run of whole chunks."""
+    cluster > 1 (smem_row, kernels with a merge or walks that combine): the row split over that
+    many blocks of a cluster, each staging a run of whole chunks (and of the column inputs)."""
 
     block_cols: int
     block_rows: int = 1
@@ -282,15 +286,19 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
                              f"row ({cols} columns) must fit shared memory beside {typed.slots} slots of "
                              f"{typed.piece_cols} columns")
     if p.clustered:
-        if math_.merge is None or math_.shift or math_.col_inputs:
+        if not math_.splits:
             raise ValueError(f"{name} on {TARGET}: cluster > 1 splits a row over a cluster's blocks, which "
-                             f"merge their statistics; it is for kernels with a merge (softmax, cross "
-                             f"entropy), without column inputs or shift; use cluster 1")
+                             f"merge their statistics; it is for kernels with a merge and no column inputs "
+                             f"or shift (softmax, cross entropy) or walks that combine (the norms); use "
+                             f"cluster 1")
         if not p.aligned:
             raise ValueError(f"{name} on {TARGET}: cluster > 1 takes rows of whole {COPY_BYTES}-byte units, not "
                              f"{cols} columns ({cols * itemsize} bytes); cluster 1 takes any width that fits")
-        if len(math_.walks) * typed.cluster > COPY_BYTES // 4:
-            raise ValueError(f"{name} on {TARGET}: {len(math_.walks)} statistics from each of {typed.cluster} "
+        if typed.stream_cols:
+            raise ValueError(f"{name} on {TARGET}: cluster > 1 stages each block's run of the column inputs "
+                             f"whole; stream_cols must be 0")
+        if math_.exchanged * typed.cluster > COPY_BYTES // 4:
+            raise ValueError(f"{name} on {TARGET}: {math_.exchanged} statistics from each of {typed.cluster} "
                              f"blocks do not fit the exchange's {COPY_BYTES // 4} floats a row")
         if p.last_segment < 1:
             raise ValueError(f"cluster {typed.cluster}: a row of {cols} columns cut into runs of whole "
@@ -310,8 +318,8 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
     if p.footprint > mgpu_launch.SMEM_BYTES:
         arrays = 1 + (not typed.stream_cols) * math_.col_inputs  # staged whole: the row, column inputs
         staged = (mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // (arrays * itemsize)
-        larger = "; or a cluster of more blocks, each staging a part" if math_.merge is not None and \
-            typed.cluster < CLUSTERS[1] and not math_.col_inputs and not math_.shift else ""
+        larger = "; or a cluster of more blocks, each staging a part" if math_.splits and \
+            typed.cluster < CLUSTERS[1] else ""
         raise ValueError(f"a row of {cols} columns stages {p.footprint} bytes of shared memory; a "
                          f"block has {mgpu_launch.SMEM_BYTES} on sm_90 (rows up to about "
                          f"{staged - p.config.block_cols} columns{' a block' if p.clustered else ''}{larger})")
@@ -325,16 +333,18 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
     as fast or faster at every shape measured (cross entropy 8192 x 32000: 118 against 142 us).
     Knobs the kernel has: stream_cols with column inputs; with a merge, piece_cols and slots,
     and the rows in pieces (a map: a staged head and a streamed tail, for rows of whole 128-byte
-    units) when a float32 row would not fit a block whole."""
+    units) when a float32 row would not fit a block whole; with walks that combine (the norms),
+    the cluster knob, and the column inputs streamed, else the fewest blocks of a cluster, when a
+    float32 row would not fit a block beside them."""
     cols = shape[-1]
     chunk = min(DEFAULT_CHUNK, max(CHUNKS[0], 1 << max(cols - 1, 1).bit_length()))
     config = {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk, "approx_math": 1}
     if math_.col_inputs:
         config["stream_cols"] = 0
+    if math_.splits:
+        config["cluster"] = 1
     if math_.merge is not None:
         config.update(piece_cols=DEFAULT_PIECE[0], slots=DEFAULT_PIECE[1])
-        if not math_.col_inputs and not math_.shift:
-            config["cluster"] = 1
         if 4 * cols + SMEM_OVERHEAD > mgpu_launch.SMEM_BYTES:
             blocks = _default_cluster(cols, chunk)
             if math_.result is not None:
@@ -343,6 +353,14 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
                 config["cluster"] = blocks
             elif cols % (COPY_BYTES // 2) == 0:
                 config.update(strategy=SPLIT, piece_cols=DEFAULT_SPLIT[0], slots=DEFAULT_SPLIT[1])
+    elif math_.combines:  # a float32 row too long for a block: column inputs streamed, or a cluster
+        for change in ({}, {"stream_cols": 1}, *({"cluster": k} for k in range(2, CLUSTERS[1] + 1))):
+            try:
+                plan(math_, {**config, **change}, shape, F32)
+            except (ValueError, NotImplementedError):
+                continue
+            config.update(change)
+            break
     return config
 
 
@@ -411,11 +429,15 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
     def chunk_at(ref: Any, j: Any) -> Any:
         return ref.at[pl.ds(j * chunk, chunk)]
 
-    def walk_span(x_smem: Any, head: Any, length: Any, unaligned: bool,
-                  shortest: int | None = None) -> tuple[jax.Array, ...]:
+    def walk_span(x_smem: Any, head: Any, length: Any, unaligned: bool, shortest: int | None = None,
+                  shift: jax.Array | None = None,
+                  exchange: Callable[[int, Any], Any] | None = None) -> tuple[jax.Array, ...]:
         """The walks' statistics of `length` columns staged from position `head` of x_smem.
         A traced `length` (a cluster's blocks stage runs of two lengths) needs `shortest`, the
-        least it can be; chunks are walked up to the longest, x_smem's size."""
+        least it can be; chunks are walked up to the longest, x_smem's size. `shift` replaces the
+        span's first element as the shift (`StagedMath.shift`); `exchange(i, value)`, when given,
+        turns walk i's value for the span into the row's (a cluster's blocks combining theirs),
+        which is then finished for the whole row."""
         if shortest is None:
             shortest, spanned = length, pl.cdiv(length + (V - 1 if unaligned else 0), chunk)
         else:
@@ -434,8 +456,11 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             ref = chunk_at(x_smem, j)
             ref[...] = jnp.where(valid_at(j), ref[...].astype(F32), math_.pad).astype(dtype)
 
-        stats: tuple[jax.Array, ...] = (x_smem[head].astype(F32),) if math_.shift else ()
-        for walk in math_.walks:
+        if math_.shift:
+            stats: tuple[jax.Array, ...] = (x_smem[head].astype(F32) if shift is None else shift,)
+        else:
+            stats = ()
+        for i, walk in enumerate(math_.walks):
             def fold_at(j: Any, acc: Any, valid: jax.Array | None, walk=walk, stats=stats) -> Any:
                 ref = chunk_at(x_smem, j)
                 x = ref[...] if walk.stored_dtype else ref[...].astype(F32)
@@ -450,8 +475,9 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             for j in edge_chunks:
                 if j > 0:
                     acc = fold_at(j, acc, valid_at(j))
-            value = walk.across(acc)
-            stats = (*stats, value if walk.finish is None else walk.finish(value, stats, length))
+            value = walk.across(acc) if exchange is None else exchange(i, walk.across(acc))
+            cols = length if exchange is None else C
+            stats = (*stats, value if walk.finish is None else walk.finish(value, stats, cols))
         return stats
 
     def pieces_body(x_gmem, *refs):
@@ -582,17 +608,20 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
 
     def cluster_body(x_gmem, *refs):
         """smem_row over a cluster: block k of the row's cluster stages columns [k S, k S + S) (the
-        last block the rest), walks them and writes its statistics to the row's slot of a global
-        exchange buffer; after a cluster barrier (release, then acquire: the writes of every
-        block are seen by all) every block reads all blocks' statistics, in block order, so that
-        every block merges the same values the same way; then it maps its run and writes it
-        back, or block 0 writes the row's result. (Mosaic GPU 0.11 cannot lower a scalar load
-        from a peer's shared memory; a row's slot is a whole 128-byte line, read by no block
-        before the barrier.)"""
-        vector_gmems, o_gmem, xchg_gmem = refs[:n_vectors], refs[-2], refs[-1]
+        last block the rest) and its run of the column inputs. Kernels with a merge walk the run
+        and write its statistics to the row's slot of a global exchange buffer; after a cluster
+        barrier (release, then acquire: the writes of every block are seen by all) every block
+        reads all blocks' statistics, in block order, so that every block merges the same values
+        the same way. Kernels whose walks combine exchange each walk's value the same way, one
+        barrier a walk, and finish it for the whole row (the shift, if any, is the row's first
+        element, read from global memory). Then each block maps its run and writes it back, or
+        block 0 writes the row's result. (Mosaic GPU 0.11 cannot lower a scalar load from a
+        peer's shared memory; a row's slot is a whole 128-byte line, each float of it written by
+        one block before a barrier and read by none before it.)"""
+        col_gmems, vector_gmems = refs[:n_cols], refs[n_cols:n_cols + n_vectors]
+        o_gmem, xchg_gmem = refs[-2], refs[-1]
         row, block = lax.axis_index("rows"), lax.axis_index("cluster")
         K, S, L = p.config.cluster, p.segment, p.last_segment
-        n_stats = len(math_.walks)
 
         def each_run(f: Callable[[int], None]) -> None:
             """f(columns of this block's run), for runs of S and for the last block's L."""
@@ -601,29 +630,57 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             pl.when(block < K - 1)(lambda: f(S))
             pl.when(block == K - 1)(lambda: f(L))
 
-        def scoped(x_smem, loaded):
+        def exchanged(base: int, values: tuple[jax.Array, ...]) -> list[tuple[jax.Array, ...]]:
+            """Every block's `values` (floats base.. of a block's part of the row's slot), in block
+            order, once all blocks have written theirs."""
+            width = len(values)
+            for i, value in enumerate(values):
+                xchg_gmem[row, base + block * width + i] = value.astype(F32)
+            _cluster_barrier()  # every block's values written, and seen
+            return [tuple(xchg_gmem[row, base + k * width + i] for i in range(width)) for k in range(K)]
+
+        def combined(i: int, value: Any) -> Any:
+            """Walk i's value for the whole row: every block's, combined in block order."""
+            walk = math_.walks[i]
+            base = K * sum(w.width for w in math_.walks[:i])
+            parts = exchanged(base, tuple(value) if isinstance(value, tuple) else (value,))
+            total = None
+            for part in parts:
+                part = part if isinstance(value, tuple) else part[0]
+                total = part if total is None else walk.combine(total, part)
+            return total
+
+        def scoped(x_smem, col_smems, loaded, cols_loaded):
             each_run(lambda size: plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(block * S, size)],
                                                           x_smem.at[pl.ds(0, size)], loaded, oob_mode=in_bounds))
+            for col_gmem, col_smem in zip(col_gmems, col_smems):  # waited for before the map
+                each_run(lambda size, c=col_gmem, sm=col_smem: plgpu.copy_gmem_to_smem(
+                    c.at[pl.ds(block * S, size)], sm.at[pl.ds(0, size)], cols_loaded, oob_mode=in_bounds))
             vectors = tuple(v[row] for v in vector_gmems)
+            shift = x_gmem[row, 0].astype(F32) if math_.shift else None
             plgpu.barrier_wait(loaded)
-            run = walk_span(x_smem, 0, jnp.where(block == K - 1, L, S), False, shortest=L)
-            for i, value in enumerate(run):
-                xchg_gmem[row, block * n_stats + i] = value.astype(F32)
-            _cluster_barrier()  # every block's statistics written, and seen
-            total = None
-            for k in range(K):
-                stats = tuple(xchg_gmem[row, k * n_stats + i] for i in range(n_stats))
-                total = stats if total is None else math_.merge(total, stats)
+            length = jnp.where(block == K - 1, L, S)
+            if math_.combines:
+                scale = walk_span(x_smem, 0, length, False, shortest=L, shift=shift, exchange=combined)
+            else:
+                run = walk_span(x_smem, 0, length, False, shortest=L)
+                total = None
+                for stats in exchanged(0, run):
+                    total = stats if total is None else math_.merge(total, stats)
+                scale = total if math_.rebase is None else math_.rebase(run, total)
             if math_.result is not None:
                 @pl.when(block == 0)
                 def _():
-                    o_gmem[row] = math_.result(total, lambda i: x_gmem[row, i].astype(F32), *vectors, cols=C)
+                    o_gmem[row] = math_.result(scale if math_.combines else total,
+                                               lambda i: x_gmem[row, i].astype(F32), *vectors, cols=C)
                 return
-            scale = total if math_.rebase is None else math_.rebase(run, total)
+            if n_cols:
+                plgpu.barrier_wait(cols_loaded)
 
             def apply(j: Any, carry: int) -> int:
                 ref = chunk_at(x_smem, j)
-                ref[...] = math_.apply(ref[...].astype(F32), scale).astype(dtype)
+                cols = (chunk_at(c, j)[...].astype(F32) for c in col_smems)
+                ref[...] = math_.apply(ref[...].astype(F32), scale, *cols).astype(dtype)
                 return carry
 
             lax.fori_loop(0, pl.cdiv(L, chunk), apply, 0)
@@ -636,7 +693,12 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                                                           o_gmem.at[row, pl.ds(block * S, size)]))
             plgpu.wait_smem_to_gmem(0)
 
-        pl.run_scoped(scoped, plgpu.SMEM((S,), dtype), plgpu.Barrier(num_arrivals=1))
+        def allocated(x_smem, *rest):
+            scoped(x_smem, rest[:n_cols], rest[n_cols], rest[n_cols + 1] if n_cols else None)
+
+        cols_loaded = [plgpu.Barrier(num_arrivals=n_cols)] if n_cols else []
+        pl.run_scoped(allocated, plgpu.SMEM((S,), dtype), *(plgpu.SMEM((S,), dtype) for _ in range(n_cols)),
+                      plgpu.Barrier(num_arrivals=1), *cols_loaded)
 
     def body(x_gmem, *refs):
         if p.clustered:
