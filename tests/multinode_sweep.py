@@ -29,7 +29,7 @@ trials: 4
 
 def main(out: Path) -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    nodes = [cluster.add_node(num_cpus=4, resources={"TPU": 4}) for _ in range(2)]
+    nodes = [cluster.add_node(num_cpus=2, resources={"TPU": 2}) for _ in range(2)]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}})

@@ -161,7 +161,7 @@ def test_multinode_one_worker_per_chip_and_a_node_leaving(tmp_path, repo):
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     # One worker per advertised chip, spread over both TPU nodes.
-    assert Counter(result["initial"]) == {n: 4 for n in result["tpu_nodes"]}
+    assert Counter(result["initial"]) == {n: 2 for n in result["tpu_nodes"]}
     assert result["removed"] and result["removed"][0] not in result["final_workers"]
     records = result["records"]
     measured = [r for r in records if r["outcome"] in outcomes.MEASURED]
