@@ -335,7 +335,7 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
     and the rows in pieces (a map: a staged head and a streamed tail, for rows of whole 128-byte
     units) when a float32 row would not fit a block whole; with walks that combine (the norms),
     the cluster knob, and the column inputs streamed, else the fewest blocks of a cluster, when a
-    float32 row would not fit a block beside them."""
+    float32 row would not fit a block beside them (when none fits a float32 row, a 16-bit one)."""
     cols = shape[-1]
     chunk = min(DEFAULT_CHUNK, max(CHUNKS[0], 1 << max(cols - 1, 1).bit_length()))
     config = {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk, "approx_math": 1}
@@ -354,14 +354,20 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
             elif cols % (COPY_BYTES // 2) == 0:
                 config.update(strategy=SPLIT, piece_cols=DEFAULT_SPLIT[0], slots=DEFAULT_SPLIT[1])
     elif math_.combines:  # a float32 row too long for a block: column inputs streamed, or a cluster
-        for change in ({}, {"stream_cols": 1}, *({"cluster": k} for k in range(2, CLUSTERS[1] + 1))):
-            try:
-                plan(math_, {**config, **change}, shape, F32)
-            except (ValueError, NotImplementedError):
-                continue
-            config.update(change)
-            break
+        changes = ({}, {"stream_cols": 1}, *({"cluster": k} for k in range(2, CLUSTERS[1] + 1)))
+        fitting = [change for dtype in (F32, jnp.bfloat16) for change in changes  # else a 16-bit one
+                   if _fits(math_, {**config, **change}, shape, dtype)]
+        config.update(fitting[0] if fitting else {})
     return config
+
+
+def _fits(math_: StagedMath, config: dict[str, Any], shape: tuple[int, ...], dtype: Any) -> bool:
+    """Whether `config` can run `shape` in `dtype`."""
+    try:
+        plan(math_, config, shape, dtype)
+    except (ValueError, NotImplementedError):
+        return False
+    return True
 
 
 def _default_cluster(cols: int, chunk: int) -> int | None:
