@@ -53,6 +53,7 @@ applies); cluster (smem_row, kernels with a merge or walks that combine), the bl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -664,11 +665,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             walk = math_.walks[i]
             base = K * sum(w.width for w in math_.walks[:i])
             parts = exchanged(base, tuple(value) if isinstance(value, tuple) else (value,))
-            total = None
-            for part in parts:
-                part = part if isinstance(value, tuple) else part[0]
-                total = part if total is None else walk.combine(total, part)
-            return total
+            return functools.reduce(walk.combine, parts if isinstance(value, tuple) else [p[0] for p in parts])
 
         def scoped(x_smem, col_smems, loaded, cols_loaded):
             each_run(lambda size: plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(block * S, size)],
@@ -684,15 +681,12 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                 scale = walk_span(x_smem, 0, length, False, shortest=L, shift=shift, exchange=combined)
             else:
                 run = walk_span(x_smem, 0, length, False, shortest=L)
-                total = None
-                for stats in exchanged(0, run):
-                    total = stats if total is None else math_.merge(total, stats)
-                scale = total if math_.rebase is None else math_.rebase(run, total)
+                total = functools.reduce(math_.merge, exchanged(0, run))  # in block order, the same in every block
+                scale = total if math_.rebase is None else math_.rebase(run, total)  # result kernels: total
             if math_.result is not None:
                 @pl.when(block == 0)
                 def _():
-                    o_gmem[row] = math_.result(scale if math_.combines else total,
-                                               lambda i: x_gmem[row, i].astype(F32), *vectors, cols=C)
+                    o_gmem[row] = math_.result(scale, lambda i: x_gmem[row, i].astype(F32), *vectors, cols=C)
                 return
             if n_cols:
                 plgpu.barrier_wait(cols_loaded)
