@@ -55,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -417,6 +418,67 @@ def _cluster_barrier() -> None:
     barrier()
 
 
+SMEM_EXCHANGE = os.environ.get("FARM_CLUSTER_EXCHANGE", "smem") == "smem"  # probe switch
+
+
+def _cluster_arrive_relaxed() -> None:
+    """Arrive at the cluster's hardware barrier without ordering anything: paired with a
+    `_cluster_wait` before the first store into a peer's shared memory, it makes sure every block
+    of the cluster has started (a block's shared memory exists only while it runs)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jaxlib.mlir.dialects import nvvm
+
+    @plgpu.inline_mgpu()
+    def arrive(ctx: Any) -> None:
+        del ctx
+        nvvm.cluster_arrive_relaxed(aligned=True)
+
+    arrive()
+
+
+def _cluster_wait() -> None:
+    """Wait at the cluster's hardware barrier (the other half of `_cluster_arrive_relaxed`)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jaxlib.mlir.dialects import nvvm
+
+    @plgpu.inline_mgpu()
+    def wait(ctx: Any) -> None:
+        del ctx
+        nvvm.cluster_wait(aligned=True)
+
+    wait()
+
+
+def _send_to_peers(xchg_smem: Any, start: int, width: int, blocks: int) -> None:
+    """Copy floats [start + b width, start + b width + width) of this block's `xchg_smem` (b, its
+    rank in the cluster) to the same floats of every block's `xchg_smem` (`st.shared::cluster`
+    through `mapa`). Mosaic GPU 0.11 cannot lower a scalar store through `plgpu.cluster_ref`
+    (the indexed peer ref's offset is lost), hence the NVVM-level copy, inlined."""
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith, gpu, memref
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
+    def send(ctx: Any, ref: Any) -> None:
+        del ctx
+        index = ir.IndexType.get()
+
+        def const(value: int) -> Any:
+            return arith.constant(index, value)
+
+        rank = gpu.cluster_block_id(gpu.Dimension.x)
+        first = arith.addi(arith.muli(rank, const(width)), const(start))
+        positions = [arith.addi(first, const(i)) for i in range(width)]
+        values = [memref.load(ref, [at]) for at in positions]
+        for peer in range(blocks):
+            peer_ref = mgpu_utils.get_cluster_ref(ref, gpu.Dimension.x, const(peer), generic=False)
+            for at, value in zip(positions, values):
+                memref.store(value, peer_ref, [at])
+
+    send(xchg_smem)
+
+
 def _positions(chunk: int, dtype: Any, interpret: bool) -> jax.Array:
     """0..chunk-1 in the layout of a chunk of `dtype` loaded from shared memory (Mosaic GPU's
     strided warpgroup layout: 8-byte vectors), which it cannot infer for an iota. Pallas's GPU
@@ -652,9 +714,18 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             pl.when(block == K - 1)(lambda: f(L))
 
         def exchanged(base: int, values: tuple[jax.Array, ...]) -> list[tuple[jax.Array, ...]]:
-            """Every block's `values` (floats base.. of a block's part of the row's slot), in block
+            """Every block's `values` (floats base.. of a block's part of the exchange), in block
             order, once all blocks have written theirs."""
             width = len(values)
+            if SMEM_EXCHANGE:
+                if not waited:  # every block has started: its shared memory can be written
+                    _cluster_wait()
+                    waited.append(True)
+                for i, value in enumerate(values):
+                    xchg_smem[base + block * width + i] = value.astype(F32)
+                _send_to_peers(xchg_smem, base, width, K)
+                _cluster_barrier()  # every block's values written, and seen
+                return [tuple(xchg_smem[base + k * width + i] for i in range(width)) for k in range(K)]
             for i, value in enumerate(values):
                 xchg_gmem[row, base + block * width + i] = value.astype(F32)
             _cluster_barrier()  # every block's values written, and seen
@@ -667,7 +738,11 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             parts = exchanged(base, tuple(value) if isinstance(value, tuple) else (value,))
             return functools.reduce(walk.combine, parts if isinstance(value, tuple) else [p[0] for p in parts])
 
+        waited: list[bool] = []
+
         def scoped(x_smem, col_smems, loaded, cols_loaded):
+            if SMEM_EXCHANGE:
+                _cluster_arrive_relaxed()
             each_run(lambda size: plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(block * S, size)],
                                                           x_smem.at[pl.ds(0, size)], loaded, oob_mode=in_bounds))
             for col_gmem, col_smem in zip(col_gmems, col_smems):  # waited for before the map
@@ -707,12 +782,18 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                                                           o_gmem.at[row, pl.ds(block * S, size)]))
             plgpu.wait_smem_to_gmem(0)
 
+        xchg_smem = None
+
         def allocated(x_smem, *rest):
+            nonlocal xchg_smem
+            if SMEM_EXCHANGE:
+                xchg_smem, rest = rest[-1], rest[:-1]
             scoped(x_smem, rest[:n_cols], rest[n_cols], rest[n_cols + 1] if n_cols else None)
 
         cols_loaded = [plgpu.Barrier(num_arrivals=n_cols)] if n_cols else []
+        xchg = [plgpu.SMEM((COPY_BYTES // 4,), F32)] if SMEM_EXCHANGE else []
         pl.run_scoped(allocated, plgpu.SMEM((S,), dtype), *(plgpu.SMEM((S,), dtype) for _ in range(n_cols)),
-                      plgpu.Barrier(num_arrivals=1), *cols_loaded)
+                      plgpu.Barrier(num_arrivals=1), *cols_loaded, *xchg)
 
     def body(x_gmem, *refs):
         if p.clustered:
