@@ -348,18 +348,19 @@ def test_cross_entropy_over_shared_memory_tunes_on_mosaic_gpu_in_pieces_or_a_clu
 
 def test_a_cluster_of_blocks_shares_a_row_in_runs_of_whole_chunks():
     # 8192 x 128256 over 4 blocks: runs of 32768 columns (whole 4096-column chunks), the last
-    # block the remaining 29952; each block stages its run only.
+    # block the remaining 29952; each block stages its run only (and a buffer of the blocks'
+    # exchanged statistics).
     config = _config(4096, cluster=4)
     plan = mosaic_rows.plan(softmax.STAGED, config, (8192, 128256), "bfloat16")
     assert (plan.segment, plan.last_segment, plan.staged) == (32768, 29952, 32768)
-    assert softmax.footprint(config, (8192, 128256), "bfloat16", TARGET) == 32768 * 2 + mosaic_rows.SMEM_OVERHEAD
+    assert softmax.footprint(config, (8192, 128256), "bfloat16", TARGET) == 32768 * 2 + 128 + mosaic_rows.SMEM_OVERHEAD
     assert softmax.check_config(_config(2048, cluster=6), (8192, 151936), "bfloat16", TARGET) is None
     assert cross_entropy.check_config(_config(4096, cluster=4), (8192, 128256), "float32", TARGET) is None
     # The norms' walks combine (sums): their blocks stage runs of the row and of the column
     # inputs; a row of 131072 bf16 columns with its weight fits 4 blocks, not 2.
     norm = _config(4096, cluster=4, stream_cols=0)
     assert rms_norm.check_config(norm, (64, 131072), "bfloat16", TARGET) is None
-    assert rms_norm.footprint(norm, (64, 131072), "bfloat16", TARGET) == 2 * 32768 * 2 + mosaic_rows.SMEM_OVERHEAD
+    assert rms_norm.footprint(norm, (64, 131072), "bfloat16", TARGET) == 2 * 32768 * 2 + 128 + mosaic_rows.SMEM_OVERHEAD
     assert "cluster of more blocks" in rms_norm.check_config({**norm, "cluster": 2}, (64, 131072), "bfloat16",
                                                              TARGET)
     assert "stream_cols must be 0" in layer_norm.check_config({**norm, "stream_cols": 1}, (64, 131072), "bfloat16",

@@ -32,11 +32,12 @@ comes from L2 when the tails in flight fit it (132 blocks x the tail). Or such a
 over the blocks of a cluster (smem_row with `cluster` 2 to 8, rows of whole 128-byte units,
 kernels with a merge, or whose walks combine over spans: the norms, with their column inputs'
 runs staged beside the row's): each block stages, walks and maps one run of the row, and the
-blocks exchange their statistics through global memory behind the cluster's barrier (after the
-walks, or after each walk); smaller runs put more blocks, that is more warpgroups, on each SM
-(softmax at 8192 x 128256 on the H200: 1164 us in 4 blocks against 1487 us for smem_split; rms
-norm at 2048 x 131072: 348 us in 8 blocks against 400 us for torch.compile). Where a block holds
-the row, clusters ran slower (the norms at 4096 to 16384 columns: 1.2-1.7x); the spaces offer
+blocks exchange their statistics through each other's shared memory behind the cluster's
+barrier (after the walks, or after each walk); smaller runs put more blocks, that is more
+warpgroups, on each SM (softmax at 8192 x 128256 on the H200: 1144 us in 4 blocks against 1487
+us for smem_split; rms norm at 2048 x 131072: 323 us in 8 blocks against 400 us for
+torch.compile). Where a block holds the row, clusters ran slower (the norms at 4096 to 16384
+columns: 1.1-1.7x); the spaces offer
 them for longer rows only. Pallas's GPU interpreter has no clusters: these configs run on a GPU
 only.
 
@@ -55,7 +56,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -90,6 +90,7 @@ DEFAULT_CHUNK = 4096
 # Shared memory a block needs beside the staged arrays: the reductions' scratch and the barriers
 # (Mosaic GPU counted 2056 bytes for softmax in JAX 0.10; the margin covers later versions').
 SMEM_OVERHEAD = 3072
+EXCHANGE_FLOATS = 32  # a clustered block's exchange buffer (shared memory): every block's statistics
 F32 = jnp.float32
 
 
@@ -244,9 +245,12 @@ class Plan:
 
     @property
     def footprint(self) -> int:
-        """Shared-memory bytes of one block: the row and each column input, staged."""
+        """Shared-memory bytes of one block: the row and each column input, staged (and a clustered
+        block's exchange buffer)."""
         rows = self.config.slots if self.pieces or self.split else 1
-        return (self.head + rows * self.staged + self.col_inputs * self.col_staged) * self.itemsize + SMEM_OVERHEAD
+        exchange = EXCHANGE_FLOATS * 4 if self.clustered else 0
+        staged = (self.head + rows * self.staged + self.col_inputs * self.col_staged) * self.itemsize
+        return staged + exchange + SMEM_OVERHEAD
 
 
 def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any) -> Plan:
@@ -299,9 +303,9 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
         if typed.stream_cols:
             raise ValueError(f"{name} on {TARGET}: cluster > 1 stages each block's run of the column inputs "
                              f"whole; stream_cols must be 0")
-        if math_.exchanged * typed.cluster > COPY_BYTES // 4:
+        if math_.exchanged * typed.cluster > EXCHANGE_FLOATS:
             raise ValueError(f"{name} on {TARGET}: {math_.exchanged} statistics from each of {typed.cluster} "
-                             f"blocks do not fit the exchange's {COPY_BYTES // 4} floats a row")
+                             f"blocks do not fit the exchange's {EXCHANGE_FLOATS} floats")
         if p.last_segment < 1:
             raise ValueError(f"cluster {typed.cluster}: a row of {cols} columns cut into runs of whole "
                              f"{typed.block_cols}-column chunks leaves the last block nothing; use a smaller "
@@ -395,58 +399,31 @@ def _default_cluster(cols: int, chunk: int) -> int | None:
     def run(blocks: int) -> int:
         return pl.cdiv(pl.cdiv(cols, blocks), chunk) * chunk
 
-    fitting = [k for k in range(2, CLUSTERS[1] + 1)
-               if cols - (k - 1) * run(k) >= 1 and 4 * run(k) + SMEM_OVERHEAD <= mgpu_launch.SMEM_BYTES]
+    def fits(blocks: int) -> bool:  # a float32 run, the exchange buffer
+        return 4 * (run(blocks) + EXCHANGE_FLOATS) + SMEM_OVERHEAD <= mgpu_launch.SMEM_BYTES
+
+    fitting = [k for k in range(2, CLUSTERS[1] + 1) if cols - (k - 1) * run(k) >= 1 and fits(k)]
     return next((k for k in fitting if 2 * run(k) <= 64 * 1024), fitting[0] if fitting else None)
 
 
-def _cluster_barrier() -> None:
-    """The cluster's hardware barrier (`barrier.cluster`): arrive, with release semantics (this
-    thread's writes so far, global memory included, are ordered before its peers' waits), then
-    wait, with acquire semantics, for every thread of every block of the cluster. Pallas exposes
-    no such barrier (its ClusterBarrier is an mbarrier, without cluster-scope ordering of plain
-    stores), hence the NVVM ops, inlined."""
+def _cluster_sync(*steps: str) -> None:
+    """Steps of the cluster's hardware barrier (`barrier.cluster`), inlined NVVM ops: "arrive"
+    (release semantics: this thread's writes so far, into global memory or a peer's shared
+    memory, are ordered before its peers' waits), "arrive_relaxed" (no ordering) and "wait"
+    (acquire, for every thread of every block of the cluster). Pallas exposes no such barrier
+    (its ClusterBarrier is an mbarrier, without cluster-scope ordering of plain stores)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     from jaxlib.mlir.dialects import nvvm
 
-    @plgpu.inline_mgpu()
-    def barrier(ctx: Any) -> None:
-        del ctx
-        nvvm.cluster_arrive(aligned=True)
-        nvvm.cluster_wait(aligned=True)
-
-    barrier()
-
-
-SMEM_EXCHANGE = os.environ.get("FARM_CLUSTER_EXCHANGE", "smem") == "smem"  # probe switch
-
-
-def _cluster_arrive_relaxed() -> None:
-    """Arrive at the cluster's hardware barrier without ordering anything: paired with a
-    `_cluster_wait` before the first store into a peer's shared memory, it makes sure every block
-    of the cluster has started (a block's shared memory exists only while it runs)."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-    from jaxlib.mlir.dialects import nvvm
+    ops = {"arrive": nvvm.cluster_arrive, "arrive_relaxed": nvvm.cluster_arrive_relaxed, "wait": nvvm.cluster_wait}
 
     @plgpu.inline_mgpu()
-    def arrive(ctx: Any) -> None:
+    def sync(ctx: Any) -> None:
         del ctx
-        nvvm.cluster_arrive_relaxed(aligned=True)
+        for step in steps:
+            ops[step](aligned=True)
 
-    arrive()
-
-
-def _cluster_wait() -> None:
-    """Wait at the cluster's hardware barrier (the other half of `_cluster_arrive_relaxed`)."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-    from jaxlib.mlir.dialects import nvvm
-
-    @plgpu.inline_mgpu()
-    def wait(ctx: Any) -> None:
-        del ctx
-        nvvm.cluster_wait(aligned=True)
-
-    wait()
+    sync()
 
 
 def _send_to_peers(xchg_smem: Any, start: int, width: int, blocks: int) -> None:
@@ -692,17 +669,18 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
     def cluster_body(x_gmem, *refs):
         """smem_row over a cluster: block k of the row's cluster stages columns [k S, k S + S) (the
         last block the rest) and its run of the column inputs. Kernels with a merge walk the run
-        and write its statistics to the row's slot of a global exchange buffer; after a cluster
-        barrier (release, then acquire: the writes of every block are seen by all) every block
-        reads all blocks' statistics, in block order, so that every block merges the same values
-        the same way. Kernels whose walks combine exchange each walk's value the same way, one
-        barrier a walk, and finish it for the whole row (the shift, if any, is the row's first
-        element, read from global memory). Then each block maps its run and writes it back, or
-        block 0 writes the row's result. (Mosaic GPU 0.11 cannot lower a scalar load from a
-        peer's shared memory; a row's slot is a whole 128-byte line, each float of it written by
-        one block before a barrier and read by none before it.)"""
+        and send its statistics to every block of the cluster: each block stores them into its
+        part of every block's exchange buffer in shared memory (`_send_to_peers`); after the
+        cluster's barrier (release, then acquire: every block's stores are seen by all) each block
+        reads its own buffer, in block order, so that every block merges the same values the same
+        way. Kernels whose walks combine exchange each walk's value the same way, one barrier a
+        walk, and finish it for the whole row (the shift, if any, is the row's first element, read
+        from global memory). Then each block maps its run and writes it back, or block 0 writes
+        the row's result. A block arrives at the barrier as it starts and waits before its first
+        store to a peer, whose shared memory exists only once it runs. (Measured on the H200: 2-7%
+        faster than an exchange through a line of global memory a row.)"""
         col_gmems, vector_gmems = refs[:n_cols], refs[n_cols:n_cols + n_vectors]
-        o_gmem, xchg_gmem = refs[-2], refs[-1]
+        o_gmem = refs[-1]
         row, block = lax.axis_index("rows"), lax.axis_index("cluster")
         K, S, L = p.config.cluster, p.segment, p.last_segment
 
@@ -713,36 +691,30 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             pl.when(block < K - 1)(lambda: f(S))
             pl.when(block == K - 1)(lambda: f(L))
 
-        def exchanged(base: int, values: tuple[jax.Array, ...]) -> list[tuple[jax.Array, ...]]:
-            """Every block's `values` (floats base.. of a block's part of the exchange), in block
-            order, once all blocks have written theirs."""
-            width = len(values)
-            if SMEM_EXCHANGE:
-                if not waited:  # every block has started: its shared memory can be written
-                    _cluster_wait()
-                    waited.append(True)
+        def scoped(x_smem, col_smems, loaded, cols_loaded, xchg_smem):
+            _cluster_sync("arrive_relaxed")  # this block has started
+            started: list[bool] = []
+
+            def exchanged(base: int, values: tuple[jax.Array, ...]) -> list[tuple[jax.Array, ...]]:
+                """Every block's `values` (floats base.. of a block's part of the exchange), in
+                block order, once all blocks have sent theirs."""
+                width = len(values)
+                if not started:  # every block has started: its shared memory can be written
+                    _cluster_sync("wait")
+                    started.append(True)
                 for i, value in enumerate(values):
                     xchg_smem[base + block * width + i] = value.astype(F32)
                 _send_to_peers(xchg_smem, base, width, K)
-                _cluster_barrier()  # every block's values written, and seen
+                _cluster_sync("arrive", "wait")  # every block's values sent, and seen
                 return [tuple(xchg_smem[base + k * width + i] for i in range(width)) for k in range(K)]
-            for i, value in enumerate(values):
-                xchg_gmem[row, base + block * width + i] = value.astype(F32)
-            _cluster_barrier()  # every block's values written, and seen
-            return [tuple(xchg_gmem[row, base + k * width + i] for i in range(width)) for k in range(K)]
 
-        def combined(i: int, value: Any) -> Any:
-            """Walk i's value for the whole row: every block's, combined in block order."""
-            walk = math_.walks[i]
-            base = K * sum(w.width for w in math_.walks[:i])
-            parts = exchanged(base, tuple(value) if isinstance(value, tuple) else (value,))
-            return functools.reduce(walk.combine, parts if isinstance(value, tuple) else [p[0] for p in parts])
+            def combined(i: int, value: Any) -> Any:
+                """Walk i's value for the whole row: every block's, combined in block order."""
+                walk = math_.walks[i]
+                base = K * sum(w.width for w in math_.walks[:i])
+                parts = exchanged(base, tuple(value) if isinstance(value, tuple) else (value,))
+                return functools.reduce(walk.combine, parts if isinstance(value, tuple) else [p[0] for p in parts])
 
-        waited: list[bool] = []
-
-        def scoped(x_smem, col_smems, loaded, cols_loaded):
-            if SMEM_EXCHANGE:
-                _cluster_arrive_relaxed()
             each_run(lambda size: plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(block * S, size)],
                                                           x_smem.at[pl.ds(0, size)], loaded, oob_mode=in_bounds))
             for col_gmem, col_smem in zip(col_gmems, col_smems):  # waited for before the map
@@ -782,18 +754,13 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                                                           o_gmem.at[row, pl.ds(block * S, size)]))
             plgpu.wait_smem_to_gmem(0)
 
-        xchg_smem = None
-
         def allocated(x_smem, *rest):
-            nonlocal xchg_smem
-            if SMEM_EXCHANGE:
-                xchg_smem, rest = rest[-1], rest[:-1]
-            scoped(x_smem, rest[:n_cols], rest[n_cols], rest[n_cols + 1] if n_cols else None)
+            col_smems, (loaded, *cols_loaded, xchg_smem) = rest[:n_cols], rest[n_cols:]
+            scoped(x_smem, col_smems, loaded, cols_loaded[0] if n_cols else None, xchg_smem)
 
         cols_loaded = [plgpu.Barrier(num_arrivals=n_cols)] if n_cols else []
-        xchg = [plgpu.SMEM((COPY_BYTES // 4,), F32)] if SMEM_EXCHANGE else []
         pl.run_scoped(allocated, plgpu.SMEM((S,), dtype), *(plgpu.SMEM((S,), dtype) for _ in range(n_cols)),
-                      plgpu.Barrier(num_arrivals=1), *cols_loaded, *xchg)
+                      plgpu.Barrier(num_arrivals=1), *cols_loaded, plgpu.SMEM((EXCHANGE_FLOATS,), F32))
 
     def body(x_gmem, *refs):
         if p.clustered:
@@ -898,14 +865,12 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
         out = jax.ShapeDtypeStruct((rows,), F32)
     else:
         out = jax.ShapeDtypeStruct((rows, C) if p.aligned else (rows * C,), dtype)
-    # A cluster's blocks exchange their statistics through a 128-byte line per row.
-    outs = [out, jax.ShapeDtypeStruct((rows, COPY_BYTES // 4), F32)] if p.clustered else [out]
     params = plgpu.CompilerParams(approx_math=bool(p.config.approx_math))
     if p.clustered and platform.interpret:
         raise NotImplementedError(f"{math_.name}: cluster > 1 runs on a GPU only (Pallas's GPU interpreter has "
                                   f"no clusters)")
     cluster = dict(cluster=(p.config.cluster,), cluster_names=("cluster",)) if p.clustered else {}
-    call = mgpu_launch.mosaic_kernel(body, platform=platform, out_shape=outs, grid=(rows,),
+    call = mgpu_launch.mosaic_kernel(body, platform=platform, out_shape=[out], grid=(rows,),
                                      grid_names=("rows",), compiler_params=params, name=math_.name, **cluster)
 
     def run(x: jax.Array, *others: jax.Array) -> jax.Array:
