@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Clustered rows (kernels/rows/mosaic.py) with the blocks' statistics exchanged through global
 # memory and through the peers' shared memory, side by side in one run (CUPTI kernel time).
+# The FARM_CLUSTER_EXCHANGE switch it sets exists at commit 92acaa5 only (check it out to rerun the
+# comparison); later commits keep the shared-memory exchange, and both runs of a case take it.
 # On the H200:  bash bench/probes/cluster_exchange.sh $OUT/exchange < bench/probes/cluster_exchange.txt
 set -euo pipefail
 out=${1:?usage: cluster_exchange.sh OUT_DIR < CASES}
