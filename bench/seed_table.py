@@ -172,9 +172,27 @@ def tune(paths: Sequence[Path], targets: Sequence[str], out: Path, budget_s: flo
     return out
 
 
+def _finalist_winners(trials: Path) -> dict[str, dict[str, Any]]:
+    """task key -> the winner of its re-timed finalists (finalists.jsonl beside `trials`), as the
+    farm's bundle picks it (`farm.measure.finalists.winner`): the sweep's own trial figures were
+    taken while other configs compiled, and a disturbed one can rank a config wrongly."""
+    from farm.measure import finalists
+    from farm.run import runlog
+
+    winners = {}
+    for key, timings in runlog.read_finals(trials.parent).items():
+        final = finalists.winner(timings)
+        if final is not None:
+            winners[key] = {"config": json.loads(final.config), "median_s": final.median_s,
+                            "source": str(trials.parent / runlog.FINALS_LOG)}
+    return winners
+
+
 def load_winners(runs: Sequence[Path], bundle: Path | None) -> tuple[dict[str, dict], dict[str, list]]:
     """(task key -> {config, median_s, source}, space stem -> trial records) from runs and a bundle.
-    With several run folders, a task's winner is the best over all of them."""
+    A run's task with re-timed finalists is won by their winner, as in the bundle the run would
+    make; else by its fastest trial. With several run folders, a task's winner is the best over
+    all of them."""
     winners: dict[str, dict[str, Any]] = {}
     progress: dict[str, list[dict[str, Any]]] = {}
     if bundle is not None:
@@ -190,11 +208,24 @@ def load_winners(runs: Sequence[Path], bundle: Path | None) -> tuple[dict[str, d
             progress.setdefault(stem, []).extend({**r, "source_file": str(path), "sweep": f"{folder}:{r.get('run_id')}"}
                                                  for r in read_records(path))
     everything = [r for records in progress.values() for r in records]
+    finals: dict[str, list[dict[str, Any]]] = {}
+    for folder in runs:
+        for path in _trial_files(folder).values():
+            for key, won in _finalist_winners(path).items():
+                finals.setdefault(key, []).append(won)
     for key in sorted({r["task_key"] for r in everything}):
-        best = _best([r for r in everything if r["task_key"] == key])
-        if best is not None:
-            winners[key] = {"config": json.loads(best["config"]), "median_s": best["median_s"],
-                            "source": best["source_file"]}
+        # Per file: its finalists' winner where it has one, else its fastest trial.
+        candidates = list(finals.get(key, []))
+        finalized = {c["source"] for c in candidates}
+        for source in sorted({r["source_file"] for r in everything if r["task_key"] == key}):
+            if str(Path(source).parent / "finalists.jsonl") in finalized:
+                continue
+            best = _best([r for r in everything if r["task_key"] == key and r["source_file"] == source])
+            if best is not None:
+                candidates.append({"config": json.loads(best["config"]), "median_s": best["median_s"],
+                                   "source": source})
+        if candidates:
+            winners[key] = min(candidates, key=lambda c: c["median_s"])
     return winners, progress
 
 

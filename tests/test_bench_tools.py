@@ -67,6 +67,32 @@ def test_search_stats_follow_the_sweep_that_found_the_winner():
     assert (t1["within_2pct_s"], t1["tune_s"], t1["pruned"], t1["tasks_in_sweep"]) == (2.0, 5.0, 1, 2)
 
 
+def test_seed_table_takes_the_winner_the_bundle_would_ship_the_finalists_one(tmp_path):
+    # As on the H200 (softmax 8192x151936): a disturbed sweep figure ranked the config the
+    # finalists' side-by-side re-timing found fastest out of first place.
+    from farm.bundle.records import TrialRecord
+    from farm.measure.finalists import FinalTiming
+    from farm.run import runlog
+    from farm.tasks import TuningTask
+
+    run = tmp_path / "runs" / "tune"
+    run.mkdir(parents=True)
+    task = TuningTask("softmax", (8, 128), "float32", "interpret")
+    other = TuningTask("softmax", (16, 128), "float32", "interpret")
+    trials = [TrialRecord.for_task(task, 0, '{"block_rows":1}', outcomes.OK, median_s=5.3e-3, spread=11.0),
+              TrialRecord.for_task(task, 1, '{"block_rows":2}', outcomes.OK, median_s=1.50e-3, spread=0.05),
+              TrialRecord.for_task(other, 0, '{"block_rows":4}', outcomes.OK, median_s=2.0e-3, spread=0.01)]
+    (run / "trials.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in trials))
+    runlog.append_finals(run, [
+        FinalTiming(task.key, '{"block_rows":2}', 1.52e-3, 0.01, 1.51e-3, 6, 1, 1e-3, False, 2, 6, True),
+        FinalTiming(task.key, '{"block_rows":1}', 1.43e-3, 0.01, 1.42e-3, 6, 1, 1e-3, False, 2, 6, True)])
+    winners, _ = seed_table.load_winners([tmp_path], None)
+    assert winners[task.key]["config"] == {"block_rows": 1} and winners[task.key]["median_s"] == 1.43e-3
+    assert winners[task.key]["source"].endswith("finalists.jsonl")
+    # A task without finalists keeps its fastest trial.
+    assert winners[other.key]["config"] == {"block_rows": 4}
+
+
 def test_seed_table_tunes_with_the_farm_then_measures_its_winner(tmp_path, ray_local):
     # --tune on CPU (--small: interpret mode): a real farm sweep, whose winner is the farm column.
     report = seed_table.main(["--small", "--tune", "30", "--trials", "3", "--out", str(tmp_path),
