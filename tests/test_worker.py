@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import jax
 import jax.numpy as jnp
@@ -144,3 +145,49 @@ def test_a_cutoff_stops_timing_after_the_race_samples():
     assert full.n_timed == 5 and not full.cut_short
     assert cut.cut_short and len(cut.samples) == timing.RACE_SAMPLES
     assert not kept.cut_short and len(kept.samples) == 5
+
+
+def test_a_pair_whose_samples_disagree_marks_the_timing_disturbed():
+    # An undisturbed pair takes twice the calls in about twice the time, less the once-per-sample
+    # costs; a host stall in either sample moves the ratio out of range.
+    assert timing.consistent_pair(5e-3, 9.5e-3) and timing.consistent_pair(5e-3, 10e-3)
+    assert not timing.consistent_pair(105e-3, 10e-3)      # the stall in the short sample
+    assert not timing.consistent_pair(5e-3, 110e-3)       # ... in the long one
+    calls = [0]
+
+    def stalls(x):
+        # 2 ms a call: a sample of one call (calibration: 3 calls), pairs of 1 + 2 calls; the
+        # 10th and 13th calls fall in the third and fourth pairs.
+        calls[0] += 1
+        time.sleep(0.3 if calls[0] in stalled else 0.002)
+        return x + 1
+
+    x = jnp.ones((8, 8))
+    stalled = {10}
+    once = timing.time_calls(stalls, [(x,)], repetitions=5)
+    assert once.disturbed_pairs >= 1      # (one pair in five alone would leave its median standing)
+    calls[0], stalled = 0, {10, 13}
+    twice = timing.time_calls(stalls, [(x,)], repetitions=5)
+    assert twice.disturbed_pairs >= 2 and twice.disturbed
+
+
+def test_a_worker_times_a_disturbed_trial_again_with_nothing_compiling(ray_local, tmp_path):
+    # The kernel's host stalls twice, inside the first timing: the worker takes the timing again
+    # behind its compile gate, and the record says so; the figures are the second timing's.
+    import ray
+
+    from farm.measure.device import MeasureSettings
+    from farm.run.actor import Worker
+
+    worker = Worker.options(max_concurrency=2).remote(interpret=True, retime_disturbed=True)
+    task = TuningTask("tests.fixtures.faulty_softmax", (8, 128), "float32", "interpret")
+    # 5 ms a call: samples of one call; the 10th call is past validation, warm-up and calibration,
+    # and it and the 13th stall (two pairs of five).
+    config = {"block_rows": 8, "fault": "stall_twice", "marker": str(tmp_path / "stalled"), "stall_at": 10,
+              "stall_ms": 300, "delay_ms": 5}
+    measured = ray.get(worker.run.remote(task, config, 0, MeasureSettings(repetitions=5)))
+    m = measured.measurement
+    assert (tmp_path / "stalled").exists()                    # the stall happened
+    assert m.outcome == outcomes.OK and m.disturbed and m.retimed_quiet
+    assert m.n_timed == 5 and not m.cut_short
+    ray.kill(worker)

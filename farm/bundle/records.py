@@ -42,6 +42,8 @@ class TrialRecord:
     n_timed: int | None = None
     calls_per_sample: int | None = None
     cut_short: bool | None = None       # timed in a few samples only: clearly slower than the best so far
+    disturbed: bool | None = None       # its first timing was held up from outside (compiles beside it)
+    retimed_quiet: bool | None = None   # ... and was taken again with no compile running: the figures above
     numerics_error: float | None = None
     compile_s: float | None = None
     device_s: float | None = None       # seconds the device spent validating and timing

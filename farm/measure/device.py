@@ -123,6 +123,14 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         result.error = (f"relative error {result.numerics_error:.3g} exceeds the {task.dtype} "
                         f"tolerance {bound:.3g} (NaN/inf or unwritten outputs count as inf)")
         return result
+    return time_into(result, c, repetitions=repetitions, warmup=warmup, time_budget_s=time_budget_s,
+                     cutoff_s=cutoff_s)
+
+
+def time_into(result: Measurement, c: Compiled, *, repetitions: int = 10, warmup: int = 2,
+              time_budget_s: float | None = None, cutoff_s: float | None = None) -> Measurement:
+    """Time `c` on its inputs (`timing.time_calls`) into `result`'s timing fields, per kernel call;
+    a failure to run makes `result` a run error."""
     calls = c.calls_per_dispatch
     try:
         t = timing.time_calls(c.executable, dispatch.grouped_sets(c.inputs, calls), warmup=warmup,
@@ -133,6 +141,7 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         return result.fail(full_text(err), outcomes.RUN_ERROR)
     result.median_s, result.min_s, result.spread = t.median_s, t.min_s, t.spread
     result.n_timed, result.calls_per_sample, result.cut_short = len(t.samples), t.calls_per_sample, t.cut_short
+    result.disturbed = t.disturbed
     return result
 
 

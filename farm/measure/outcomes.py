@@ -81,6 +81,8 @@ class Measurement:
     n_timed: int = 0
     calls_per_sample: int = 0
     cut_short: bool = False           # timing stopped early: clearly slower than the task's best so far
+    disturbed: bool = False           # the timing was held up from outside (`timing.Timing.disturbed`)
+    retimed_quiet: bool = False       # ... so it was taken again with no compile running (the figures are those)
     numerics_error: float | None = None  # relative L2 error against the reference
     compile_s: float | None = None
     error: str | None = None

@@ -31,6 +31,18 @@ class Timing:
     samples: tuple[float, ...]
     calls_per_sample: int  # calls in the shorter sample of each pair
     cut_short: bool = False  # stopped after RACE_SAMPLES samples: slower than the cutoff it was given
+    disturbed_pairs: int = 0  # pairs whose two samples disagree (`consistent_pair`)
+
+    @property
+    def disturbed(self) -> bool:
+        """Whether something outside the timed calls held them up: samples spread over more than
+        DISTURBED_SPREAD of their median, more than one pair in five whose samples disagree, or
+        any such pair in a timing cut short (its verdict rests on two samples). Measured on the
+        H200 while other configs compiled on its host: samples 3-70 times too slow, spreads of
+        0.3-12 (0.01-0.15 with nothing compiling, where a pair in ten may still disagree)."""
+        pairs = len(self.samples)
+        return (self.spread > DISTURBED_SPREAD or self.disturbed_pairs * 5 > pairs
+                or (self.cut_short and self.disturbed_pairs > 0))
 
 
 def run_sample(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], calls: int) -> float:
@@ -43,12 +55,30 @@ def run_sample(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], call
     return (time.perf_counter() - start) / calls
 
 
-def pair_per_call(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], calls: int) -> float:
-    """Seconds per call from a `calls` sample and a `2 * calls` sample: (T(2n) - T(n)) / n."""
+# T(2n) / T(n) of an undisturbed pair: 2, less the once-per-sample costs' share (7-15% of a 5 ms
+# sample on the H200: about 1.75-1.9). A host stall in one sample moves it out of this range.
+PAIR_RATIO = (1.5, 2.2)
+DISTURBED_SPREAD = 0.25
+
+
+def consistent_pair(short_s: float, long_s: float) -> bool:
+    """Whether a pair's samples (seconds in all: `n` calls, then `2 n`) agree: T(2n) / T(n) in PAIR_RATIO."""
+    return short_s > 0 and PAIR_RATIO[0] <= long_s / short_s <= PAIR_RATIO[1]
+
+
+def timed_pair(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], calls: int) -> tuple[float, bool]:
+    """Seconds per call from a `calls` sample and a `2 * calls` sample, (T(2n) - T(n)) / n, and
+    whether the two samples agree (`consistent_pair`)."""
     short = run_sample(fn, input_sets, calls) * calls
     long = run_sample(fn, input_sets, 2 * calls) * 2 * calls
     difference = (long - short) / calls
-    return difference if difference > 0 else long / (2 * calls)   # noise larger than the work
+    per_call = difference if difference > 0 else long / (2 * calls)   # noise larger than the work
+    return per_call, consistent_pair(short, long)
+
+
+def pair_per_call(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], calls: int) -> float:
+    """Seconds per call from a `calls` sample and a `2 * calls` sample: (T(2n) - T(n)) / n."""
+    return timed_pair(fn, input_sets, calls)[0]
 
 
 def calibrate(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, min_sample_s: float,
@@ -86,8 +116,11 @@ def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, w
         repetitions = max(3, min(repetitions, int(budget_s / max(3 * once * calls, 1e-9))))
     samples: list[float] = []
     cut = False
+    disturbed = 0
     for _ in range(repetitions):
-        samples.append(pair_per_call(fn, input_sets, calls))
+        per_call, consistent = timed_pair(fn, input_sets, calls)
+        samples.append(per_call)
+        disturbed += not consistent
         if cutoff_s is not None and len(samples) == RACE_SAMPLES and min(samples) > cutoff_s:
             cut = True
             break
@@ -95,7 +128,7 @@ def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, w
     median = statistics.median(samples)
     q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [median, median, median]
     return Timing(median, samples[0], (q[2] - q[0]) / median if median > 0 else 0.0,
-                  tuple(samples), calls, cut)
+                  tuple(samples), calls, cut, disturbed)
 
 
 def time_side_by_side(fns: dict[str, Callable[..., Any]], input_sets: Sequence[Sequence[Any]], *,

@@ -416,7 +416,9 @@ class _Sweep:
         measured = sum(1 for r in self.records if r.outcome in outcomes.MEASURED)
         return {"wall_s": wall, "measured_trials": measured, "trials_per_s": measured / wall if wall else 0,
                 "measuring_s": measured_s, "measuring_trials_per_s": measured / measured_s if measured_s else 0,
-                "finalists_s": finals_s, "compile_processes": self.pool_info and
+                "finalists_s": finals_s,
+                "retimed_quiet": sum(1 for r in self.records if r.retimed_quiet),   # disturbed timings taken again
+                "compile_processes": self.pool_info and
                 {pool: info.get("compile_processes") for pool, info in self.pool_info.items()},
                 "workers": len(self.pool.workers), "duty_cycle": duty,
                 "stopped_by_time_budget": self.stopped_early, "warm_up": self.warmed,
