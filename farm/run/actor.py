@@ -111,7 +111,7 @@ class Worker:
         """Time a trial whose timing was disturbed again, with no compile running on this host
         (`CompileGate.quiet`: new compiles wait, those in flight end first), into `result`; the
         device seconds it took. On the H200, compiles beside a timed trial (child processes or
-        threads of this one) made its samples 3-60 times too slow, and a sweep ranked the best
+        threads of this one) made its samples 3-70 times too slow, and a sweep ranked the best
         config of 52 out of its finalists; with nothing compiling the samples agreed."""
         with self._gate.quiet(), self._device:
             started = time.monotonic()
