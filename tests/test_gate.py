@@ -63,3 +63,25 @@ def test_compiles_do_not_wait_for_each_other():
     for t in threads:
         t.join(10)
     assert not inside.broken and gate.active_compiles == 0
+
+
+def test_quiet_timing_waits_a_bounded_time_for_a_compile_that_does_not_end():
+    # A hung compile (it would run to its time limit) holds a quiet timing back max_wait_s at most;
+    # new compiles still wait behind the timing.
+    gate, compiling, release = CompileGate(), threading.Event(), threading.Event()
+
+    def hung_compile() -> None:
+        with gate.compiling():
+            compiling.set()
+            release.wait(10)
+
+    hung = threading.Thread(target=hung_compile)
+    hung.start()
+    assert compiling.wait(10)
+    with gate.quiet(max_wait_s=0.2) as clear:
+        assert not clear and gate.active_compiles == 1 and gate.quiet_requested
+    with gate.quiet(max_wait_s=0.2):
+        release.set()
+    hung.join(10)
+    with gate.quiet(max_wait_s=0.2) as clear:
+        assert clear

@@ -30,6 +30,7 @@ from farm.tasks import TuningTask
 
 logger = logging.getLogger(__name__)
 FINALS_SEED = 0xF1A1   # the finalists' inputs: one seed for all, not any trial's
+QUIET_WAIT_S = 30.0    # a disturbed trial's re-timing waits this long at most for compiles in flight
 
 
 @ray.remote(max_restarts=0, max_task_retries=0)
@@ -109,11 +110,12 @@ class Worker:
 
     def _retime_quietly(self, compiled: Compiled, result: Measurement, settings: MeasureSettings) -> float:
         """Time a trial whose timing was disturbed again, with no compile running on this host
-        (`CompileGate.quiet`: new compiles wait, those in flight end first), into `result`; the
-        device seconds it took. On the H200, compiles beside a timed trial (child processes or
-        threads of this one) made its samples 3-70 times too slow, and a sweep ranked the best
-        config of 52 out of its finalists; with nothing compiling the samples agreed."""
-        with self._gate.quiet(), self._device:
+        (`CompileGate.quiet`: new compiles wait, those in flight end first, given QUIET_WAIT_S at
+        most), into `result`; the device seconds it took. On the H200, compiles beside a timed
+        trial (child processes or threads of this one) made its samples 3-70 times too slow, and
+        a sweep ranked the best config of 52 out of its finalists; with nothing compiling the
+        samples agreed."""
+        with self._gate.quiet(max_wait_s=QUIET_WAIT_S), self._device:
             started = time.monotonic()
             try:
                 compiled.inputs = timing_inputs(compiled.module, compiled.task, compiled.trial_seed,

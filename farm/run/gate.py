@@ -8,6 +8,8 @@ re-timed while the other tasks' finalists compiled had spreads of 29-38% (a 28 u
 entropy) where the same configs re-timed alone had 7-11%, and a Mosaic GPU attention's
 in-process compiles held the GIL under its timing thread. So quiet timing waits for compiles
 in progress to end and holds new ones back until it is done; compiles never wait for each other.
+A trial's own timing that compiles disturbed (`farm.measure.timing.Timing.disturbed`: on the
+H200, 3-70 times too slow while other configs compiled) is taken again the same way.
 """
 from __future__ import annotations
 
@@ -38,14 +40,16 @@ class CompileGate:
                 self._cond.notify_all()
 
     @contextlib.contextmanager
-    def quiet(self) -> Iterator[None]:
-        """Hold while timing finalists: waits for compiles in progress and for other quiet timings."""
+    def quiet(self, max_wait_s: float | None = None) -> Iterator[bool]:
+        """Hold while timing quietly: waits for other quiet timings, then for compiles in progress
+        (at most `max_wait_s` for these: a hung compile must not hold the device for its whole
+        time limit); new compiles wait until it is done. Yields whether no compile runs."""
         with self._cond:
             self._cond.wait_for(lambda: not self._quiet)
             self._quiet = True                                     # new compiles wait from here
-            self._cond.wait_for(lambda: self._compiling == 0)      # compiles in progress end
+            clear = self._cond.wait_for(lambda: self._compiling == 0, timeout=max_wait_s)  # in progress end
         try:
-            yield
+            yield clear
         finally:
             with self._cond:
                 self._quiet = False
