@@ -703,7 +703,8 @@ def markdown(report: dict[str, Any]) -> str:
         for n, c in r.get("columns", {}).items():
             shape = f"{'x'.join(map(str, r['shape']))} {r['dtype']}"
             if n.startswith("farm:"):
-                sweep = f", sweep figure {_with_unit(c['sweep_median_s'])}" if c.get("sweep_median_s") else ""
+                figure = "finalists' figure" if str(c.get("source", "")).endswith("finalists.jsonl") else "sweep figure"
+                sweep = f", {figure} {_with_unit(c['sweep_median_s'])}" if c.get("sweep_median_s") else ""
                 lines.append(f"- {r['space']} {shape} {n}: {c.get('config_source')} `{json.dumps(c.get('config'))}`{sweep}"
                              + (f"; {c['status']}: {c.get('error', '')}" if c.get("status") != "ok" else ""))
             elif c.get("status") == "wrong_result":
