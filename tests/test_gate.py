@@ -85,3 +85,26 @@ def test_quiet_timing_waits_a_bounded_time_for_a_compile_that_does_not_end():
     hung.join(10)
     with gate.quiet(max_wait_s=0.2) as clear:
         assert clear
+
+
+def test_gil_handoff_shortens_the_switch_interval_while_held_and_restores_it():
+    import sys
+
+    import pytest
+
+    from farm.run.gate import GIL_HANDOFF_S, gil_handoff
+
+    before = sys.getswitchinterval()
+    assert before > GIL_HANDOFF_S                      # Python's default, 5 ms
+    with gil_handoff():
+        assert sys.getswitchinterval() == pytest.approx(GIL_HANDOFF_S, rel=0.05)
+    assert sys.getswitchinterval() == before
+    with pytest.raises(RuntimeError), gil_handoff():   # restored when the timing fails too
+        raise RuntimeError("a failed run")
+    assert sys.getswitchinterval() == before
+    sys.setswitchinterval(GIL_HANDOFF_S / 2)           # a shorter interval set by the user stays
+    try:
+        with gil_handoff():
+            assert sys.getswitchinterval() == pytest.approx(GIL_HANDOFF_S / 2, rel=0.05)   # microseconds
+    finally:
+        sys.setswitchinterval(before)

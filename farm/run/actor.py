@@ -25,7 +25,7 @@ from farm.measure.compiler import (
 from farm.measure.device import MeasureSettings, time_into, validate_and_time
 from farm.measure.finalists import FinalTiming
 from farm.measure.outcomes import Measured, Measurement
-from farm.run.gate import CompileGate
+from farm.run.gate import CompileGate, gil_handoff
 from farm.tasks import TuningTask
 
 logger = logging.getLogger(__name__)
@@ -40,9 +40,10 @@ class Worker:
     Created with `max_concurrency=depth`: up to `depth` trials are inside `run` at once. Each is
     compiled by one of `compile_processes` child processes on this host
     (`farm.measure.compile_pool`; none: a thread of this process), and the device (validation
-    and timing) is held by one trial at a time, so the accelerator does not wait for the compiler.
-    A timing the compiles beside it held up (`timing.Timing.disturbed`) is taken again with none
-    running (`_retime_quietly`).
+    and timing) is held by one trial at a time, so the accelerator does not wait for the compiler;
+    its holder shortens Python's switch interval (`gil_handoff`). A timing the compiles beside it
+    held up all the same (`timing.Timing.disturbed`) is taken again with none running
+    (`_retime_quietly`).
     """
 
     def __init__(self, interpret: bool, emulate: str | None = None, compile_processes: int = 0,
@@ -88,7 +89,7 @@ class Worker:
         if isinstance(compiled, Measurement):
             result = compiled
         else:
-            with self._device:
+            with self._device, gil_handoff():
                 started = time.monotonic()
                 try:
                     if compiled.inputs is None:    # a set per call of a dispatch (farm.measure.dispatch)
@@ -111,11 +112,11 @@ class Worker:
     def _retime_quietly(self, compiled: Compiled, result: Measurement, settings: MeasureSettings) -> float:
         """Time a trial whose timing was disturbed again, with no compile running on this host
         (`CompileGate.quiet`: new compiles wait, those in flight end first, given QUIET_WAIT_S at
-        most), into `result`; the device seconds it took. On the H200, compiles beside a timed
-        trial (child processes or threads of this one) made its samples 3-70 times too slow, and
-        a sweep ranked the best config of 52 out of its finalists; with nothing compiling the
-        samples agreed."""
-        with self._gate.quiet(max_wait_s=QUIET_WAIT_S), self._device:
+        most), into `result`; the device seconds it took. On the H200, compiles in threads of this
+        process (Mosaic GPU's) held the GIL under a timed trial and made its samples 3-70 times
+        too slow (`farm.run.gate`), and a sweep ranked the best config of 52 out of its
+        finalists; with nothing compiling the samples agreed."""
+        with self._gate.quiet(max_wait_s=QUIET_WAIT_S), self._device, gil_handoff():
             started = time.monotonic()
             try:
                 compiled.inputs = timing_inputs(compiled.module, compiled.task, compiled.trial_seed,
@@ -189,7 +190,7 @@ class Worker:
         calls_per_dispatch = calls.pop()
         module = kernels.load(task.kernel)
         per_set = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(abstract_inputs(module, task)))
-        with self._gate.quiet(), self._device:
+        with self._gate.quiet(), self._device, gil_handoff():
             started = time.monotonic()
             try:
                 sets = timing_inputs(module, task, FINALS_SEED,

@@ -10,12 +10,38 @@ in-process compiles held the GIL under its timing thread. So quiet timing waits 
 in progress to end and holds new ones back until it is done; compiles never wait for each other.
 A trial's own timing that compiles disturbed (`farm.measure.timing.Timing.disturbed`: on the
 H200, 3-70 times too slow while other configs compiled) is taken again the same way.
+
+Why compiles disturb timing: the GIL, not the CPU. The thread that times queues each call in
+Python and gives the GIL up inside the call; to take it back it waits until the thread holding
+it has run for Python's switch interval (5 ms) while the device runs dry. On the H200
+(`bench/probes/timing_disturbance.py`, a 1.41 ms softmax): 14 compile processes beside the
+timing, 1.41 ms; 4 threads of the timing process tracing and lowering configs (as a worker's
+compile threads do for Mosaic GPU, whose executables cannot leave their compiler), 22.0 ms; 4
+threads spinning in Python, 41.3 ms. So the device's holder also shortens the switch interval
+(`gil_handoff`: 1.45 and 2.11 ms there with 0.1 ms), and a timing still disturbed is taken again
+quietly.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Iterator
+
+GIL_HANDOFF_S = 1e-4   # the switch interval while the device is timed (Python's default: 5 ms)
+
+
+@contextlib.contextmanager
+def gil_handoff(interval_s: float = GIL_HANDOFF_S) -> Iterator[None]:
+    """Within: a thread waiting for the GIL gets it after `interval_s` (or the interval already
+    set, if shorter), so the thread queuing timed calls is not held up for Python's 5 ms by
+    threads compiling beside it. Process-wide; callers hold the device lock, one at a time."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, interval_s))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 class CompileGate:
