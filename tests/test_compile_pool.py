@@ -28,6 +28,7 @@ from kernels.lowering import Platform
 from tests.sweeps import run_sweep, space
 
 SOFTMAX = TuningTask("softmax", (32, 128), "float32", "interpret")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,36 @@ def test_an_executable_with_host_callbacks_is_not_portable(pool):
     task = TuningTask("softmax", (32, 128), "float32", "tpu")   # TPU interpret mode calls back to the host
     reply = pool.compile(task, _default(task), interpret=True, timeout_s=300)
     assert isinstance(reply, compile_pool.NotPortable) and reply.reason
+
+
+MOSAIC_IN_A_FRESH_PROCESS = """
+import sys, jax, jax.numpy as jnp, kernels
+from farm.measure import compile_pool
+from farm.tasks import TuningTask
+assert "jax.experimental.mosaic.gpu" not in sys.modules      # nothing of Mosaic GPU here yet
+task = TuningTask("softmax", (256, 4096), "bfloat16", "gpu-mosaic")
+module = kernels.load("softmax")
+pool = compile_pool.CompilePool(1)
+reply = pool.compile(task, module.default_config(task.shape, task.target), interpret=False, timeout_s=300)
+pool.close()
+assert isinstance(reply, compile_pool.Portable), reply
+executable, _ = compile_pool.load(reply)
+x, = module.make_inputs(task.shape, jnp.bfloat16, jax.random.key(0))
+y = executable(*[x] * reply.calls)     # a short kernel: several calls per dispatch (farm.measure.dispatch)
+y = y[0] if isinstance(y, (tuple, list)) else y
+error = jnp.abs(y.astype(jnp.float32) - jax.nn.softmax(x.astype(jnp.float32), -1)).max()
+print("max error", float(error))
+assert error < 1e-2
+"""
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="Mosaic GPU executables run on a GPU only")
+def test_a_mosaic_gpu_executable_from_a_child_loads_in_a_process_that_never_built_one():
+    # On the H200 these failed to load ("Symbols not found: mosaic_gpu_launch_kernel") until the
+    # loading process imported Mosaic GPU's runtime, and every gpu-mosaic task compiled in the worker.
+    done = subprocess.run([sys.executable, "-c", MOSAIC_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                          timeout=600, cwd=REPO, env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_a_compile_over_its_limit_kills_only_its_child(pool):

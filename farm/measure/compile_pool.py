@@ -19,7 +19,8 @@ compile limit is killed and replaced (`timeout`, the worker itself stays), a chi
 (a compiler crash) is replaced (`compile_error`). Children die with their parent
 (`PR_SET_PDEATHSIG`), so a killed worker leaves no compiler behind. An executable that cannot
 be serialized (host callbacks, as in TPU interpret mode) comes back `NotPortable`: the device
-process compiles that task itself.
+process compiles that task itself. Mosaic GPU's executables load once its runtime is imported
+(`kernel_runtimes`).
 
 TPU: a chip opens in one process only, so a TPU worker's children run with
 `JAX_PLATFORMS=cpu` and compile deviceless, for the chip's one-chip topology
@@ -220,5 +221,18 @@ def load(reply: Portable) -> tuple[Any, Any]:
     """The timed and check executables of a reply, loaded onto this process's devices."""
     from jax.experimental import serialize_executable
 
+    kernel_runtimes()
     return (serialize_executable.deserialize_and_load(*reply.executable),
             serialize_executable.deserialize_and_load(*reply.check_executable))
+
+
+def kernel_runtimes() -> None:
+    """Register the kernel compilers' host runtimes with this process's JIT, as a compile does.
+    A Mosaic GPU executable calls `mosaic_gpu_launch_kernel`, which exists only once
+    `jax.experimental.mosaic.gpu` is imported: without it, loading one compiled elsewhere fails
+    ("Failed to lookup host symbol"; on the H200, every gpu-mosaic task then compiled in the
+    worker's threads, whose Python held the GIL under the timing thread: `farm.run.gate`)."""
+    try:
+        import jax.experimental.mosaic.gpu  # noqa: F401 - registers mosaic_gpu_launch_kernel
+    except ImportError:    # a JAX without Mosaic GPU: none of its executables to load either
+        pass

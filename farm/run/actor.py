@@ -152,7 +152,7 @@ class Worker:
                     executable, check = compile_pool.load(reply)
                     return Compiled(kernels.load(task.kernel), task, config, self.interpret, trial_seed, executable,
                                     None, reply.compile_s, check, reply.calls), False
-                except Exception as err:  # noqa: BLE001 - e.g. Mosaic GPU's host-compiled parts do not travel
+                except Exception as err:  # noqa: BLE001 - e.g. a runtime this process lacks
                     logger.warning("%s: executables compiled in a child process do not load here (%s); this task "
                                    "compiles in the worker from now on", task.key, full_text(err)[:300])
             self._in_process.add(task.key)    # not portable: this task compiles here from now on

@@ -16,10 +16,10 @@ Python and gives the GIL up inside the call; to take it back it waits until the 
 it has run for Python's switch interval (5 ms) while the device runs dry. On the H200
 (`bench/probes/timing_disturbance.py`, a 1.41 ms softmax): 14 compile processes beside the
 timing, 1.41 ms; 4 threads of the timing process tracing and lowering configs (as a worker's
-compile threads do for Mosaic GPU, whose executables cannot leave their compiler), 22.0 ms; 4
-threads spinning in Python, 41.3 ms. So the device's holder also shortens the switch interval
-(`gil_handoff`: 1.45 and 2.11 ms there with 0.1 ms), and a timing still disturbed is taken again
-quietly.
+compile threads did for every Mosaic GPU task until its executables loaded in the worker:
+`compile_pool.kernel_runtimes`), 22.0 ms; 4 threads spinning in Python, 41.3 ms. So builds
+run in compile processes, the device's holder shortens the switch interval (`gil_handoff`:
+1.45 and 2.11 ms there with 0.1 ms), and a timing still disturbed is taken again quietly.
 """
 from __future__ import annotations
 
