@@ -1,10 +1,13 @@
 """The worker's gate between compiles and quiet timing (`farm.run.gate`), with real threads."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
-from farm.run.gate import CompileGate
+import pytest
+
+from farm.run.gate import GIL_HANDOFF_S, CompileGate, gil_handoff
 
 
 def test_quiet_timing_waits_for_compiles_in_progress_and_holds_new_ones_back():
@@ -88,12 +91,6 @@ def test_quiet_timing_waits_a_bounded_time_for_a_compile_that_does_not_end():
 
 
 def test_gil_handoff_shortens_the_switch_interval_while_held_and_restores_it():
-    import sys
-
-    import pytest
-
-    from farm.run.gate import GIL_HANDOFF_S, gil_handoff
-
     before = sys.getswitchinterval()
     assert before > GIL_HANDOFF_S                      # Python's default, 5 ms
     with gil_handoff():
