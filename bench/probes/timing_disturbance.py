@@ -21,7 +21,8 @@ Variants, in this order:
 
 On the H200 (bench/results/h200/sweep_noise/) a sweep's trials timed beside its compiles ran
 3-70 times too slow; this tells CPU time (burn) from the compiles' other effects, and whether
-pinning keeps the timing thread clear.
+pinning keeps the timing thread clear. Found on the H200 (2026-12-02; BENCHMARKS.md): only the
+threads of the timing process held it up (the GIL), processes of any kind did not.
 """
 from __future__ import annotations
 
