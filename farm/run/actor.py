@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -89,7 +91,7 @@ class Worker:
         if isinstance(compiled, Measurement):
             result = compiled
         else:
-            with self._device, gil_handoff():
+            with self._timing():
                 started = time.monotonic()
                 try:
                     if compiled.inputs is None:    # a set per call of a dispatch (farm.measure.dispatch)
@@ -109,6 +111,13 @@ class Worker:
         result.device_kind = jax.devices()[0].device_kind
         return Measured(result, device_s, restart)
 
+    @contextlib.contextmanager
+    def _timing(self) -> Iterator[None]:
+        """Hold the device to validate and time on it, with the GIL handed back promptly
+        (`gil_handoff`) to the thread that queues the timed calls."""
+        with self._device, gil_handoff():
+            yield
+
     def _retime_quietly(self, compiled: Compiled, result: Measurement, settings: MeasureSettings) -> float:
         """Time a trial whose timing was disturbed again, with no compile running on this host
         (`CompileGate.quiet`: new compiles wait, those in flight end first, given QUIET_WAIT_S at
@@ -116,7 +125,7 @@ class Worker:
         process (Mosaic GPU's) held the GIL under a timed trial and made its samples 3-70 times
         too slow (`farm.run.gate`), and a sweep ranked the best config of 52 out of its
         finalists; with nothing compiling the samples agreed."""
-        with self._gate.quiet(max_wait_s=QUIET_WAIT_S), self._device, gil_handoff():
+        with self._gate.quiet(max_wait_s=QUIET_WAIT_S), self._timing():
             started = time.monotonic()
             try:
                 compiled.inputs = timing_inputs(compiled.module, compiled.task, compiled.trial_seed,
@@ -190,7 +199,7 @@ class Worker:
         calls_per_dispatch = calls.pop()
         module = kernels.load(task.kernel)
         per_set = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(abstract_inputs(module, task)))
-        with self._gate.quiet(), self._device, gil_handoff():
+        with self._gate.quiet(), self._timing():
             started = time.monotonic()
             try:
                 sets = timing_inputs(module, task, FINALS_SEED,
