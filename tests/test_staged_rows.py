@@ -184,6 +184,8 @@ def test_rows_far_from_zero_and_with_one_dominant_column():
     ("cross_entropy", (8192, 128256), {"strategy": "smem_row", "cluster": 4}),
     ("layer_norm", (16384, 16384), {"cluster": 2, "block_cols": 2048}),  # runs of the weight and bias too
     ("rms_norm", (4096, 5120), {"cluster": 2, "block_cols": 1024}),  # runs of 3072 and 2048 columns
+    ("layer_norm", (2048, 131072), {"cluster": 8, "block_cols": 2048, "stream_cols": 1}),  # column inputs streamed
+    ("layer_norm", (64, 5184), {"cluster": 2, "block_cols": 1024, "stream_cols": 1}),  # a last chunk of 64 columns
 ])
 def test_users_shapes_lower_for_cuda_within_the_footprint(name, shape, knobs, monkeypatch):
     module = kernels.load(name)
@@ -363,8 +365,14 @@ def test_a_cluster_of_blocks_shares_a_row_in_runs_of_whole_chunks():
     assert rms_norm.footprint(norm, (64, 131072), "bfloat16", TARGET) == 2 * 32768 * 2 + 128 + mosaic_rows.SMEM_OVERHEAD
     assert "cluster of more blocks" in rms_norm.check_config({**norm, "cluster": 2}, (64, 131072), "bfloat16",
                                                              TARGET)
-    assert "stream_cols must be 0" in layer_norm.check_config({**norm, "stream_cols": 1}, (64, 131072), "bfloat16",
-                                                              TARGET)
+    # Streamed column inputs take two chunks a block, whatever its run: 2 blocks of 65536 columns
+    # then hold the weight and bias too.
+    streamed = {**norm, "stream_cols": 1, "cluster": 2}
+    assert layer_norm.check_config(streamed, (64, 131072), "bfloat16", TARGET) is None
+    assert layer_norm.footprint(streamed, (64, 131072), "bfloat16", TARGET) == \
+        (65536 + 2 * 2 * 4096) * 2 + 128 + mosaic_rows.SMEM_OVERHEAD
+    assert "cluster of more blocks" in layer_norm.check_config({**streamed, "stream_cols": 0}, (64, 131072),
+                                                               "bfloat16", TARGET)
     # Refused, by name: another strategy; rows not of whole 128-byte units; a cluster too large
     # for the row; out of range.
     assert "smem_split takes cluster 1" in softmax.check_config(
@@ -395,6 +403,11 @@ def test_clustered_rows_run_on_a_gpu_only():
     (rms_norm, (3, 131072), jnp.bfloat16, _config(4096, cluster=4, stream_cols=0)),
     (layer_norm, (3, 16384), jnp.bfloat16, _config(2048, cluster=2, stream_cols=0)),
     (layer_norm, (3, 5120), jnp.float32, _config(1024, cluster=2, stream_cols=0)),  # runs of 3072 and 2048
+    # Column inputs streamed through two chunk slots a block: runs of 3072 and 2112 columns (the
+    # last block's last chunk 64 columns); runs of 16384 in 8 blocks.
+    (layer_norm, (3, 5184), jnp.float32, _config(1024, cluster=2, stream_cols=1)),
+    (layer_norm, (5, 131072), jnp.bfloat16, _config(2048, cluster=8, stream_cols=1, approx_math=1)),
+    (rms_norm, (3, 131072), jnp.bfloat16, _config(2048, cluster=8, stream_cols=1)),
 ])
 def test_clustered_rows_match_the_reference_on_a_gpu(module, shape, dtype, config):
     inputs = module.make_inputs(shape, dtype, jax.random.key(9))

@@ -46,7 +46,9 @@ Config knobs, in the row engine's vocabulary: strategy "smem_row" (or "smem_piec
 row); block_cols, the chunk of the walks (a power of two, 1024 to 8192: 8 to 64 values per
 thread); stream_cols (kernels with column inputs), 1 to copy the column inputs in chunk by
 chunk, double-buffered, as the map reaches them, instead of whole beside the row: less shared
-memory a block, so more blocks (warpgroups) per SM; their copies hit L2 after the first rows;
+memory a block, so more blocks (warpgroups) per SM; their copies hit L2 after the first rows
+(a cluster's blocks stream their runs of the column inputs the same way: layer norm at 2048 x
+131072 in 8 blocks, 348 us against 412 us with the runs staged whole, on the H200);
 approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few
 ulp of float32, well within the farm's tolerances; the numerics check of every trial still
 applies); cluster (smem_row, kernels with a merge or walks that combine), the blocks sharing a row.
@@ -103,7 +105,8 @@ class StagedRowConfig:
     slots of piece_cols columns instead; "smem_split" (a merge and a map) stages the row's head
     and streams its tail through the slots twice; smem_row ignores piece_cols and slots.
     cluster > 1 (smem_row, kernels with a merge or walks that combine): the row split over that
-    many blocks of a cluster, each staging a run of whole chunks (and of the column inputs)."""
+    many blocks of a cluster, each staging a run of whole chunks (and of the column inputs, whole
+    or streamed)."""
 
     block_cols: int
     block_rows: int = 1
@@ -300,9 +303,6 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
         if not p.aligned:
             raise ValueError(f"{name} on {TARGET}: cluster > 1 takes rows of whole {COPY_BYTES}-byte units, not "
                              f"{cols} columns ({cols * itemsize} bytes); cluster 1 takes any width that fits")
-        if typed.stream_cols:
-            raise ValueError(f"{name} on {TARGET}: cluster > 1 stages each block's run of the column inputs "
-                             f"whole; stream_cols must be 0")
         if math_.exchanged * typed.cluster > EXCHANGE_FLOATS:
             raise ValueError(f"{name} on {TARGET}: {math_.exchanged} statistics from each of {typed.cluster} "
                              f"blocks do not fit the exchange's {EXCHANGE_FLOATS} floats")
@@ -489,6 +489,42 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
     def chunk_at(ref: Any, j: Any) -> Any:
         return ref.at[pl.ds(j * chunk, chunk)]
 
+    def column_streamer(col_gmems: Any, col_smems: Any, cols_loaded: Any, start: Any, whole: Any,
+                        rest: int) -> Callable[[Any], None]:
+        """load(j): chunk j of every column input's run that starts at column `start` (whole chunks
+        while j < whole, then `rest` columns at j == whole) into slot j % 2 of its shared buffer,
+        arriving at cols_loaded[j % 2]. Call it for the run's chunks only."""
+        def load(j: Any) -> None:
+            slot = lax.rem(j, 2)
+            for size, when in ((chunk, j < whole), (rest, j == whole)):
+                if size:
+                    @pl.when(when)
+                    def _(size=size):
+                        plgpu.commit_smem()  # the slot's last reads (chunk j - 2) are done
+                        for col_gmem, col_smem in zip(col_gmems, col_smems):
+                            plgpu.copy_gmem_to_smem(col_gmem.at[pl.ds(start + j * chunk, size)],
+                                                    col_smem.at[pl.ds(slot * chunk, size)],
+                                                    cols_loaded.at[slot], oob_mode=in_bounds)
+        return load
+
+    def map_chunks(x_smem: Any, col_smems: Any, cols_loaded: Any, stats: Any, first: Any, last: Any,
+                   streamed: Callable[[Any], None] | None = None, chunks: Any = None) -> None:
+        """Chunks [first, last) of the staged row mapped in place by `apply`, with the column
+        inputs' same chunks: staged whole, or (`streamed`, their loader) in two slots, chunk
+        j + 1 copied in (when j + 1 < chunks, the run's chunks) while chunk j is mapped."""
+        def apply(j: Any, carry: Any) -> Any:
+            ref = chunk_at(x_smem, j)
+            if streamed is not None:
+                pl.when(j + 1 < chunks)(lambda: streamed(j + 1))
+                plgpu.barrier_wait(cols_loaded.at[lax.rem(j, 2)])
+                cols = (chunk_at(c, lax.rem(j, 2))[...].astype(F32) for c in col_smems)
+            else:
+                cols = (chunk_at(c, j)[...].astype(F32) for c in col_smems)
+            ref[...] = math_.apply(ref[...].astype(F32), stats, *cols).astype(dtype)
+            return carry
+
+        lax.fori_loop(first, last, apply, 0)
+
     def walk_span(x_smem: Any, head: Any, length: Any, unaligned: bool, shortest: int | None = None,
                   shift: jax.Array | None = None,
                   exchange: Callable[[int, Any], Any] | None = None) -> tuple[jax.Array, ...]:
@@ -668,21 +704,22 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
 
     def cluster_body(x_gmem, *refs):
         """smem_row over a cluster: block k of the row's cluster stages columns [k S, k S + S) (the
-        last block the rest) and its run of the column inputs. Kernels with a merge walk the run
-        and send its statistics to every block of the cluster: each block stores them into its
-        part of every block's exchange buffer in shared memory (`_send_to_peers`); after the
-        cluster's barrier (release, then acquire: every block's stores are seen by all) each block
-        reads its own buffer, in block order, so that every block merges the same values the same
-        way. Kernels whose walks combine exchange each walk's value the same way, one barrier a
-        walk, and finish it for the whole row (the shift, if any, is the row's first element, read
-        from global memory). Then each block maps its run and writes it back, or block 0 writes
-        the row's result. A block arrives at the barrier as it starts and waits before its first
-        store to a peer, whose shared memory exists only once it runs. (Measured on the H200: 2-7%
-        faster than an exchange through a line of global memory a row.)"""
+        last block the rest) and its run of the column inputs (whole, or streamed: stream_cols).
+        Kernels with a merge walk the run and send its statistics to every block of the cluster:
+        each block stores them into its part of every block's exchange buffer in shared memory
+        (`_send_to_peers`); after the cluster's barrier (release, then acquire: every block's stores
+        are seen by all) each block reads its own buffer, in block order, so that every block merges
+        the same values the same way. Kernels whose walks combine exchange each walk's value the
+        same way, one barrier a walk, and finish it for the whole row (the shift, if any, is the
+        row's first element, read from global memory). Then each block maps its run and writes it
+        back, or block 0 writes the row's result. A block arrives at the barrier as it starts and
+        waits before its first store to a peer, whose shared memory exists only once it runs.
+        (Measured on the H200: 2-7% faster than an exchange through a line of global memory a row.)"""
         col_gmems, vector_gmems = refs[:n_cols], refs[n_cols:n_cols + n_vectors]
         o_gmem = refs[-1]
         row, block = lax.axis_index("rows"), lax.axis_index("cluster")
         K, S, L = p.config.cluster, p.segment, p.last_segment
+        last_block = block == K - 1
 
         def each_run(f: Callable[[int], None]) -> None:
             """f(columns of this block's run), for runs of S and for the last block's L."""
@@ -717,13 +754,19 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
 
             each_run(lambda size: plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(block * S, size)],
                                                           x_smem.at[pl.ds(0, size)], loaded, oob_mode=in_bounds))
-            for col_gmem, col_smem in zip(col_gmems, col_smems):  # waited for before the map
+            streamed, chunks = None, None
+            if stream:  # the run's chunks of the column inputs, two in shared memory at a time
+                whole = jnp.where(last_block, L // chunk, S // chunk)
+                chunks = jnp.where(last_block, pl.cdiv(L, chunk), S // chunk)
+                streamed = column_streamer(col_gmems, col_smems, cols_loaded, block * S, whole, L % chunk)
+                streamed(0)
+            for col_gmem, col_smem in zip(col_gmems, col_smems if not stream else ()):  # waited for before the map
                 each_run(lambda size, c=col_gmem, sm=col_smem: plgpu.copy_gmem_to_smem(
                     c.at[pl.ds(block * S, size)], sm.at[pl.ds(0, size)], cols_loaded, oob_mode=in_bounds))
             vectors = tuple(v[row] for v in vector_gmems)
             shift = x_gmem[row, 0].astype(F32) if math_.shift else None
             plgpu.barrier_wait(loaded)
-            length = jnp.where(block == K - 1, L, S)
+            length = jnp.where(last_block, L, S)
             if math_.combines:
                 scale = walk_span(x_smem, 0, length, False, shortest=L, shift=shift, exchange=combined)
             else:
@@ -735,20 +778,12 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                 def _():
                     o_gmem[row] = math_.result(scale, lambda i: x_gmem[row, i].astype(F32), *vectors, cols=C)
                 return
-            if n_cols:
+            if n_cols and not stream:
                 plgpu.barrier_wait(cols_loaded)
-
-            def apply(j: Any, carry: int) -> int:
-                ref = chunk_at(x_smem, j)
-                cols = (chunk_at(c, j)[...].astype(F32) for c in col_smems)
-                ref[...] = math_.apply(ref[...].astype(F32), scale, *cols).astype(dtype)
-                return carry
-
-            lax.fori_loop(0, pl.cdiv(L, chunk), apply, 0)
+            map_chunks(x_smem, col_smems, cols_loaded, scale, 0, pl.cdiv(L, chunk), streamed, chunks)
             if S > L:  # the last block has no more
-                @pl.when(block < K - 1)
-                def _():
-                    lax.fori_loop(pl.cdiv(L, chunk), S // chunk, apply, 0)
+                pl.when(block < K - 1)(lambda: map_chunks(x_smem, col_smems, cols_loaded, scale, pl.cdiv(L, chunk),
+                                                          S // chunk, streamed, chunks))
             plgpu.commit_smem()
             each_run(lambda size: plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, size)],
                                                           o_gmem.at[row, pl.ds(block * S, size)]))
@@ -758,8 +793,9 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             col_smems, (loaded, *cols_loaded, xchg_smem) = rest[:n_cols], rest[n_cols:]
             scoped(x_smem, col_smems, loaded, cols_loaded[0] if n_cols else None, xchg_smem)
 
-        cols_loaded = [plgpu.Barrier(num_arrivals=n_cols)] if n_cols else []
-        pl.run_scoped(allocated, plgpu.SMEM((S,), dtype), *(plgpu.SMEM((S,), dtype) for _ in range(n_cols)),
+        cols_loaded = [plgpu.Barrier(num_arrivals=n_cols, num_barriers=2 if stream else 1)] if n_cols else []
+        pl.run_scoped(allocated, plgpu.SMEM((S,), dtype),
+                      *(plgpu.SMEM((p.col_staged,), dtype) for _ in range(n_cols)),
                       plgpu.Barrier(num_arrivals=1), *cols_loaded, plgpu.SMEM((EXCHANGE_FLOATS,), F32))
 
     def body(x_gmem, *refs):
@@ -773,19 +809,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
         row = lax.axis_index("rows")
 
         def scoped(x_smem, col_smems, loaded, cols_loaded):
-            def load_cols(j: Any) -> None:
-                """Chunk j of every column input into slot j % 2 (whole chunks, then the rest)."""
-                slot = lax.rem(j, 2)
-                for size, when in ((chunk, j < full_chunks), (tail, j == full_chunks)):
-                    if size:
-                        @pl.when(when)
-                        def _(size=size):
-                            plgpu.commit_smem()  # the slot's last reads (chunk j - 2) are done
-                            for col_gmem, col_smem in zip(col_gmems, col_smems):
-                                plgpu.copy_gmem_to_smem(col_gmem.at[pl.ds(j * chunk, size)],
-                                                        col_smem.at[pl.ds(slot * chunk, size)],
-                                                        cols_loaded.at[slot], oob_mode=in_bounds)
-
+            streamed = column_streamer(col_gmems, col_smems, cols_loaded, 0, full_chunks, tail) if stream else None
             if p.aligned:
                 head, start = 0, row * C
                 plgpu.copy_gmem_to_smem(x_gmem.at[row], x_smem.at[pl.ds(0, C)], loaded, oob_mode=in_bounds)
@@ -806,7 +830,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                     for k in range(p.last_copied, rows * C - p.last_base):
                         x_smem[k] = x_gmem[p.last_base + k]
             if stream:
-                load_cols(0)
+                streamed(0)
             for col_gmem, col_smem in zip(col_gmems, col_smems if not stream else ()):
                 plgpu.copy_gmem_to_smem(col_gmem, col_smem.at[pl.ds(0, C)], cols_loaded, oob_mode=in_bounds)
             vectors = tuple(v[row] for v in vector_gmems)
@@ -819,21 +843,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                 return
             if n_cols and not stream:
                 plgpu.barrier_wait(cols_loaded)
-
-            def apply(j: Any, carry: Any) -> Any:
-                ref = chunk_at(x_smem, j)
-                if stream:  # chunk j + 1 of the column inputs is copied in while chunk j is mapped
-                    @pl.when(j + 1 < n_chunks)
-                    def _():
-                        load_cols(j + 1)
-                    plgpu.barrier_wait(cols_loaded.at[lax.rem(j, 2)])
-                    cols = (chunk_at(c, lax.rem(j, 2))[...].astype(F32) for c in col_smems)
-                else:
-                    cols = (chunk_at(c, j)[...].astype(F32) for c in col_smems)
-                ref[...] = math_.apply(ref[...].astype(F32), stats, *cols).astype(dtype)
-                return carry
-
-            lax.fori_loop(0, n_chunks, apply, 0)
+            map_chunks(x_smem, col_smems, cols_loaded, stats, 0, n_chunks, streamed, n_chunks)
             plgpu.commit_smem()
             if p.aligned:
                 plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, C)], o_gmem.at[row])
