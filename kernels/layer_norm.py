@@ -133,17 +133,20 @@ def _shifted_moments(acc: tuple[jax.Array, jax.Array], x: jax.Array, stats: rows
     return acc[0] + d, acc[1] + d * d
 
 
-def _mean_rstd(sums: tuple[jax.Array, jax.Array], stats: rows.Stats, cols: int) -> tuple[jax.Array, jax.Array]:
+def _scale_offset(sums: tuple[jax.Array, jax.Array], stats: rows.Stats, cols: int) -> tuple[jax.Array, jax.Array]:
+    """The row's 1/std and -mean/std: the map is then two multiply-adds an element,
+    (x * scale + offset) * weight + bias."""
     mean = sums[0] / cols
     var = jnp.maximum(sums[1] / cols - mean * mean, 0.0)
-    return stats[0] + mean, jax.lax.rsqrt(var + EPS)
+    scale = jax.lax.rsqrt(var + EPS)
+    return scale, -(stats[0] + mean) * scale
 
 
 STAGED = rows.StagedMath(
     NAME, col_inputs=2, shift=True,
     walks=(rows.Walk(fold=_shifted_moments, across=lambda acc: (jnp.sum(acc[0]), jnp.sum(acc[1])),
-                     identity=(0.0, 0.0), finish=_mean_rstd, combine=lambda a, b: (a[0] + b[0], a[1] + b[1])),),
-    apply=lambda x, stats, weight, bias: (x - stats[1][0]) * stats[1][1] * weight + bias)
+                     identity=(0.0, 0.0), finish=_scale_offset, combine=lambda a, b: (a[0] + b[0], a[1] + b[1])),),
+    apply=lambda x, stats, weight, bias: (x * stats[1][0] + stats[1][1]) * weight + bias)
 
 
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)
