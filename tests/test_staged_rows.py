@@ -242,10 +242,12 @@ def test_what_it_refuses_it_names():
     default = rms_norm.default_config((64, 131072), TARGET)
     assert default["cluster"] > 1 and all(rms_norm.check_config(default, (64, 131072), dtype, TARGET) is None
                                           for dtype in ("bfloat16", "float32"))
+    assert default["stream_cols"] == 1  # each block streams its run of the weight
     # No cluster holds a float32 row of 200000 columns with weight and bias: the fewest blocks that
     # hold a bfloat16 one (6: runs of 36864 columns, three arrays of 72 KiB a block).
     default = layer_norm.default_config((4, 200000), TARGET)
     assert default["cluster"] == 6 and layer_norm.check_config(default, (4, 200000), "bfloat16", TARGET) is None
+    assert default["stream_cols"] == 1
     assert cross_entropy.default_config((128, 1000), TARGET) == _config(1024, approx_math=1, piece_cols=16384,
                                                                          slots=3, cluster=1)
     for vocab in (128256, 151936):  # too long for a block whole: the default streams pieces
