@@ -341,6 +341,15 @@ def _reset_torch() -> None:
         torch.cuda.empty_cache()
 
 
+def budget_note(tune_s: float | None, budget_s: float, no_compile: bool) -> str | None:
+    """A warning when tuning spends the whole --budget-s (it counts from the start, tuning
+    included), so that every row would leave out torch.compile; None otherwise."""
+    if not tune_s or budget_s > tune_s or no_compile:
+        return None
+    return (f"--budget-s {budget_s:g} counts from the start and --tune {tune_s:g} spends it first, so every "
+            f"row will leave out torch.compile (give --budget-s more than --tune to keep it)")
+
+
 def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dict[str, Any]:
     """Build, check and time every column of one row; every failure is recorded, none raised.
 
@@ -914,6 +923,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--check", nargs="*", default=CHECK,
                         help=f"spaces whose first row gets the timing check, or all: every row (default {CHECK})")
     args = parser.parse_args(argv)
+    if note := budget_note(args.tune, args.budget_s, args.no_compile):
+        print(f"seed table: {note}", file=sys.stderr, flush=True)
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     gpu = baselines.on_gpu()

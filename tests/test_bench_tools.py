@@ -158,6 +158,15 @@ def test_seed_table_compares_host_bound_rows_on_device_time():
     assert "| -16.7% |" in text     # torch.compile's table figure against its device clock
 
 
+def test_seed_table_warns_when_tuning_spends_the_comparison_budget():
+    # --budget-s counts from the start, tuning included: one no longer than --tune would leave
+    # torch.compile out of every row, which the table says before it starts.
+    assert "torch.compile" in seed_table.budget_note(75, 60, no_compile=False)
+    assert seed_table.budget_note(75, 200, no_compile=False) is None
+    assert seed_table.budget_note(75, 60, no_compile=True) is None  # left out on purpose
+    assert seed_table.budget_note(None, 60, no_compile=False) is None
+
+
 def test_seed_table_takes_users_shapes(tmp_path):
     paths = seed_table.user_spaces(["softmax:8192x50257", "softmax:4096x128256", "rms_norm:4096x5120:float32"],
                                    tmp_path)
