@@ -214,3 +214,25 @@ def test_suite_convergence_judges_a_run_against_references_side_by_side(tmp_path
     assert row["ratio"] == pytest.approx(timed[roles["run"]] / row["best_s"])
     assert row["within"] == (row["ratio"] <= 1.02) and report["within"] == int(row["within"])
     assert json.loads((tmp_path / "c.json").read_text())["rows"][0]["task"] == row["task"]
+
+
+def test_ab_summary_puts_two_builds_rounds_side_by_side(tmp_path):
+    # bench/probes/ab_trees.sh writes baseN/ and patchedN/ folders of kernel_profile JSONs; the
+    # summary pairs each case's configs across the builds and gives patched / base of the medians.
+    from bench.probes import ab_summary
+
+    for build, scale in (("base", 1.0), ("patched", 0.9)):
+        for r in (1, 2):
+            (tmp_path / f"{build}{r}").mkdir()
+            rows = [{"config": "xla (jax.jit reference)", "sum_us_per_call": 100.0 + r},
+                    {"config": '{"block_cols":2048}', "sum_us_per_call": (50.0 + r) * scale},
+                    {"config": "torch_compile", "sum_us_per_call": None}]  # failed or skipped: left out
+            (tmp_path / f"{build}{r}" / "1_rms_norm_8x8.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "base10").mkdir()  # rounds sort by number, not name
+    text = ab_summary.summary(tmp_path)
+    assert '| 1_rms_norm_8x8 | `{"block_cols":2048}` | 51.0, 52.0 | 45.9, 46.8 | 0.900 |' in text
+    assert "| 1_rms_norm_8x8 | `xla (jax.jit reference)` | 101.0, 102.0 | 101.0, 102.0 | 1.000 |" in text
+    assert "torch_compile" not in text
+    assert [p.name for p in ab_summary.rounds(tmp_path, "base")] == ["base1", "base2", "base10"]
+    with pytest.raises(SystemExit, match="no old"):
+        ab_summary.summary(tmp_path, "old", "new")
