@@ -62,6 +62,21 @@ def test_norms_stage_rows_beside_their_column_inputs(module, shape, dtype, strea
     assert saved == stream_cols * module.STAGED.col_inputs * (-(-shape[1] // 1024) * 1024 - 2 * 1024)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("module,shape", [(rms_norm, (3, 2048)), (layer_norm, (4, 5120))])
+def test_norms_may_read_their_column_inputs_from_global_memory(module, shape, dtype):
+    # stream_cols 2: each chunk of the weight (and bias) loaded in the map straight from global
+    # memory, so a block stages only its row; whole chunks only, else a plain refusal.
+    config = _config(stream_cols=2)
+    assert _error(module, shape, dtype, config) <= validate.tolerance(jnp.dtype(dtype).name, module)
+    staged = -(-shape[1] // 1024) * 1024
+    assert module.footprint(config, shape, dtype, TARGET) == staged * jnp.dtype(dtype).itemsize + \
+        mosaic_rows.SMEM_OVERHEAD
+    reason = module.check_config(_config(2048, stream_cols=2), (4, 5120), dtype, TARGET)
+    assert "block_cols (2048) must divide the row (5120 columns)" in reason
+    assert "stream_cols must be one of (0, 1, 2)" in module.check_config(_config(stream_cols=3), shape, dtype, TARGET)
+
+
 def test_layer_norm_shifted_moments_hold_for_rows_far_from_zero():
     # One walk sums x - x[0] and its square: rows offset by 1000 with unit spread keep their
     # variance (unshifted, E[x^2] - E[x]^2 in float32 would lose it to cancellation).
@@ -186,6 +201,8 @@ def test_rows_far_from_zero_and_with_one_dominant_column():
     ("rms_norm", (4096, 5120), {"cluster": 2, "block_cols": 1024}),  # runs of 3072 and 2048 columns
     ("layer_norm", (2048, 131072), {"cluster": 8, "block_cols": 2048, "stream_cols": 1}),  # column inputs streamed
     ("layer_norm", (64, 5184), {"cluster": 2, "block_cols": 1024, "stream_cols": 1}),  # a last chunk of 64 columns
+    ("layer_norm", (16384, 16384), {"stream_cols": 2, "block_cols": 2048}),  # column inputs from global memory
+    ("rms_norm", (2048, 131072), {"cluster": 8, "stream_cols": 2, "block_cols": 2048}),
 ])
 def test_users_shapes_lower_for_cuda_within_the_footprint(name, shape, knobs, monkeypatch):
     module = kernels.load(name)
@@ -410,6 +427,9 @@ def test_clustered_rows_run_on_a_gpu_only():
     (layer_norm, (3, 5184), jnp.float32, _config(1024, cluster=2, stream_cols=1)),
     (layer_norm, (5, 131072), jnp.bfloat16, _config(2048, cluster=8, stream_cols=1, approx_math=1)),
     (rms_norm, (3, 131072), jnp.bfloat16, _config(2048, cluster=8, stream_cols=1)),
+    # Column inputs read from global memory: runs of 3072 and 2048 columns; runs of 16384.
+    (layer_norm, (3, 5120), jnp.float32, _config(1024, cluster=2, stream_cols=2)),
+    (layer_norm, (5, 131072), jnp.bfloat16, _config(2048, cluster=8, stream_cols=2, approx_math=1)),
 ])
 def test_clustered_rows_match_the_reference_on_a_gpu(module, shape, dtype, config):
     inputs = module.make_inputs(shape, dtype, jax.random.key(9))

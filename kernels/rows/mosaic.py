@@ -48,7 +48,11 @@ thread); stream_cols (kernels with column inputs), 1 to copy the column inputs i
 chunk, double-buffered, as the map reaches them, instead of whole beside the row: less shared
 memory a block, so more blocks (warpgroups) per SM; their copies hit L2 after the first rows
 (a cluster's blocks stream their runs of the column inputs the same way: layer norm at 2048 x
-131072 in 8 blocks, 348 us against 412 us with the runs staged whole, on the H200);
+131072 in 8 blocks, 348 us against 412 us with the runs staged whole, on the H200); or 2 to load
+each chunk of them straight from global memory into registers in the map, no shared memory and
+no bulk copies: plain loads, which the SM's L1 caches for the other rows on it, as torch.compile's
+are (a bulk copy reads L2 for every row: layer norm's weight and bias, 64 KiB a row of 32 KiB at
+16384 columns, cost it 9%, BENCHMARKS.md); whole chunks only (block_cols divides the row);
 approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few
 ulp of float32, well within the farm's tolerances; the numerics check of every trial still
 applies); cluster (smem_row, kernels with a merge or walks that combine), the blocks sharing a row.
@@ -93,6 +97,8 @@ DEFAULT_CHUNK = 4096
 # (Mosaic GPU counted 2056 bytes for softmax in JAX 0.10; the margin covers later versions').
 SMEM_OVERHEAD = 3072
 EXCHANGE_FLOATS = 32  # a clustered block's exchange buffer (shared memory): every block's statistics
+STREAMED, DIRECT = 1, 2  # stream_cols: through two shared-memory slots; straight from global memory
+STREAM_COLS = (0, STREAMED, DIRECT)
 F32 = jnp.float32
 
 
@@ -100,7 +106,8 @@ F32 = jnp.float32
 class StagedRowConfig:
     """A block per row (block_rows 1), the row staged in shared memory (strategy "smem_row"),
     walked in register chunks of block_cols columns; column inputs staged whole beside it
-    (stream_cols 0) or chunk by chunk, double-buffered, as the map reaches them (stream_cols 1).
+    (stream_cols 0) or chunk by chunk, double-buffered, as the map reaches them (stream_cols 1), or
+    loaded chunk by chunk from global memory in the map (stream_cols 2).
     Strategy "smem_pieces" (kernels with a merge and a result) streams the row through `slots`
     slots of piece_cols columns instead; "smem_split" (a merge and a map) stages the row's head
     and streams its tail through the slots twice; smem_row ignores piece_cols and slots.
@@ -118,9 +125,11 @@ class StagedRowConfig:
     cluster: int = 1
 
     def __post_init__(self) -> None:
-        for knob in ("approx_math", "stream_cols"):
-            if getattr(self, knob) not in (0, 1):
-                raise ValueError(f"{knob} must be 0 or 1 on {TARGET}, got {getattr(self, knob)!r}")
+        if self.approx_math not in (0, 1):
+            raise ValueError(f"approx_math must be 0 or 1 on {TARGET}, got {self.approx_math!r}")
+        if self.stream_cols not in STREAM_COLS:
+            raise ValueError(f"stream_cols must be one of {STREAM_COLS} on {TARGET} (0 staged whole, 1 streamed "
+                             f"through shared memory, {DIRECT} loaded from global memory), got {self.stream_cols!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES} on {TARGET}, got {self.strategy!r}")
         if not (is_pow2(self.piece_cols) and PIECE_COLS[0] <= self.piece_cols <= PIECE_COLS[1]):
@@ -244,7 +253,9 @@ class Plan:
     @property
     def col_staged(self) -> int:
         """Shared-memory elements per column input: the whole staged row, or two chunks."""
-        return 2 * self.config.block_cols if self.config.stream_cols else self.staged
+        if self.config.stream_cols == DIRECT:
+            return 0
+        return 2 * self.config.block_cols if self.config.stream_cols == STREAMED else self.staged
 
     @property
     def footprint(self) -> int:
@@ -271,6 +282,10 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
     p = Plan(typed, rows, cols, itemsize, math_.col_inputs)
     if typed.stream_cols and not math_.col_inputs:
         raise ValueError(f"{name} has no column inputs to stream: stream_cols must be 0")
+    if typed.stream_cols == DIRECT and cols % typed.block_cols:
+        raise ValueError(f"{name} on {TARGET}: stream_cols {DIRECT} loads whole chunks of the column inputs from "
+                         f"global memory, so block_cols ({typed.block_cols}) must divide the row ({cols} columns); "
+                         f"stream_cols 0 or 1 take any")
     if (p.pieces or p.split) and not p.aligned:
         raise ValueError(f"{name} on {TARGET}: {typed.strategy} takes rows of whole {COPY_BYTES}-byte units, not "
                          f"{cols} columns ({cols * itemsize} bytes); {STRATEGY} takes any width that fits")
@@ -322,7 +337,7 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
         raise ValueError(f"{typed.slots} slots of {typed.piece_cols} columns stage {p.footprint} bytes of shared "
                          f"memory; a block has {mgpu_launch.SMEM_BYTES} on sm_90")
     if p.footprint > mgpu_launch.SMEM_BYTES:
-        arrays = 1 + (not typed.stream_cols) * math_.col_inputs  # staged whole: the row, column inputs
+        arrays = 1 + (typed.stream_cols == 0) * math_.col_inputs  # staged whole: the row, column inputs
         staged = (mgpu_launch.SMEM_BYTES - SMEM_OVERHEAD) // (arrays * itemsize)
         larger = "; or a cluster of more blocks, each staging a part" if math_.splits and \
             typed.cluster < CLUSTERS[1] else ""
@@ -484,7 +499,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
     rows, C, chunk, V = p.rows, p.cols, p.config.block_cols, p.vector
     n_chunks = p.staged // chunk
     n_cols, n_vectors = math_.col_inputs, math_.vector_inputs
-    stream = bool(p.config.stream_cols)
+    stream, direct = p.config.stream_cols == STREAMED, p.config.stream_cols == DIRECT
     full_chunks, tail = divmod(C, chunk)  # column inputs' chunks (streamed): whole ones, then the rest
     # Every copy stays within its array, so Mosaic GPU issues a bulk copy (a tiled TMA copy
     # would move at most 256 elements along a dimension).
@@ -492,6 +507,12 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
 
     def chunk_at(ref: Any, j: Any) -> Any:
         return ref.at[pl.ds(j * chunk, chunk)]
+
+    # Shared memory of the column inputs (none when they are read from global memory) and the
+    # barrier their copies arrive at (two slots' when streamed).
+    n_staged = 0 if direct else n_cols
+    col_buffers = [plgpu.SMEM((p.col_staged,), dtype) for _ in range(n_staged)]
+    cols_loaded = [plgpu.Barrier(num_arrivals=n_cols, num_barriers=2 if stream else 1)] if n_staged else []
 
     def column_streamer(col_gmems: Any, col_smems: Any, cols_loaded: Any, start: Any, whole: Any,
                         rest: int) -> Callable[[Any], None]:
@@ -511,19 +532,32 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                                                     cols_loaded.at[slot], oob_mode=in_bounds)
         return load
 
-    def map_chunks(x_smem: Any, col_smems: Any, cols_loaded: Any, stats: Any, first: Any, last: Any,
-                   streamed: Callable[[Any], None] | None = None, chunks: Any = None) -> None:
+    def column_chunks(col_gmems: Any, col_smems: Any, cols_loaded: Any, start: Any, whole: Any, rest: int,
+                      chunks: Any) -> Callable[[Any], list[jax.Array]]:
+        """at(j): chunk j (float32) of every column input's run that starts at column `start`, for
+        the map: from its whole staged copy (stream_cols 0, copied in and waited for by the
+        caller); from two shared slots (1: chunk 0 copied in now, chunk j + 1, while j + 1 <
+        chunks, as chunk j is taken; `column_streamer` with whole and rest); or from global memory
+        (2: whole chunks)."""
+        if direct:
+            return lambda j: [c.at[pl.ds(start + j * chunk, chunk)][...].astype(F32) for c in col_gmems]
+        if not stream:
+            return lambda j: [chunk_at(c, j)[...].astype(F32) for c in col_smems]
+        load = column_streamer(col_gmems, col_smems, cols_loaded, start, whole, rest)
+        load(0)
+
+        def at(j: Any) -> list[jax.Array]:
+            pl.when(j + 1 < chunks)(lambda: load(j + 1))
+            plgpu.barrier_wait(cols_loaded.at[lax.rem(j, 2)])
+            return [chunk_at(c, lax.rem(j, 2))[...].astype(F32) for c in col_smems]
+        return at
+
+    def map_chunks(x_smem: Any, stats: Any, first: Any, last: Any, cols_at: Callable[[Any], list[jax.Array]]) -> None:
         """Chunks [first, last) of the staged row mapped in place by `apply`, with the column
-        inputs' same chunks: staged whole, or (`streamed`, their loader) in two slots, chunk
-        j + 1 copied in (when j + 1 < chunks, the run's chunks) while chunk j is mapped."""
+        inputs' same chunks (`column_chunks`)."""
         def apply(j: Any, carry: Any) -> Any:
             ref = chunk_at(x_smem, j)
-            if streamed is not None:
-                pl.when(j + 1 < chunks)(lambda: streamed(j + 1))
-                plgpu.barrier_wait(cols_loaded.at[lax.rem(j, 2)])
-                cols = (chunk_at(c, lax.rem(j, 2))[...].astype(F32) for c in col_smems)
-            else:
-                cols = (chunk_at(c, j)[...].astype(F32) for c in col_smems)
+            cols = cols_at(j)
             ref[...] = math_.apply(ref[...].astype(F32), stats, *cols).astype(dtype)
             return carry
 
@@ -758,13 +792,10 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
 
             each_run(lambda size: plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(block * S, size)],
                                                           x_smem.at[pl.ds(0, size)], loaded, oob_mode=in_bounds))
-            streamed, chunks = None, None
-            if stream:  # the run's chunks of the column inputs, two in shared memory at a time
-                whole = jnp.where(last_block, L // chunk, S // chunk)
-                chunks = jnp.where(last_block, pl.cdiv(L, chunk), S // chunk)
-                streamed = column_streamer(col_gmems, col_smems, cols_loaded, block * S, whole, L % chunk)
-                streamed(0)
-            for col_gmem, col_smem in zip(col_gmems, col_smems if not stream else ()):  # waited for before the map
+            cols_at = column_chunks(col_gmems, col_smems, cols_loaded, block * S,
+                                    jnp.where(last_block, L // chunk, S // chunk), L % chunk,
+                                    jnp.where(last_block, pl.cdiv(L, chunk), S // chunk))
+            for col_gmem, col_smem in zip(col_gmems, col_smems if p.config.stream_cols == 0 else ()):  # waited for
                 each_run(lambda size, c=col_gmem, sm=col_smem: plgpu.copy_gmem_to_smem(
                     c.at[pl.ds(block * S, size)], sm.at[pl.ds(0, size)], cols_loaded, oob_mode=in_bounds))
             vectors = tuple(v[row] for v in vector_gmems)
@@ -782,25 +813,22 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                 def _():
                     o_gmem[row] = math_.result(scale, lambda i: x_gmem[row, i].astype(F32), *vectors, cols=C)
                 return
-            if n_cols and not stream:
+            if n_cols and p.config.stream_cols == 0:
                 plgpu.barrier_wait(cols_loaded)
-            map_chunks(x_smem, col_smems, cols_loaded, scale, 0, pl.cdiv(L, chunk), streamed, chunks)
+            map_chunks(x_smem, scale, 0, pl.cdiv(L, chunk), cols_at)
             if S > L:  # the last block has no more
-                pl.when(block < K - 1)(lambda: map_chunks(x_smem, col_smems, cols_loaded, scale, pl.cdiv(L, chunk),
-                                                          S // chunk, streamed, chunks))
+                pl.when(block < K - 1)(lambda: map_chunks(x_smem, scale, pl.cdiv(L, chunk), S // chunk, cols_at))
             plgpu.commit_smem()
             each_run(lambda size: plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, size)],
                                                           o_gmem.at[row, pl.ds(block * S, size)]))
             plgpu.wait_smem_to_gmem(0)
 
         def allocated(x_smem, *rest):
-            col_smems, (loaded, *cols_loaded, xchg_smem) = rest[:n_cols], rest[n_cols:]
-            scoped(x_smem, col_smems, loaded, cols_loaded[0] if n_cols else None, xchg_smem)
+            col_smems, (loaded, *cols_loaded, xchg_smem) = rest[:n_staged], rest[n_staged:]
+            scoped(x_smem, col_smems, loaded, cols_loaded[0] if cols_loaded else None, xchg_smem)
 
-        cols_loaded = [plgpu.Barrier(num_arrivals=n_cols, num_barriers=2 if stream else 1)] if n_cols else []
-        pl.run_scoped(allocated, plgpu.SMEM((S,), dtype),
-                      *(plgpu.SMEM((p.col_staged,), dtype) for _ in range(n_cols)),
-                      plgpu.Barrier(num_arrivals=1), *cols_loaded, plgpu.SMEM((EXCHANGE_FLOATS,), F32))
+        pl.run_scoped(allocated, plgpu.SMEM((S,), dtype), *col_buffers, plgpu.Barrier(num_arrivals=1),
+                      *cols_loaded, plgpu.SMEM((EXCHANGE_FLOATS,), F32))
 
     def body(x_gmem, *refs):
         if p.clustered:
@@ -813,7 +841,6 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
         row = lax.axis_index("rows")
 
         def scoped(x_smem, col_smems, loaded, cols_loaded):
-            streamed = column_streamer(col_gmems, col_smems, cols_loaded, 0, full_chunks, tail) if stream else None
             if p.aligned:
                 head, start = 0, row * C
                 plgpu.copy_gmem_to_smem(x_gmem.at[row], x_smem.at[pl.ds(0, C)], loaded, oob_mode=in_bounds)
@@ -833,9 +860,8 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                                             x_smem.at[pl.ds(0, p.last_copied)], loaded, oob_mode=in_bounds)
                     for k in range(p.last_copied, rows * C - p.last_base):
                         x_smem[k] = x_gmem[p.last_base + k]
-            if stream:
-                streamed(0)
-            for col_gmem, col_smem in zip(col_gmems, col_smems if not stream else ()):
+            cols_at = column_chunks(col_gmems, col_smems, cols_loaded, 0, full_chunks, tail, n_chunks)
+            for col_gmem, col_smem in zip(col_gmems, col_smems if p.config.stream_cols == 0 else ()):
                 plgpu.copy_gmem_to_smem(col_gmem, col_smem.at[pl.ds(0, C)], cols_loaded, oob_mode=in_bounds)
             vectors = tuple(v[row] for v in vector_gmems)
             plgpu.barrier_wait(loaded)
@@ -845,9 +871,9 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             if math_.result is not None:
                 o_gmem[row] = math_.result(stats, lambda i: x_smem[head + i].astype(F32), *vectors, cols=C)
                 return
-            if n_cols and not stream:
+            if n_cols and p.config.stream_cols == 0:
                 plgpu.barrier_wait(cols_loaded)
-            map_chunks(x_smem, col_smems, cols_loaded, stats, 0, n_chunks, streamed, n_chunks)
+            map_chunks(x_smem, stats, 0, n_chunks, cols_at)
             plgpu.commit_smem()
             if p.aligned:
                 plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, C)], o_gmem.at[row])
@@ -867,13 +893,11 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             plgpu.wait_smem_to_gmem(0)
 
         def allocated(x_smem, *rest):
-            col_smems = rest[:n_cols]
-            scoped(x_smem, col_smems, rest[n_cols], rest[n_cols + 1] if n_cols else None)
+            col_smems = rest[:n_staged]
+            scoped(x_smem, col_smems, rest[n_staged], rest[n_staged + 1] if cols_loaded else None)
 
-        cols_loaded = [plgpu.Barrier(num_arrivals=n_cols, num_barriers=2 if stream else 1)] if n_cols else []
-        barriers = [plgpu.Barrier(num_arrivals=1), *cols_loaded]
-        pl.run_scoped(allocated, plgpu.SMEM((p.staged,), dtype),
-                      *(plgpu.SMEM((p.col_staged,), dtype) for _ in range(n_cols)), *barriers)
+        pl.run_scoped(allocated, plgpu.SMEM((p.staged,), dtype), *col_buffers, plgpu.Barrier(num_arrivals=1),
+                      *cols_loaded)
 
     if math_.result is not None:
         out = jax.ShapeDtypeStruct((rows,), F32)
