@@ -50,9 +50,10 @@ memory a block, so more blocks (warpgroups) per SM; their copies hit L2 after th
 (a cluster's blocks stream their runs of the column inputs the same way: layer norm at 2048 x
 131072 in 8 blocks, 348 us against 412 us with the runs staged whole, on the H200); or 2 to load
 each chunk of them straight from global memory into registers in the map, no shared memory and
-no bulk copies: plain loads, which the SM's L1 caches for the other rows on it, as torch.compile's
-are (a bulk copy reads L2 for every row: layer norm's weight and bias, 64 KiB a row of 32 KiB at
-16384 columns, cost it 9%, BENCHMARKS.md); whole chunks only (block_cols divides the row);
+no bulk copies: plain loads, meant to let the SM's L1 serve the other rows on it, as
+torch.compile's loads of the weight are served (a bulk copy reads L2 for every row: layer norm's
+weight and bias, 64 KiB a row of 32 KiB at 16384 columns, cost it 9%, BENCHMARKS.md); whole
+chunks only (block_cols divides the row); not yet measured on a GPU, so the spaces do not offer it;
 approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few
 ulp of float32, well within the farm's tolerances; the numerics check of every trial still
 applies); cluster (smem_row, kernels with a merge or walks that combine), the blocks sharing a row.
