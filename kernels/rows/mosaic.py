@@ -501,6 +501,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
     n_chunks = p.staged // chunk
     n_cols, n_vectors = math_.col_inputs, math_.vector_inputs
     stream, direct = p.config.stream_cols == STREAMED, p.config.stream_cols == DIRECT
+    staged_cols = p.config.stream_cols == 0  # the column inputs copied in whole, waited for before the map
     full_chunks, tail = divmod(C, chunk)  # column inputs' chunks (streamed): whole ones, then the rest
     # Every copy stays within its array, so Mosaic GPU issues a bulk copy (a tiled TMA copy
     # would move at most 256 elements along a dimension).
@@ -796,7 +797,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             cols_at = column_chunks(col_gmems, col_smems, cols_loaded, block * S,
                                     jnp.where(last_block, L // chunk, S // chunk), L % chunk,
                                     jnp.where(last_block, pl.cdiv(L, chunk), S // chunk))
-            for col_gmem, col_smem in zip(col_gmems, col_smems if p.config.stream_cols == 0 else ()):  # waited for
+            for col_gmem, col_smem in zip(col_gmems, col_smems if staged_cols else ()):  # waited for
                 each_run(lambda size, c=col_gmem, sm=col_smem: plgpu.copy_gmem_to_smem(
                     c.at[pl.ds(block * S, size)], sm.at[pl.ds(0, size)], cols_loaded, oob_mode=in_bounds))
             vectors = tuple(v[row] for v in vector_gmems)
@@ -814,7 +815,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                 def _():
                     o_gmem[row] = math_.result(scale, lambda i: x_gmem[row, i].astype(F32), *vectors, cols=C)
                 return
-            if n_cols and p.config.stream_cols == 0:
+            if n_cols and staged_cols:
                 plgpu.barrier_wait(cols_loaded)
             map_chunks(x_smem, scale, 0, pl.cdiv(L, chunk), cols_at)
             if S > L:  # the last block has no more
@@ -862,7 +863,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                     for k in range(p.last_copied, rows * C - p.last_base):
                         x_smem[k] = x_gmem[p.last_base + k]
             cols_at = column_chunks(col_gmems, col_smems, cols_loaded, 0, full_chunks, tail, n_chunks)
-            for col_gmem, col_smem in zip(col_gmems, col_smems if p.config.stream_cols == 0 else ()):
+            for col_gmem, col_smem in zip(col_gmems, col_smems if staged_cols else ()):
                 plgpu.copy_gmem_to_smem(col_gmem, col_smem.at[pl.ds(0, C)], cols_loaded, oob_mode=in_bounds)
             vectors = tuple(v[row] for v in vector_gmems)
             plgpu.barrier_wait(loaded)
@@ -872,7 +873,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             if math_.result is not None:
                 o_gmem[row] = math_.result(stats, lambda i: x_smem[head + i].astype(F32), *vectors, cols=C)
                 return
-            if n_cols and p.config.stream_cols == 0:
+            if n_cols and staged_cols:
                 plgpu.barrier_wait(cols_loaded)
             map_chunks(x_smem, stats, 0, n_chunks, cols_at)
             plgpu.commit_smem()
