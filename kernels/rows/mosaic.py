@@ -52,7 +52,7 @@ memory a block, so more blocks (warpgroups) per SM; their copies hit L2 after th
 each chunk of them straight from global memory into registers in the map, no shared memory and
 no bulk copies: plain loads, meant to let the SM's L1 serve the other rows on it, as
 torch.compile's loads of the weight are served (a bulk copy reads L2 for every row: layer norm's
-weight and bias, 64 KiB a row of 32 KiB at 16384 columns, cost it 9%, BENCHMARKS.md); whole
+weight and bias, 64 KiB a row of 32 KiB at 16384 columns, took 8.5% of its time, BENCHMARKS.md); whole
 chunks only (block_cols divides the row); not yet measured on a GPU, so the spaces do not offer it;
 approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few
 ulp of float32, well within the farm's tolerances; the numerics check of every trial still
