@@ -63,10 +63,11 @@ def test_norms_stage_rows_beside_their_column_inputs(module, shape, dtype, strea
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-@pytest.mark.parametrize("module,shape", [(rms_norm, (3, 2048)), (layer_norm, (4, 5120))])
+@pytest.mark.parametrize("module,shape", [(rms_norm, (3, 2048)), (layer_norm, (4, 5120)), (layer_norm, (2, 1024))])
 def test_norms_may_read_their_column_inputs_from_global_memory(module, shape, dtype):
-    # stream_cols 2: each chunk of the weight (and bias) loaded in the map straight from global
-    # memory, so a block stages only its row; whole chunks only, else a plain refusal.
+    # stream_cols 2: each chunk of the weight (and bias) loaded straight from global memory, the
+    # next one's ahead of the map (one chunk, two, five), so a block stages only its row; whole
+    # chunks only, else a plain refusal.
     config = _config(stream_cols=2)
     assert _error(module, shape, dtype, config) <= validate.tolerance(jnp.dtype(dtype).name, module)
     staged = -(-shape[1] // 1024) * 1024
@@ -259,12 +260,13 @@ def test_what_it_refuses_it_names():
     default = rms_norm.default_config((64, 131072), TARGET)
     assert default["cluster"] > 1 and all(rms_norm.check_config(default, (64, 131072), dtype, TARGET) is None
                                           for dtype in ("bfloat16", "float32"))
-    assert default["stream_cols"] == 1  # each block streams its run of the weight
+    assert default["stream_cols"] == 2  # each block reads its run of the weight from global memory
+    assert rms_norm.check_config(default, (64, 131072), "bfloat16", TARGET) is None
     # No cluster holds a float32 row of 200000 columns with weight and bias: the fewest blocks that
     # hold a bfloat16 one (6: runs of 36864 columns, three arrays of 72 KiB a block).
     default = layer_norm.default_config((4, 200000), TARGET)
     assert default["cluster"] == 6 and layer_norm.check_config(default, (4, 200000), "bfloat16", TARGET) is None
-    assert default["stream_cols"] == 1
+    assert default["stream_cols"] == 1  # 200000 is no whole number of chunks: streamed through shared memory
     assert cross_entropy.default_config((128, 1000), TARGET) == _config(1024, approx_math=1, piece_cols=16384,
                                                                          slots=3, cluster=1)
     for vocab in (128256, 151936):  # too long for a block whole: the default streams pieces

@@ -50,10 +50,12 @@ memory a block, so more blocks (warpgroups) per SM; their copies hit L2 after th
 (a cluster's blocks stream their runs of the column inputs the same way: layer norm at 2048 x
 131072 in 8 blocks, 348 us against 412 us with the runs staged whole, on the H200); or 2 to load
 each chunk of them straight from global memory into registers in the map, no shared memory and
-no bulk copies: plain loads, meant to let the SM's L1 serve the other rows on it, as
-torch.compile's loads of the weight are served (a bulk copy reads L2 for every row: layer norm's
-weight and bias, 64 KiB a row of 32 KiB at 16384 columns, took 8.5% of its time, BENCHMARKS.md); whole
-chunks only (block_cols divides the row); not yet measured on a GPU, so the spaces do not offer it;
+no bulk copies: plain loads, as torch.compile's loads of the weight, the first chunk's issued
+before the walks and each next chunk's before the map of this one, so that they overlap its work;
+whole chunks only (block_cols divides the row). On the H200: layer norm at 16384 x 16384 269 us
+in 8192-column chunks against 287 streamed, at 2048 x 131072 in 4 blocks 328 against 345; rms
+norm at 2048 x 131072 287 against 306; rms norm at 16384 columns and the 4096-row norms ran
+faster staged whole (BENCHMARKS.md);
 approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few
 ulp of float32, well within the farm's tolerances; the numerics check of every trial still
 applies); cluster (smem_row, kernels with a merge or walks that combine), the blocks sharing a row.
@@ -358,8 +360,10 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
     units) when a float32 row would not fit a block whole; with walks that combine (the norms),
     the cluster knob, and the column inputs streamed, else the fewest blocks of a cluster, when a
     float32 row would not fit a block beside them (when none fits a float32 row, a 16-bit one),
-    each block then streaming its runs of the column inputs (layer norm at 2048 x 131072 in 8
-    blocks on the H200: 348 us streamed, 412 us staged whole)."""
+    each block then reading its runs of the column inputs from global memory where the chunks
+    divide the row, else streaming them (on the H200, layer norm at 2048 x 131072 in 8 blocks:
+    412 us staged whole, 345 streamed, 339 from global memory in 4096-column chunks; rms norm 306
+    streamed in 6 blocks, 287 from global memory in 8)."""
     cols = shape[-1]
     chunk = min(DEFAULT_CHUNK, max(CHUNKS[0], 1 << max(cols - 1, 1).bit_length()))
     config = {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk, "approx_math": 1}
@@ -382,8 +386,10 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
         fitting = [change for dtype in (F32, jnp.bfloat16) for change in changes  # else a 16-bit one
                    if _fits(math_, {**config, **change}, shape, dtype)]
         config.update(fitting[0] if fitting else {})
-        if config.get("cluster", 1) > 1 and math_.col_inputs:  # the blocks' runs of the column inputs streamed
-            config["stream_cols"] = 1
+        if config.get("cluster", 1) > 1 and math_.col_inputs:  # the blocks' runs of the column inputs
+            direct = {**config, "stream_cols": DIRECT}  # from global memory, where chunks divide the row
+            config["stream_cols"] = DIRECT if cols % config["block_cols"] == 0 and _fits(
+                math_, direct, shape, jnp.bfloat16) else STREAMED
     return config
 
 
@@ -541,8 +547,8 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
         caller); from two shared slots (1: chunk 0 copied in now, chunk j + 1, while j + 1 <
         chunks, as chunk j is taken; `column_streamer` with whole and rest); or from global memory
         (2: whole chunks)."""
-        if direct:
-            return lambda j: [c.at[pl.ds(start + j * chunk, chunk)][...].astype(F32) for c in col_gmems]
+        if direct:  # as loaded (not float32): `map_chunks` holds the next chunk's in registers
+            return lambda j: [c.at[pl.ds(start + j * chunk, chunk)][...] for c in col_gmems]
         if not stream:
             return lambda j: [chunk_at(c, j)[...].astype(F32) for c in col_smems]
         load = column_streamer(col_gmems, col_smems, cols_loaded, start, whole, rest)
@@ -554,13 +560,26 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             return [chunk_at(c, lax.rem(j, 2))[...].astype(F32) for c in col_smems]
         return at
 
-    def map_chunks(x_smem: Any, stats: Any, first: Any, last: Any, cols_at: Callable[[Any], list[jax.Array]]) -> None:
+    def map_chunks(x_smem: Any, stats: Any, first: Any, last: Any, cols_at: Callable[[Any], list[jax.Array]],
+                   ahead: list[jax.Array] | None = None) -> None:
         """Chunks [first, last) of the staged row mapped in place by `apply`, with the column
-        inputs' same chunks (`column_chunks`)."""
+        inputs' same chunks (`column_chunks`). Read from global memory (stream_cols 2), chunk
+        j + 1's are loaded before chunk j is mapped, so that their loads overlap its work;
+        `ahead`, chunk `first`'s, loaded by the caller before the walks, when given."""
+        if direct:
+            def apply_ahead(j: Any, cols: list[jax.Array]) -> list[jax.Array]:
+                following = cols_at(jnp.minimum(j + 1, last - 1))
+                ref = chunk_at(x_smem, j)
+                ref[...] = math_.apply(ref[...].astype(F32), stats, *(c.astype(F32) for c in cols)).astype(dtype)
+                return following
+
+            lax.fori_loop(first, last, apply_ahead, cols_at(first) if ahead is None else ahead)
+            return
+
         def apply(j: Any, carry: Any) -> Any:
             ref = chunk_at(x_smem, j)
             cols = cols_at(j)
-            ref[...] = math_.apply(ref[...].astype(F32), stats, *cols).astype(dtype)
+            ref[...] = math_.apply(ref[...].astype(F32), stats, *(c.astype(F32) for c in cols)).astype(dtype)
             return carry
 
         lax.fori_loop(first, last, apply, 0)
@@ -797,6 +816,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             cols_at = column_chunks(col_gmems, col_smems, cols_loaded, block * S,
                                     jnp.where(last_block, L // chunk, S // chunk), L % chunk,
                                     jnp.where(last_block, pl.cdiv(L, chunk), S // chunk))
+            ahead = cols_at(0) if direct and math_.result is None else None  # in flight through the walks
             for col_gmem, col_smem in zip(col_gmems, col_smems if staged_cols else ()):  # waited for
                 each_run(lambda size, c=col_gmem, sm=col_smem: plgpu.copy_gmem_to_smem(
                     c.at[pl.ds(block * S, size)], sm.at[pl.ds(0, size)], cols_loaded, oob_mode=in_bounds))
@@ -817,7 +837,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                 return
             if n_cols and staged_cols:
                 plgpu.barrier_wait(cols_loaded)
-            map_chunks(x_smem, scale, 0, pl.cdiv(L, chunk), cols_at)
+            map_chunks(x_smem, scale, 0, pl.cdiv(L, chunk), cols_at, ahead)
             if S > L:  # the last block has no more
                 pl.when(block < K - 1)(lambda: map_chunks(x_smem, scale, pl.cdiv(L, chunk), S // chunk, cols_at))
             plgpu.commit_smem()
@@ -863,6 +883,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                     for k in range(p.last_copied, rows * C - p.last_base):
                         x_smem[k] = x_gmem[p.last_base + k]
             cols_at = column_chunks(col_gmems, col_smems, cols_loaded, 0, full_chunks, tail, n_chunks)
+            ahead = cols_at(0) if direct and math_.result is None else None  # in flight through the walks
             for col_gmem, col_smem in zip(col_gmems, col_smems if staged_cols else ()):
                 plgpu.copy_gmem_to_smem(col_gmem, col_smem.at[pl.ds(0, C)], cols_loaded, oob_mode=in_bounds)
             vectors = tuple(v[row] for v in vector_gmems)
@@ -875,7 +896,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                 return
             if n_cols and staged_cols:
                 plgpu.barrier_wait(cols_loaded)
-            map_chunks(x_smem, stats, 0, n_chunks, cols_at)
+            map_chunks(x_smem, stats, 0, n_chunks, cols_at, ahead)
             plgpu.commit_smem()
             if p.aligned:
                 plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, C)], o_gmem.at[row])
