@@ -387,9 +387,8 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
                    if _fits(math_, {**config, **change}, shape, dtype)]
         config.update(fitting[0] if fitting else {})
         if config.get("cluster", 1) > 1 and math_.col_inputs:  # the blocks' runs of the column inputs
-            direct = {**config, "stream_cols": DIRECT}  # from global memory, where chunks divide the row
-            config["stream_cols"] = DIRECT if cols % config["block_cols"] == 0 and _fits(
-                math_, direct, shape, jnp.bfloat16) else STREAMED
+            # from global memory where the chunks divide the row (no more shared memory than streamed)
+            config["stream_cols"] = DIRECT if cols % config["block_cols"] == 0 else STREAMED
     return config
 
 
@@ -579,7 +578,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
         def apply(j: Any, carry: Any) -> Any:
             ref = chunk_at(x_smem, j)
             cols = cols_at(j)
-            ref[...] = math_.apply(ref[...].astype(F32), stats, *(c.astype(F32) for c in cols)).astype(dtype)
+            ref[...] = math_.apply(ref[...].astype(F32), stats, *cols).astype(dtype)
             return carry
 
         lax.fori_loop(first, last, apply, 0)
