@@ -8,7 +8,8 @@ config written TARGET:JSON is built for that target instead of --target; each ch
 the kernel's float32 reference with its outputs poisoned, its relative error printed), for
 `jax.jit` of the kernel's reference (XLA) and for each `--column` of bench/baselines.py (torch,
 torch.compile, ...; with TORCH_LOGS=output_code torch.compile prints the Triton it generates),
-runs 20 queued calls under torch.profiler (CUDA activity) after a warm-up, and prints each
+runs 20 queued calls under torch.profiler (CUDA activity) after a warm-up (the GPU's clocks read
+before and after, bench/gpu_clocks.py, into --out's JSON), and prints each
 kernel's name (shortened), launches per call, mean duration in microseconds and launch shape
 (grid, block, registers per thread, shared memory), and the sum per call. Kernel durations
 only: gaps between kernels are not counted, so the sum is a lower bound of the call's device time.
@@ -16,6 +17,7 @@ only: gaps between kernels are not counted, so the sum is a lower bound of the c
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import json
 import os
@@ -30,7 +32,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import kernels  # noqa: E402
-from bench import baselines  # noqa: E402
+from bench import baselines, gpu_clocks  # noqa: E402
 from bench.configs_side_by_side import config_arguments  # noqa: E402
 from farm.measure import validate  # noqa: E402
 from farm.tasks import config_json  # noqa: E402
@@ -118,6 +120,7 @@ def main() -> None:
         fns[column] = functools.partial(_baseline_call, factories[column], module, shape, args.dtype, inputs)
     report = []
     for name, fn in fns.items():
+        before = gpu_clocks.sample()
         try:
             rows = profile_calls(fn, inputs if name not in args.column else ())
         except Exception as err:  # noqa: BLE001 - report and go on
@@ -125,7 +128,8 @@ def main() -> None:
             print(f"error: {report[-1]['error']}: {name}")
             continue
         report.append({"config": name, "kernels": rows, "sum_us_per_call": sum(r["us_per_call"] for r in rows),
-                       "relative_error": errors.get(name)})
+                       "relative_error": errors.get(name),
+                       "clocks": [c and dataclasses.asdict(c) for c in (before, gpu_clocks.sample())]})
         error = f" (relative error {errors[name]:.2g})" if name in errors else ""
         print(f"{report[-1]['sum_us_per_call']:9.1f} us per call in kernels: {name}{error}")
         for r in rows:

@@ -45,7 +45,10 @@ within 5%. The kernels' summed durations per call are reported too. Below 0.8 ti
 figure, the column is host-bound (marked): its calls are launched slower than the device runs
 them, and both clocks measure the host. Measured on the H200: a JAX call costs about 35-50 us of
 host time, so JAX columns of kernels shorter than that are host-bound; such rows are also
-compared on device time (the kernels' durations), in their own section.
+compared on device time (the kernels' durations), in their own section. The GPU's SM and memory
+clocks, power, temperature and clock-event reasons (nvidia-smi, bench/gpu_clocks.py) are read
+before and after each column's check: a check that sees a kernel slower than the table did can
+then be put down to the clocks, or not.
 """
 from __future__ import annotations
 
@@ -71,7 +74,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import kernels  # noqa: E402
-from bench import baselines  # noqa: E402
+from bench import baselines, gpu_clocks  # noqa: E402
 from farm.measure import (  # noqa: E402
     roofline,
     timing,
@@ -488,6 +491,14 @@ def traced_timing(p: baselines.Prepared, repetitions: int, min_sample_s: float,
             "kernels_s": statistics.median(busy), "kernels_per_call": per}
 
 
+def _clocks(samples: list[dict[str, Any] | None] | None) -> str:
+    """The check's GPU samples (bench/gpu_clocks.py) before and after its timing, for the table."""
+    if not samples or not any(samples):
+        return ""
+    return "; ".join(gpu_clocks.ClockSample(**{**s, "reasons": tuple(s["reasons"])}).brief() if s else "?"
+                     for s in samples)
+
+
 def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespace, gpu: bool,
                  n_sets: int = 1) -> list[dict]:
     """farm.measure.timing's clock against a device clock on the same samples, for each column."""
@@ -497,7 +508,9 @@ def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespa
         try:
             if not gpu:
                 raise baselines.Unavailable(baselines.CPU_ONLY)
+            before = gpu_clocks.sample()
             entry |= traced_timing(p, args.repetitions, args.min_sample_s, n_sets)
+            entry["clocks"] = [c and dataclasses.asdict(c) for c in (before, gpu_clocks.sample())]
             entry["diff_pct"] = 100 * (entry["farm_timing_s"] - entry["device_s"]) / entry["device_s"]
         except baselines.Unavailable as err:
             entry["error"] = str(err)
@@ -751,14 +764,15 @@ def markdown(report: dict[str, Any]) -> str:
     if checks:
         lines += ["", "## Independent timing check (inputs rotated as in the table; goal within 5%)", "",
                   "| row | column | table (ms, rotated inputs) | farm.measure.timing (ms) | device clock (ms) | method "
-                  "| difference | kernels only (ms) | table vs device clock |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| difference | kernels only (ms) | table vs device clock | GPU before; after (SM/memory clocks) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r, c in checks:
             diff = f"{c['diff_pct']:+.1f}%" if "diff_pct" in c else c.get("error", "")
             off = f"{c['table_vs_device_pct']:+.1f}%" if "table_vs_device_pct" in c else ""
             lines.append(f"| {r['space']} {'x'.join(map(str, r['shape']))} {r['dtype']} | {c['column']} "
                          f"| {_ms(c.get('table_s'))} | {_ms(c.get('farm_timing_s'))} "
                          f"| {_ms(c.get('device_s'))} | {c.get('method', '')} | {diff} | {_ms(c.get('kernels_s'))} "
-                         f"| {off} |")
+                         f"| {off} | {_clocks(c.get('clocks'))} |")
     lines += ["", "## Method", "", report["method"], ""]
     return "\n".join(lines)
 

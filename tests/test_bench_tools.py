@@ -158,6 +158,49 @@ def test_seed_table_compares_host_bound_rows_on_device_time():
     assert "| -16.7% |" in text     # torch.compile's table figure against its device clock
 
 
+def _nvidia_smi(tmp_path, monkeypatch, script: str) -> None:
+    """An `nvidia-smi` on PATH that runs `script` (sh) with nvidia-smi's arguments."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir(parents=True)
+    smi.write_text("#!/bin/sh\n" + script)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:/usr/bin:/bin")
+
+
+def test_gpu_clocks_reads_nvidia_smi_and_falls_back_to_the_old_reasons_field(tmp_path, monkeypatch):
+    from bench import gpu_clocks
+
+    # A driver that knows only clocks_throttle_reasons (older name): the first query fails, as
+    # nvidia-smi does on an unknown field; the sample comes from the second.
+    _nvidia_smi(tmp_path, monkeypatch, 'case "$*" in *clocks_event_reasons*) echo "Field not valid" >&2; exit 2;; '
+                '*clocks_throttle_reasons*) echo "1755, 3201, 612.40, 71, 0x0000000000000024";; esac\n')
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    found = gpu_clocks.sample()
+    assert found == gpu_clocks.ClockSample(1755.0, 3201.0, 612.4, 71.0, ("power cap", "thermal (software)"))
+    assert found.brief() == "1755/3201 MHz, 612 W, 71 C, power cap, thermal (software)"
+    # No reasons field at all, power not reported: still the clocks.
+    _nvidia_smi(tmp_path / "b", monkeypatch,
+                'case "$*" in *reasons*) exit 2;; *) echo "1980, 3201, [N/A], 48";; esac\n')
+    assert gpu_clocks.sample() == gpu_clocks.ClockSample(1980.0, 3201.0, None, 48.0)
+    assert gpu_clocks.reasons("0x0000000000000000") == () and gpu_clocks.reasons("0x200") == ("0x200",)
+    assert gpu_clocks.parse("[N/A], 3201, 500, 40", False) is None     # no SM clock: no sample
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert gpu_clocks.sample() is None      # no nvidia-smi (a CPU machine): nothing, no error
+
+
+def test_seed_table_check_shows_the_gpu_clocks_around_each_column():
+    result = {"kernel": "rms_norm", "space": "rms_norm", "shape": [8, 8], "dtype": "bfloat16", "columns": {},
+              "timing_check": [{"column": "xla", "device_s": 1e-4, "kernels_s": 1e-4, "clocks": [
+                  {"sm_mhz": 1980.0, "mem_mhz": 3201.0, "power_w": 400.0, "temperature_c": 50.0, "reasons": []},
+                  {"sm_mhz": 1755.0, "mem_mhz": 3201.0, "power_w": 690.0, "temperature_c": 71.0,
+                   "reasons": ["power cap"]}]},
+                  {"column": "torch", "error": "no GPU"}]}
+    text = seed_table.markdown({"device": "H200", "date": "today", "versions": {}, "results": [result],
+                                "geomean": {}, "method": "m"})
+    assert "| 1980/3201 MHz, 400 W, 50 C; 1755/3201 MHz, 690 W, 71 C, power cap |" in text
+    assert "| torch |  |  |  |  | no GPU |  |  |  |" in text     # no check, no clocks
+
+
 def test_seed_table_warns_when_tuning_spends_the_comparison_budget():
     # --budget-s counts from the start, tuning included: one no longer than --tune would leave
     # torch.compile out of every row, which the table says before it starts.
