@@ -29,9 +29,13 @@ their difference over n, which cancels what a sample pays once (the first launch
 device, the final wait); the median of the pairs is reported, with (p75 - p25) / median as
 spread. Pairs of the columns are interleaved round robin, so all see the same clocks. Inputs
 rotate over enough sets that one pass over them is at least twice the L2 (at most 256 sets); no
-cache flush is needed and none is timed. JAX and torch run on separate CUDA streams of the same
-device; only one column runs at a time (each sample ends with a full wait). Why not CUDA events
-or triton.testing.do_bench for everything: XLA launches on its own streams, so an event recorded
+cache flush is needed and none is timed. Beside the columns, interleaved with them, each row times
+XLA's copy (a negation) of a bf16 vector whose read + write bytes are the row's, over as many input
+sets: the copy ceiling at the row's size, which a small row's launch, ramp-up and last wave keep
+below the large copy's; a memory-bound row is reported against both. JAX and torch run on separate
+CUDA streams of the same device; only one column runs at a time (each sample ends with a full
+wait). Why not CUDA events or triton.testing.do_bench for everything: XLA launches on its own
+streams, so an event recorded
 on torch's stream does not bracket JAX work, and do_bench's per-call wait would time JAX's host
 dispatch; queued calls with one wait time both frameworks the same way.
 
@@ -353,6 +357,18 @@ def budget_note(tune_s: float | None, budget_s: float, no_compile: bool) -> str 
             f"row will leave out torch.compile (give --budget-s more than --tune to keep it)")
 
 
+SAME_BYTES_COPY = "copy of the row's bytes"   # timed beside the columns, never one of them
+
+
+def same_bytes_copy(n_bytes: int, n_sets: int) -> baselines.Prepared:
+    """XLA's copy (a negation) of a bf16 vector whose read + write bytes are the row's `n_bytes`,
+    over `n_sets` input sets as the row rotates its own: the copy ceiling at the row's size,
+    where launch, ramp-up and the last wave weigh as they do on the row's kernels."""
+    n = max(1, n_bytes // 4)
+    sets = [(jax.random.normal(jax.random.key(200 + i), (n,), jnp.bfloat16),) for i in range(n_sets)]
+    return baselines.Prepared(jax.jit(lambda v: -v), sets, note=f"{n} bf16 elements read and written")
+
+
 def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dict[str, Any]:
     """Build, check and time every column of one row; every failure is recorded, none raised.
 
@@ -419,6 +435,11 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dic
     del ref
     sets = [(i,) for i in range(len(case.input_sets))]
     fns = {name: p.call for name, p in prepared.items()}
+    if fns:
+        try:
+            fns[SAME_BYTES_COPY] = same_bytes_copy(result["bytes"], len(sets)).call
+        except Exception as err:  # noqa: BLE001 - the row goes on without it
+            result["same_bytes_copy_error"] = _short(err)
     try:
         timings = timing.time_side_by_side(fns, sets, repetitions=args.repetitions, min_sample_s=args.min_sample_s)
     except Exception:  # noqa: BLE001 - one column failed while timing: time them one by one
@@ -429,6 +450,9 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dic
                                                   min_sample_s=args.min_sample_s)
             except Exception as err:  # noqa: BLE001
                 columns[name] |= {"status": "error", "error": "while timing: " + _short(err)}
+    copy = timings.pop(SAME_BYTES_COPY, None)
+    if copy is not None:
+        result["same_bytes_copy_s"] = copy.median_s
     for name, t in timings.items():
         columns[name] |= {"status": "ok", "median_s": t.median_s, "min_s": t.min_s, "spread": t.spread,
                           "calls_per_sample": t.calls_per_sample, "samples": len(t.samples)}
@@ -439,7 +463,7 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dic
                                               args, gpu, len(sets))
         for c in result["timing_check"]:
             c["table_s"] = columns[c["column"]].get("median_s")
-    del prepared, case, fns
+    del prepared, case, fns, timings
     gc.collect()
     return result
 
@@ -637,6 +661,8 @@ def summarize(results: list[dict[str, Any]], ceiling: dict[str, Any],
         if r["bound"] is not None:
             c = r["columns"][best_farm]
             r["pct_of_ceiling"] = c["pct_matmul_rate"] if r["bound"] == "compute" else c["pct_copy_bw"]
+        if r.get("same_bytes_copy_s") and r["bound"] != "compute":
+            r["pct_of_same_bytes_copy"] = 100 * r["same_bytes_copy_s"] / farm[best_farm]
         if "xla" in others:
             r["speedup_vs_xla"] = others["xla"] / farm[best_farm]
         if others:
@@ -692,19 +718,22 @@ def markdown(report: dict[str, Any]) -> str:
              f"triton {report['versions'].get('triton')}. Times are medians in ms (device time, queued calls; "
              "see the method below).", "",
              "| kernel | shape | dtype | farm | farm (ms) | XLA (ms) | farm/XLA | best other | farm/best other "
-             "| bound | % of ceiling |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| bound | % of ceiling | % of a copy of its bytes |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "columns" not in r:
-            lines.append(f"| {r.get('space')} | failed: {str(r.get('error'))[:100]} | | | | | | | | | |")
+            lines.append(f"| {r.get('space')} | failed: {str(r.get('error'))[:100]} | | | | | | | | | | |")
             continue
         shape, xla = "x".join(map(str, r["shape"])), r["columns"].get("xla", {})
         speed = lambda v: f"{v:.2f}x" if v else ""  # noqa: E731
         pct = f"{r['pct_of_ceiling']:.0f}% {'matmul' if r['bound'] == 'compute' else 'copy BW'}" \
             if r.get("pct_of_ceiling") is not None else ""
         best = f"{r['best_other']} ({_ms(r['columns'][r['best_other']]['median_s'])})" if r.get("best_other") else ""
+        same = f"{r['pct_of_same_bytes_copy']:.0f}% ({_ms(r['same_bytes_copy_s'])})" \
+            if r.get("pct_of_same_bytes_copy") is not None else ""
         lines.append(f"| {r['space']} | {shape} | {r['dtype']} | {(r.get('farm_column') or '—').removeprefix('farm:')} "
                      f"| {_ms(r.get('farm_s'))} | {_cell(xla)} | {speed(r.get('speedup_vs_xla'))} | {best} "
-                     f"| {speed(r.get('speedup_vs_best_other'))} | {r.get('bound') or ''} | {pct} |")
+                     f"| {speed(r.get('speedup_vs_best_other'))} | {r.get('bound') or ''} | {pct} "
+                     f"| {same} |")
     g = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
     lines += ["", f"Geometric mean over {means['rows_with_farm']} rows: farm/XLA {g(means['speedup_vs_xla'])}, "
               f"farm/best other {g(means['speedup_vs_best_other'])}. Per column (that column's time / farm's): "
@@ -713,7 +742,9 @@ def markdown(report: dict[str, Any]) -> str:
               f"written, {ceiling.get('copy_elements')} bf16 elements), bf16 matmul "
               f"{ceiling.get('bf16_flops_per_s', 0) / 1e12:.1f} TFLOP/s ({ceiling.get('matmul_size')}^3, random data), "
               "each the better of XLA and torch; "
-              "a row is compute-bound when its flops/bytes exceed their ratio.", "", "## Every column (ms)", ""]
+              "a row is compute-bound when its flops/bytes exceed their ratio. A memory-bound row's last column "
+              "is XLA's copy of as many bytes as the row moves, timed beside its columns: the copy ceiling at "
+              "that size.", "", "## Every column (ms)", ""]
     names = _column_names(results)
     lines += ["| row | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for r in results:

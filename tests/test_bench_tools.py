@@ -232,6 +232,12 @@ def test_seed_table_runs_the_timing_check_on_every_timed_column_of_a_check_row(t
     timed = {n for n, c in row["columns"].items() if c.get("status") == "ok"}
     assert "xla" in timed and {c["column"] for c in row["timing_check"]} == timed
     assert all(c["table_s"] == row["columns"][c["column"]]["median_s"] and "error" in c for c in row["timing_check"])
+    # Every row also times XLA's copy of as many bytes as it moves, beside its columns but not as one.
+    for r in report["results"]:
+        assert r["same_bytes_copy_s"] > 0 and seed_table.SAME_BYTES_COPY not in r["columns"]
+        assert r["best_other"] != seed_table.SAME_BYTES_COPY
+        assert r["pct_of_same_bytes_copy"] == pytest.approx(100 * r["same_bytes_copy_s"] / r["farm_s"])
+    assert "| % of a copy of its bytes |" in (tmp_path / "seed_table.md").read_text()
 
 
 def test_suite_convergence_judges_a_run_against_references_side_by_side(tmp_path, ray_local, signing_key):
