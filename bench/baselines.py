@@ -105,6 +105,15 @@ class Prepared:
 Factory = Callable[[Case], Prepared]
 
 
+def same_bytes_copy(n_bytes: int, n_sets: int = 1) -> Prepared:
+    """XLA's copy (a negation) of a bf16 vector whose read + write bytes are `n_bytes` (a row's),
+    over `n_sets` input sets (as the row rotates its own): the copy ceiling at the row's size,
+    where launch, ramp-up and the last wave weigh as they do on the row's kernels."""
+    n = max(1, n_bytes // 4)
+    sets = [(jax.random.normal(jax.random.key(200 + i), (n,), jnp.bfloat16),) for i in range(n_sets)]
+    return Prepared(jax.jit(lambda v: -v), sets, note=f"{n} bf16 elements read and written")
+
+
 def on_gpu() -> bool:
     """Whether JAX's default backend is a CUDA GPU."""
     try:

@@ -11,7 +11,8 @@ torch.compile, ...; with TORCH_LOGS=output_code torch.compile prints the Triton 
 runs 20 queued calls under torch.profiler (CUDA activity) after a warm-up (the GPU's clocks read
 before and after, bench/gpu_clocks.py, into --out's JSON), and prints each
 kernel's name (shortened), launches per call, mean duration in microseconds and launch shape
-(grid, block, registers per thread, shared memory), and the sum per call. Kernel durations
+(grid, block, registers per thread, shared memory), and the sum per call. With --copy, XLA's copy
+of as many bytes as the kernel moves is profiled too: the copy ceiling at this size. Kernel durations
 only: gaps between kernels are not counted, so the sum is a lower bound of the call's device time.
 """
 from __future__ import annotations
@@ -64,6 +65,7 @@ def profile_calls(fn, inputs) -> list[dict]:
             for name, d in sorted(spans.items(), key=lambda kv: -sum(kv[1]))]
 
 
+SAME_BYTES_COPY = "copy of the same bytes (XLA)"
 LAUNCH_FIELDS = {"grid": "grid", "block": "block", "registers per thread": "registers",
                  "shared memory": "shared_memory"}
 
@@ -99,6 +101,8 @@ def main() -> None:
     parser = config_arguments(__doc__.splitlines()[0], target="gpu-mosaic")
     parser.add_argument("--column", action="append", default=[],
                         help="a column of bench/baselines.py to profile too (torch_compile, torch, ...)")
+    parser.add_argument("--copy", action="store_true",
+                        help=f"profile '{SAME_BYTES_COPY}' too: XLA's copy of as many bytes as the kernel moves")
     args = parser.parse_args()
     shape = tuple(int(d) for d in args.shape.split("x"))
     module = kernels.load(args.kernel)
@@ -116,13 +120,18 @@ def main() -> None:
         poisoned = module.build(config, shape, dtype, Platform(target, poison_outputs=True))
         errors[name] = validate.relative_error(jax.jit(poisoned)(*inputs), reference)
     factories = baselines.columns(args.kernel, opt_in=args.column)
+    own_inputs: dict[str, tuple] = {}  # columns called with inputs of their own (none: they hold them)
     for column in args.column:
         fns[column] = functools.partial(_baseline_call, factories[column], module, shape, args.dtype, inputs)
+        own_inputs[column] = ()
+    if args.copy:
+        copy = baselines.same_bytes_copy(module.bytes_moved(shape, dtype))
+        fns[SAME_BYTES_COPY], own_inputs[SAME_BYTES_COPY] = copy.fn, copy.inputs[0]
     report = []
     for name, fn in fns.items():
         before = gpu_clocks.sample()
         try:
-            rows = profile_calls(fn, inputs if name not in args.column else ())
+            rows = profile_calls(fn, own_inputs.get(name, inputs))
         except Exception as err:  # noqa: BLE001 - report and go on
             report.append({"config": name, "error": str(err).splitlines()[0][:300]})
             print(f"error: {report[-1]['error']}: {name}")

@@ -360,15 +360,6 @@ def budget_note(tune_s: float | None, budget_s: float, no_compile: bool) -> str 
 SAME_BYTES_COPY = "copy of the row's bytes"   # timed beside the columns, never one of them
 
 
-def same_bytes_copy(n_bytes: int, n_sets: int) -> baselines.Prepared:
-    """XLA's copy (a negation) of a bf16 vector whose read + write bytes are the row's `n_bytes`,
-    over `n_sets` input sets as the row rotates its own: the copy ceiling at the row's size,
-    where launch, ramp-up and the last wave weigh as they do on the row's kernels."""
-    n = max(1, n_bytes // 4)
-    sets = [(jax.random.normal(jax.random.key(200 + i), (n,), jnp.bfloat16),) for i in range(n_sets)]
-    return baselines.Prepared(jax.jit(lambda v: -v), sets, note=f"{n} bf16 elements read and written")
-
-
 def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dict[str, Any]:
     """Build, check and time every column of one row; every failure is recorded, none raised.
 
@@ -437,7 +428,7 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dic
     fns = {name: p.call for name, p in prepared.items()}
     if fns:
         try:
-            fns[SAME_BYTES_COPY] = same_bytes_copy(result["bytes"], len(sets)).call
+            fns[SAME_BYTES_COPY] = baselines.same_bytes_copy(result["bytes"], len(sets)).call
         except Exception as err:  # noqa: BLE001 - the row goes on without it
             result["same_bytes_copy_error"] = _short(err)
     try:
