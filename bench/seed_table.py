@@ -35,9 +35,8 @@ sets: the copy ceiling at the row's size, which a small row's launch, ramp-up an
 below the large copy's; a memory-bound row is reported against both. JAX and torch run on separate
 CUDA streams of the same device; only one column runs at a time (each sample ends with a full
 wait). Why not CUDA events or triton.testing.do_bench for everything: XLA launches on its own
-streams, so an event recorded
-on torch's stream does not bracket JAX work, and do_bench's per-call wait would time JAX's host
-dispatch; queued calls with one wait time both frameworks the same way.
+streams, so an event recorded on torch's stream does not bracket JAX work, and do_bench's per-call
+wait would time JAX's host dispatch; queued calls with one wait time both frameworks the same way.
 
 Independent check (--check): for the first shape of a few spaces (or every row: --check all),
 right after the row is timed, farm.measure.timing.time_calls of each timed column (torch.compile's
@@ -440,7 +439,10 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dic
                 timings[name] = timing.time_calls(fn, sets, repetitions=args.repetitions,
                                                   min_sample_s=args.min_sample_s)
             except Exception as err:  # noqa: BLE001
-                columns[name] |= {"status": "error", "error": "while timing: " + _short(err)}
+                if name == SAME_BYTES_COPY:
+                    result["same_bytes_copy_error"] = "while timing: " + _short(err)
+                else:
+                    columns[name] |= {"status": "error", "error": "while timing: " + _short(err)}
     copy = timings.pop(SAME_BYTES_COPY, None)
     if copy is not None:
         result["same_bytes_copy_s"] = copy.median_s

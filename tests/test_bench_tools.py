@@ -240,6 +240,28 @@ def test_seed_table_runs_the_timing_check_on_every_timed_column_of_a_check_row(t
     assert "| % of a copy of its bytes |" in (tmp_path / "seed_table.md").read_text()
 
 
+def test_seed_table_row_goes_on_when_its_same_bytes_copy_fails(tmp_path, monkeypatch):
+    # One column failing in the interleaved timing sends the row to timing its columns one by one;
+    # a copy that fails there is noted on the row, and the row's own columns are still timed.
+    from bench import baselines
+
+    def side_by_side(*args, **kwargs):
+        raise RuntimeError("one column failed while interleaved")
+
+    def broken_copy(n_bytes, n_sets=1):
+        def fail(v):
+            raise MemoryError("no room for the copy")
+        return baselines.Prepared(fail, [(None,)] * n_sets)
+
+    monkeypatch.setattr(seed_table.timing, "time_side_by_side", side_by_side)
+    monkeypatch.setattr(baselines, "same_bytes_copy", broken_copy)
+    report = seed_table.main(["--small", "--out", str(tmp_path), "--spaces", "search_spaces/rms_norm.yaml",
+                              "--columns", "xla", "--no-compile", "--repetitions", "3"])
+    (row,) = report["results"]
+    assert "no room for the copy" in row["same_bytes_copy_error"] and "same_bytes_copy_s" not in row
+    assert row["columns"]["xla"]["status"] == "ok" and row.get("farm_s")
+
+
 def test_suite_convergence_judges_a_run_against_references_side_by_side(tmp_path, ray_local, signing_key):
     # Two real interpret sweeps of one small task: the run (4 configs) and a reference that
     # measures every config (8); the bench re-times both winners on a real worker and reports
