@@ -541,11 +541,11 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
 
     def column_chunks(col_gmems: Any, col_smems: Any, cols_loaded: Any, start: Any, whole: Any, rest: int,
                       chunks: Any) -> Callable[[Any], list[jax.Array]]:
-        """at(j): chunk j (float32) of every column input's run that starts at column `start`, for
-        the map: from its whole staged copy (stream_cols 0, copied in and waited for by the
-        caller); from two shared slots (1: chunk 0 copied in now, chunk j + 1, while j + 1 <
-        chunks, as chunk j is taken; `column_streamer` with whole and rest); or from global memory
-        (2: whole chunks)."""
+        """at(j): chunk j of every column input's run that starts at column `start`, for the map:
+        from its whole staged copy (stream_cols 0, copied in and waited for by the caller); from
+        two shared slots (1: chunk 0 copied in now, chunk j + 1, while j + 1 < chunks, as chunk j
+        is taken; `column_streamer` with whole and rest); both float32. Or from global memory (2:
+        whole chunks, in their own dtype, which `map_chunks` converts)."""
         if direct:  # as loaded (not float32): `map_chunks` holds the next chunk's in registers
             return lambda j: [c.at[pl.ds(start + j * chunk, chunk)][...] for c in col_gmems]
         if not stream:
