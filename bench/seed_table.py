@@ -736,8 +736,8 @@ def markdown(report: dict[str, Any]) -> str:
               f"{ceiling.get('bf16_flops_per_s', 0) / 1e12:.1f} TFLOP/s ({ceiling.get('matmul_size')}^3, random data), "
               "each the better of XLA and torch; "
               "a row is compute-bound when its flops/bytes exceed their ratio. A memory-bound row's last column "
-              "is XLA's copy of as many bytes as the row moves, timed beside its columns: the copy ceiling at "
-              "that size.", "", "## Every column (ms)", ""]
+              "is a copy of as many bytes as the row moves (torch's device copy on a GPU, the faster copy "
+              "above), timed beside its columns: the copy ceiling at that size.", "", "## Every column (ms)", ""]
     names = _column_names(results)
     lines += ["| row | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for r in results:

@@ -262,6 +262,23 @@ def test_seed_table_row_goes_on_when_its_same_bytes_copy_fails(tmp_path, monkeyp
     assert row["columns"]["xla"]["status"] == "ok" and row.get("farm_s")
 
 
+def test_same_bytes_copy_is_torch_s_device_copy_on_a_gpu_and_xla_s_elsewhere():
+    # On a GPU the copy at a row's size is torch's copy_ (XLA's negation moved 3.32 TB/s on the
+    # H200 where torch's moved 4.27); without a CUDA device for torch, XLA's, and it still copies.
+    import jax
+    import numpy as np
+
+    from bench import baselines
+
+    for gpu in (False, True):  # True here: this machine's torch has no CUDA device, so XLA's
+        copy = baselines.same_bytes_copy(4 * 1000, n_sets=2, gpu=gpu)
+        assert len(copy.inputs) == 2
+        if jax.default_backend() != "gpu":
+            assert copy.framework == "jax" and "XLA negation" in copy.note
+            assert np.array_equal(np.asarray(copy.output(1)), -np.asarray(copy.inputs[1][0]))
+            assert np.asarray(copy.inputs[1][0]).size == 1000
+
+
 def test_suite_convergence_judges_a_run_against_references_side_by_side(tmp_path, ray_local, signing_key):
     # Two real interpret sweeps of one small task: the run (4 configs) and a reference that
     # measures every config (8); the bench re-times both winners on a real worker and reports
@@ -307,3 +324,30 @@ def test_ab_summary_puts_two_builds_rounds_side_by_side(tmp_path):
     assert [p.name for p in ab_summary.rounds(tmp_path, "base")] == ["base1", "base2", "base10"]
     with pytest.raises(SystemExit, match="no old"):
         ab_summary.summary(tmp_path, "old", "new")
+
+
+def test_ncu_summary_gives_a_line_per_launch_and_its_largest_stalls(tmp_path):
+    # bench/probes/ncu_staged.sh writes ncu's `--csv --page details` output (log lines first, then
+    # one row per metric and launch); the summary keeps the figures that explain a row kernel's time.
+    from bench.probes import ncu_summary
+
+    head = ('"ID","Process ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"')
+    rows = [("0", "body_mosaic_gpu_kernel", "GPU Speed Of Light Throughput", "Duration", "ns", "267,040"),
+            ("0", "body_mosaic_gpu_kernel", "GPU Speed Of Light Throughput", "DRAM Throughput", "%", "81.68"),
+            ("0", "body_mosaic_gpu_kernel", "Occupancy", "Achieved Occupancy", "%", "18.31"),
+            ("0", "body_mosaic_gpu_kernel", "Command line profiler metrics",
+             "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio", "", "3.05"),
+            ("0", "body_mosaic_gpu_kernel", "Command line profiler metrics",
+             "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio", "", "0.36"),
+            ("0", "body_mosaic_gpu_kernel", "Command line profiler metrics",
+             "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio", "", "n/a"),  # not a number: left out
+            ("1", "triton_red_fused_native_layer_norm", "GPU Speed Of Light Throughput", "Duration", "ns", "255,360")]
+    lines = ["==PROF== Connected to process 1", head] + \
+        [",".join(f'"{v}"' for v in (i, "1", k, sec, m, u, val)) for i, k, sec, m, u, val in rows]
+    path = tmp_path / "ncu.csv"
+    path.write_text("\n".join(lines) + "\n")
+    out = ncu_summary.summarise(str(path))
+    assert out[0] == "  0 body_mosaic_gpu_kernel             time=267,040ns dram%=81.68% occ%=18.31%"
+    assert out[1] == "      stalls: long_scoreboard=3.05 barrier=0.36"
+    assert out[2].startswith("  1 triton_red_fused_native_layer_norm"[:37]) and "time=255,360ns" in out[2]
+    assert len(out) == 3  # no stall metrics for launch 1: no stall line

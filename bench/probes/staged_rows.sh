@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mosaic GPU staged rows (kernels/rows/mosaic.py): device time of configs beside torch.compile
-# and beside XLA's copy of as many bytes (kernel_profile --copy: the copy ceiling at that size).
+# and beside a copy of as many bytes (kernel_profile --copy: the copy ceiling at that size).
 # Cases on stdin, a line each: KERNEL SHAPE CONFIG_JSON [CONFIG_JSON ...] (JSON without spaces).
 # On the H200:  bash bench/probes/staged_rows.sh $OUT/staged < bench/probes/staged_rows.txt
 # (PROFILE_TARGET=gpu-triton for cases of Triton configs, as bench/probes/triton_rows.txt)
