@@ -8,7 +8,9 @@ block (one warpgroup, 128 threads) per row copies the row into shared memory in 
 norm's mean and variance, cross entropy's max and log-sum), then either maps the row in place and
 writes it back in one bulk copy, or writes one per-row result. Column inputs (a norm's weight
 and bias) are bulk-copied beside the row and waited for only before the map. Other blocks on
-the same SM load and store meanwhile.
+the same SM load and store meanwhile. A block ends once its write-back has read its shared
+memory, as JAX's Hopper matmul and CUTLASS's epilogues do, not once the write has landed: the
+next block starts sooner (layer norm at 16384 x 16384 on the H200: 262 us against 270).
 
 Row lengths: any from 128 columns (shorter rows too when their bytes are whole 128-byte units).
 A bulk copy moves 16-byte-aligned spans (into shared memory, whole 128-byte units), so a row
@@ -755,7 +757,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             lax.fori_loop(0, H // chunk, map_head, 0)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(head_smem, o_gmem.at[row, pl.ds(0, H)])
-            plgpu.wait_smem_to_gmem(0)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the write read out: the block may end
 
         pl.run_scoped(scoped, plgpu.SMEM((H,), dtype), plgpu.SMEM((S, P), dtype), plgpu.Barrier(num_arrivals=1),
                       plgpu.Barrier(num_arrivals=1, num_barriers=S))
@@ -842,7 +844,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             plgpu.commit_smem()
             each_run(lambda size: plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(0, size)],
                                                           o_gmem.at[row, pl.ds(block * S, size)]))
-            plgpu.wait_smem_to_gmem(0)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the write read out: the block may end
 
         def allocated(x_smem, *rest):
             col_smems, (loaded, *cols_loaded, xchg_smem) = rest[:n_staged], rest[n_staged:]
@@ -912,7 +914,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                     @pl.when(k >= lead + p.interior)
                     def _():
                         o_gmem[start + k] = x_smem[head + k]
-            plgpu.wait_smem_to_gmem(0)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the write read out: the block may end
 
         def allocated(x_smem, *rest):
             col_smems = rest[:n_staged]
