@@ -14,6 +14,8 @@ import json
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 
 TIMEOUT_S = 5.0
 # Renamed from clocks_throttle_reasons.active in recent drivers; the old name is the fallback.
@@ -93,6 +95,24 @@ def sample(index: str | None = None) -> ClockSample | None:
         if done.returncode == 0 and done.stdout.strip():
             return parse(done.stdout.strip().splitlines()[0], extra is not None)
     return None
+
+
+def settle(below_w: float, max_s: float, poll_s: float = 0.25,
+           read: Callable[[], ClockSample | None] = sample) -> tuple[float, ClockSample | None]:
+    """Wait, up to `max_s` seconds, until the GPU draws at most `below_w` watts: so that every
+    column of a check starts from the same, cooled state rather than from the power (and, under a
+    power cap, the lower SM clock) the previous column left. Returns the seconds waited and the
+    last sample; (0.0, None) at once without nvidia-smi or a power reading."""
+    start = time.monotonic()
+    found = read()
+    while found is not None and found.power_w is not None and found.power_w > below_w:
+        if time.monotonic() - start >= max_s:
+            break
+        time.sleep(poll_s)
+        found = read()
+    if found is None or found.power_w is None:
+        return 0.0, found
+    return time.monotonic() - start, found
 
 
 if __name__ == "__main__":

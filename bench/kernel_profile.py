@@ -8,8 +8,9 @@ config written TARGET:JSON is built for that target instead of --target; each ch
 the kernel's float32 reference with its outputs poisoned, its relative error printed), for
 `jax.jit` of the kernel's reference (XLA) and for each `--column` of bench/baselines.py (torch,
 torch.compile, ...; with TORCH_LOGS=output_code torch.compile prints the Triton it generates),
-runs 20 queued calls under torch.profiler (CUDA activity) after a warm-up (the GPU's clocks read
-before and after, bench/gpu_clocks.py, into --out's JSON), and prints each
+runs 20 queued calls under torch.profiler (CUDA activity) after a warm-up (first waiting, up to
+--settle-s, for the GPU to draw at most --settle-w watts; the GPU's clocks read before and after,
+bench/gpu_clocks.py, into --out's JSON), and prints each
 kernel's name (shortened), launches per call, mean duration in microseconds and launch shape
 (grid, block, registers per thread, shared memory), and the sum per call. With --copy, a copy
 of as many bytes as the kernel moves is profiled too (torch's device copy on a GPU): the copy
@@ -105,6 +106,9 @@ def main() -> None:
     parser.add_argument("--copy", action="store_true",
                         help=f"profile '{SAME_BYTES_COPY}' too: a copy of as many bytes as the kernel moves "
                              "(torch's on a GPU)")
+    parser.add_argument("--settle-w", type=float, default=150.0,
+                        help="before each profile, wait until the GPU draws at most this many watts (default 150)")
+    parser.add_argument("--settle-s", type=float, default=10.0, help="the longest such wait (default 10)")
     args = parser.parse_args()
     shape = tuple(int(d) for d in args.shape.split("x"))
     module = kernels.load(args.kernel)
@@ -131,6 +135,7 @@ def main() -> None:
         fns[SAME_BYTES_COPY], own_inputs[SAME_BYTES_COPY] = (lambda: copy.call(0)), ()
     report = []
     for name, fn in fns.items():
+        settled_s, _ = gpu_clocks.settle(args.settle_w, args.settle_s)  # each from the same, cooled state
         before = gpu_clocks.sample()
         try:
             rows = profile_calls(fn, own_inputs.get(name, inputs))
@@ -140,7 +145,8 @@ def main() -> None:
             continue
         report.append({"config": name, "kernels": rows, "sum_us_per_call": sum(r["us_per_call"] for r in rows),
                        "relative_error": errors.get(name),
-                       "clocks": [c and dataclasses.asdict(c) for c in (before, gpu_clocks.sample())]})
+                       "clocks": [c and dataclasses.asdict(c) for c in (before, gpu_clocks.sample())],
+                       "settled_s": settled_s})
         error = f" (relative error {errors[name]:.2g})" if name in errors else ""
         print(f"{report[-1]['sum_us_per_call']:9.1f} us per call in kernels: {name}{error}")
         for r in rows:

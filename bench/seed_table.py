@@ -51,7 +51,11 @@ host time, so JAX columns of kernels shorter than that are host-bound; such rows
 compared on device time (the kernels' durations), in their own section. The GPU's SM and memory
 clocks, power, temperature and clock-event reasons (nvidia-smi, bench/gpu_clocks.py) are read
 before and after each column's check: a check that sees a kernel slower than the table did can
-then be put down to the clocks, or not.
+then be put down to the clocks, or not. Before each column's check the GPU is left idle until it
+draws at most --check-settle-w watts (at most --check-settle-s seconds): on the H200 the
+compute-bound rows run at the power cap, and without it the first column checked (the farm's,
+right after the table's timing) started at 670-680 W and 1680-1785 MHz, the later ones at
+200-600 W and up to 1980 MHz (2026-12-02).
 """
 from __future__ import annotations
 
@@ -474,8 +478,9 @@ def _cuda_kernels(prof: Any) -> list[tuple[int, int]]:
 def traced_timing(p: baselines.Prepared, repetitions: int, min_sample_s: float,
                   n_sets: int = 1) -> dict[str, float]:
     """farm.measure.timing.time_calls of `p` (input sets rotated as in the table) run under a CUPTI
-    trace (torch.profiler, every stream): farm.measure.timing's per-call figure, and per call the median device span (first kernel
-    start to last kernel end) and summed kernel durations of its longer samples.
+    trace (torch.profiler, every stream): farm.measure.timing's per-call figure, and per call the
+    median device span (first kernel start to last kernel end) and summed kernel durations of its
+    longer samples.
 
     How many kernels one call launches is read from a trace of one call. time_calls' calibration
     runs a number of calls it chooses before the samples, so the samples are the trace's last
@@ -508,12 +513,14 @@ def traced_timing(p: baselines.Prepared, repetitions: int, min_sample_s: float,
             "kernels_s": statistics.median(busy), "kernels_per_call": per}
 
 
-def _clocks(samples: list[dict[str, Any] | None] | None) -> str:
-    """The check's GPU samples (bench/gpu_clocks.py) before and after its timing, for the table."""
+def _clocks(samples: list[dict[str, Any] | None] | None, settled_s: float | None = None) -> str:
+    """The check's GPU samples (bench/gpu_clocks.py) before and after its timing, for the table,
+    after the seconds it waited for the GPU to settle, if any."""
     if not samples or not any(samples):
         return ""
-    return "; ".join(gpu_clocks.ClockSample(**{**s, "reasons": tuple(s["reasons"])}).brief() if s else "?"
-                     for s in samples)
+    waited = f"idle {settled_s:.1f} s, then " if settled_s else ""
+    return waited + "; ".join(gpu_clocks.ClockSample(**{**s, "reasons": tuple(s["reasons"])}).brief() if s else "?"
+                              for s in samples)
 
 
 def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespace, gpu: bool,
@@ -525,6 +532,7 @@ def timing_check(prepared: dict[str, baselines.Prepared], args: argparse.Namespa
         try:
             if not gpu:
                 raise baselines.Unavailable(baselines.CPU_ONLY)
+            entry["settled_s"], _ = gpu_clocks.settle(args.check_settle_w, args.check_settle_s)
             before = gpu_clocks.sample()
             entry |= traced_timing(p, args.repetitions, args.min_sample_s, n_sets)
             entry["clocks"] = [c and dataclasses.asdict(c) for c in (before, gpu_clocks.sample())]
@@ -751,7 +759,8 @@ def markdown(report: dict[str, Any]) -> str:
             if n.startswith("farm:"):
                 figure = "finalists' figure" if str(c.get("source", "")).endswith("finalists.jsonl") else "sweep figure"
                 sweep = f", {figure} {_with_unit(c['sweep_median_s'])}" if c.get("sweep_median_s") else ""
-                lines.append(f"- {r['space']} {shape} {n}: {c.get('config_source')} `{json.dumps(c.get('config'))}`{sweep}"
+                lines.append(f"- {r['space']} {shape} {n}: {c.get('config_source')} "
+                             f"`{json.dumps(c.get('config'))}`{sweep}"
                              + (f"; {c['status']}: {c.get('error', '')}" if c.get("status") != "ok" else ""))
             elif c.get("status") == "wrong_result":
                 lines.append(f"- {r['space']} {shape} {n}: wrong result, relative error "
@@ -796,7 +805,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {r['space']} {'x'.join(map(str, r['shape']))} {r['dtype']} | {c['column']} "
                          f"| {_ms(c.get('table_s'))} | {_ms(c.get('farm_timing_s'))} "
                          f"| {_ms(c.get('device_s'))} | {c.get('method', '')} | {diff} | {_ms(c.get('kernels_s'))} "
-                         f"| {off} | {_clocks(c.get('clocks'))} |")
+                         f"| {off} | {_clocks(c.get('clocks'), c.get('settled_s'))} |")
     lines += ["", "## Method", "", report["method"], ""]
     return "\n".join(lines)
 
@@ -958,6 +967,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                              "times that, everything but farm and XLA (default 300)")
     parser.add_argument("--max-temp-gb", type=float, default=40.0,
                         help="skip columns whose temporaries need more device memory (default 40)")
+    parser.add_argument("--check-settle-w", type=float, default=150.0,
+                        help="before each column's check, wait until the GPU draws at most this many watts "
+                             "(default 150; the H200 idles near 80)")
+    parser.add_argument("--check-settle-s", type=float, default=10.0,
+                        help="the longest wait for --check-settle-w before a column's check (default 10)")
     parser.add_argument("--check", nargs="*", default=CHECK,
                         help=f"spaces whose first row gets the timing check, or all: every row (default {CHECK})")
     args = parser.parse_args(argv)

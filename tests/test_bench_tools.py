@@ -188,16 +188,33 @@ def test_gpu_clocks_reads_nvidia_smi_and_falls_back_to_the_old_reasons_field(tmp
     assert gpu_clocks.sample() is None      # no nvidia-smi (a CPU machine): nothing, no error
 
 
+def test_gpu_clocks_settle_waits_for_the_power_to_drop_and_not_longer_than_told():
+    from bench import gpu_clocks
+
+    def reader(powers):
+        readings = iter(powers)
+        return lambda: next(readings)
+
+    hot = [gpu_clocks.ClockSample(1755.0, 3201.0, w, 50.0) for w in (680.0, 420.0, 120.0, 90.0)]
+    waited, last = gpu_clocks.settle(150.0, 5.0, poll_s=0.0, read=reader(hot))
+    assert last.power_w == 120.0 and waited < 5.0           # the first reading at or below 150 W
+    waited, last = gpu_clocks.settle(150.0, 0.0, poll_s=0.0, read=reader(hot))
+    assert last.power_w == 680.0                              # no time allowed: the first reading
+    assert gpu_clocks.settle(150.0, 5.0, read=lambda: None) == (0.0, None)  # no nvidia-smi: no wait
+    unpowered = gpu_clocks.ClockSample(1980.0, 3201.0, None, 40.0)
+    assert gpu_clocks.settle(150.0, 5.0, read=lambda: unpowered) == (0.0, unpowered)
+
+
 def test_seed_table_check_shows_the_gpu_clocks_around_each_column():
     result = {"kernel": "rms_norm", "space": "rms_norm", "shape": [8, 8], "dtype": "bfloat16", "columns": {},
-              "timing_check": [{"column": "xla", "device_s": 1e-4, "kernels_s": 1e-4, "clocks": [
+              "timing_check": [{"column": "xla", "device_s": 1e-4, "kernels_s": 1e-4, "settled_s": 1.5, "clocks": [
                   {"sm_mhz": 1980.0, "mem_mhz": 3201.0, "power_w": 400.0, "temperature_c": 50.0, "reasons": []},
                   {"sm_mhz": 1755.0, "mem_mhz": 3201.0, "power_w": 690.0, "temperature_c": 71.0,
                    "reasons": ["power cap"]}]},
                   {"column": "torch", "error": "no GPU"}]}
     text = seed_table.markdown({"device": "H200", "date": "today", "versions": {}, "results": [result],
                                 "geomean": {}, "method": "m"})
-    assert "| 1980/3201 MHz, 400 W, 50 C; 1755/3201 MHz, 690 W, 71 C, power cap |" in text
+    assert "| idle 1.5 s, then 1980/3201 MHz, 400 W, 50 C; 1755/3201 MHz, 690 W, 71 C, power cap |" in text
     assert "| torch |  |  |  |  | no GPU |  |  |  |" in text     # no check, no clocks
 
 
