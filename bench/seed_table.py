@@ -54,8 +54,8 @@ before and after each column's check: a check that sees a kernel slower than the
 then be put down to the clocks, or not. Before each column's check the GPU is left idle until it
 draws at most --check-settle-w watts (at most --check-settle-s seconds): on the H200 the
 compute-bound rows run at the power cap, and without it the first column checked (the farm's,
-right after the table's timing) started at 670-680 W and 1680-1785 MHz, the later ones at
-200-600 W and up to 1980 MHz (2026-12-02).
+right after the table's timing) started at 649-686 W and 1635-1785 MHz, the later ones at
+213-641 W and 1755-1980 MHz (five compute-bound rows, 2026-12-02).
 """
 from __future__ import annotations
 
