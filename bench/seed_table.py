@@ -431,7 +431,8 @@ def measure_row(row: Row, args: argparse.Namespace, gpu: bool, late: int) -> dic
     fns = {name: p.call for name, p in prepared.items()}
     if fns:
         try:
-            fns[SAME_BYTES_COPY] = baselines.same_bytes_copy(result["bytes"], len(sets)).call
+            same_bytes = baselines.same_bytes_copy(result["bytes"], len(sets))
+            fns[SAME_BYTES_COPY], result["same_bytes_copy"] = same_bytes.call, same_bytes.note
         except Exception as err:  # noqa: BLE001 - the row goes on without it
             result["same_bytes_copy_error"] = _short(err)
     try:

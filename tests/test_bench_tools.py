@@ -6,7 +6,7 @@ import json
 import pytest
 
 import kernels
-from bench import oom_probe, seed_table
+from bench import baselines, oom_probe, seed_table
 from farm.measure import outcomes
 from farm.search import spaces
 
@@ -252,6 +252,7 @@ def test_seed_table_runs_the_timing_check_on_every_timed_column_of_a_check_row(t
     # Every row also times XLA's copy of as many bytes as it moves, beside its columns but not as one.
     for r in report["results"]:
         assert r["same_bytes_copy_s"] > 0 and seed_table.SAME_BYTES_COPY not in r["columns"]
+        assert r["same_bytes_copy"].endswith("(torch copy_)" if baselines.on_gpu() else "(XLA negation)")
         assert r["best_other"] != seed_table.SAME_BYTES_COPY
         assert r["pct_of_same_bytes_copy"] == pytest.approx(100 * r["same_bytes_copy_s"] / r["farm_s"])
     assert "| % of a copy of its bytes |" in (tmp_path / "seed_table.md").read_text()
