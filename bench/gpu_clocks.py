@@ -97,17 +97,25 @@ def sample(index: str | None = None) -> ClockSample | None:
     return None
 
 
-def settle(below_w: float, max_s: float, poll_s: float = 0.25,
-           read: Callable[[], ClockSample | None] = sample) -> tuple[float, ClockSample | None]:
-    """Wait, up to `max_s` seconds, until the GPU draws at most `below_w` watts: so that every
-    column of a check starts from the same, cooled state rather than from the power (and, under a
-    power cap, the lower SM clock) the previous column left. Returns the seconds waited and the
-    last sample; (0.0, None) at once without nvidia-smi or a power reading."""
+def settle(below_w: float, max_s: float, poll_s: float = 0.25, read: Callable[[], ClockSample | None] = sample,
+           plateau_s: float = 1.0, plateau_w: float = 5.0) -> tuple[float, ClockSample | None]:
+    """Wait until the GPU draws at most `below_w` watts, or its power has stopped falling (less
+    than `plateau_w` lower than `plateau_s` seconds before: a GPU that idles above `below_w`, or
+    one another process keeps busy), or `max_s` seconds have passed: so that every column of a
+    check starts from the same, cooled state rather than from the power (and, under a power cap,
+    the lower SM clock) the previous column left. Returns the seconds waited and the last sample;
+    (0.0, None) at once without nvidia-smi or a power reading."""
     start = time.monotonic()
     found = read()
+    seen: list[tuple[float, float]] = []  # (when, watts) of the readings so far
     while found is not None and found.power_w is not None and found.power_w > below_w:
-        if time.monotonic() - start >= max_s:
+        now = time.monotonic()
+        if now - start >= max_s:
             break
+        before = [watts for when, watts in seen if now - when >= plateau_s]
+        if before and before[-1] - found.power_w < plateau_w:
+            break
+        seen.append((now, found.power_w))
         time.sleep(poll_s)
         found = read()
     if found is None or found.power_w is None:

@@ -9,13 +9,13 @@ the kernel's float32 reference with its outputs poisoned, its relative error pri
 `jax.jit` of the kernel's reference (XLA) and for each `--column` of bench/baselines.py (torch,
 torch.compile, ...; with TORCH_LOGS=output_code torch.compile prints the Triton it generates),
 runs 20 queued calls under torch.profiler (CUDA activity) after a warm-up (first waiting, up to
---settle-s, for the GPU to draw at most --settle-w watts; the GPU's clocks read before and after,
-bench/gpu_clocks.py, into --out's JSON), and prints each
-kernel's name (shortened), launches per call, mean duration in microseconds and launch shape
-(grid, block, registers per thread, shared memory), and the sum per call. With --copy, a copy
-of as many bytes as the kernel moves is profiled too (torch's device copy on a GPU): the copy
-ceiling at this size. Kernel durations
-only: gaps between kernels are not counted, so the sum is a lower bound of the call's device time.
+--settle-s, for the GPU to draw at most --settle-w watts or its power to stop falling; the GPU's
+clocks read before and after, bench/gpu_clocks.py, into --out's JSON), and prints each kernel's
+name (shortened), launches per call, mean duration in microseconds and launch shape (grid,
+block, registers per thread, shared memory), and the sum per call. With --copy, a copy of as
+many bytes as the kernel moves is profiled too (torch's device copy on a GPU): the copy ceiling
+at this size. Kernel durations only: gaps between kernels are not counted, so the sum is a lower
+bound of the call's device time.
 """
 from __future__ import annotations
 
@@ -107,7 +107,8 @@ def main() -> None:
                         help=f"profile '{SAME_BYTES_COPY}' too: a copy of as many bytes as the kernel moves "
                              "(torch's on a GPU)")
     parser.add_argument("--settle-w", type=float, default=150.0,
-                        help="before each profile, wait until the GPU draws at most this many watts (default 150)")
+                        help="before each profile, wait until the GPU draws at most this many watts, or its "
+                             "power stops falling (default 150)")
     parser.add_argument("--settle-s", type=float, default=10.0, help="the longest such wait (default 10)")
     args = parser.parse_args()
     shape = tuple(int(d) for d in args.shape.split("x"))

@@ -52,7 +52,8 @@ compared on device time (the kernels' durations), in their own section. The GPU'
 clocks, power, temperature and clock-event reasons (nvidia-smi, bench/gpu_clocks.py) are read
 before and after each column's check: a check that sees a kernel slower than the table did can
 then be put down to the clocks, or not. Before each column's check the GPU is left idle until it
-draws at most --check-settle-w watts (at most --check-settle-s seconds): on the H200 the
+draws at most --check-settle-w watts, or its power stops falling (at most --check-settle-s
+seconds; bench/gpu_clocks.py: settle): on the H200 the
 compute-bound rows run at the power cap, and without it the first column checked (the farm's,
 right after the table's timing) started at 649-686 W and 1635-1785 MHz, the later ones at
 213-641 W and 1755-1980 MHz (five compute-bound rows, 2026-12-02).
@@ -969,8 +970,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-temp-gb", type=float, default=40.0,
                         help="skip columns whose temporaries need more device memory (default 40)")
     parser.add_argument("--check-settle-w", type=float, default=150.0,
-                        help="before each column's check, wait until the GPU draws at most this many watts "
-                             "(default 150; the H200 idles near 80)")
+                        help="before each column's check, wait until the GPU draws at most this many watts, "
+                             "or its power stops falling (default 150; the H200 idles near 80)")
     parser.add_argument("--check-settle-s", type=float, default=10.0,
                         help="the longest wait for --check-settle-w before a column's check (default 10)")
     parser.add_argument("--check", nargs="*", default=CHECK,

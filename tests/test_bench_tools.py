@@ -195,11 +195,19 @@ def test_gpu_clocks_settle_waits_for_the_power_to_drop_and_not_longer_than_told(
         readings = iter(powers)
         return lambda: next(readings)
 
-    hot = [gpu_clocks.ClockSample(1755.0, 3201.0, w, 50.0) for w in (680.0, 420.0, 120.0, 90.0)]
+    def samples(*watts):
+        return [gpu_clocks.ClockSample(1755.0, 3201.0, w, 50.0) for w in watts]
+
+    hot = samples(680.0, 420.0, 120.0, 90.0)
     waited, last = gpu_clocks.settle(150.0, 5.0, poll_s=0.0, read=reader(hot))
     assert last.power_w == 120.0 and waited < 5.0           # the first reading at or below 150 W
     waited, last = gpu_clocks.settle(150.0, 0.0, poll_s=0.0, read=reader(hot))
     assert last.power_w == 680.0                              # no time allowed: the first reading
+    # A GPU that idles above the threshold (or that another process keeps busy): the wait ends
+    # once the power stops falling, not after max_s.
+    busy = samples(680.0, 420.0, 300.0, 298.0, 297.0)
+    waited, last = gpu_clocks.settle(150.0, 60.0, poll_s=0.0, read=reader(busy), plateau_s=0.0)
+    assert last.power_w == 298.0 and waited < 60.0
     assert gpu_clocks.settle(150.0, 5.0, read=lambda: None) == (0.0, None)  # no nvidia-smi: no wait
     unpowered = gpu_clocks.ClockSample(1980.0, 3201.0, None, 40.0)
     assert gpu_clocks.settle(150.0, 5.0, read=lambda: unpowered) == (0.0, unpowered)
