@@ -30,9 +30,10 @@ device, the final wait); the median of the pairs is reported, with (p75 - p25) /
 spread. Pairs of the columns are interleaved round robin, so all see the same clocks. Inputs
 rotate over enough sets that one pass over them is at least twice the L2 (at most 256 sets); no
 cache flush is needed and none is timed. Beside the columns, interleaved with them, each row times
-XLA's copy (a negation) of a bf16 vector whose read + write bytes are the row's, over as many input
-sets: the copy ceiling at the row's size, which a small row's launch, ramp-up and last wave keep
-below the large copy's; a memory-bound row is reported against both. JAX and torch run on separate
+a copy (torch's device copy on a GPU, else XLA's negation; baselines.same_bytes_copy) of a bf16
+vector whose read + write bytes are the row's, over as many input sets: the copy ceiling at the
+row's size, which a small row's launch, ramp-up and last wave keep below the large copy's; a
+memory-bound row is reported against both. JAX and torch run on separate
 CUDA streams of the same device; only one column runs at a time (each sample ends with a full
 wait). Why not CUDA events or triton.testing.do_bench for everything: XLA launches on its own
 streams, so an event recorded on torch's stream does not bracket JAX work, and do_bench's per-call
@@ -53,10 +54,10 @@ clocks, power, temperature and clock-event reasons (nvidia-smi, bench/gpu_clocks
 before and after each column's check: a check that sees a kernel slower than the table did can
 then be put down to the clocks, or not. Before each column's check the GPU is left idle until it
 draws at most --check-settle-w watts, or its power stops falling (at most --check-settle-s
-seconds; bench/gpu_clocks.py: settle): on the H200 the
-compute-bound rows run at the power cap, and without it the first column checked (the farm's,
-right after the table's timing) started at 649-686 W and 1635-1785 MHz, the later ones at
-213-641 W and 1755-1980 MHz (five compute-bound rows, 2026-12-02).
+seconds; bench/gpu_clocks.py: settle): on the H200 the compute-bound rows run at the power cap,
+and without it the first column checked (the farm's, right after the table's timing) started at
+649-686 W and 1635-1785 MHz, the later ones at 213-641 W and 1755-1980 MHz (five compute-bound
+rows, 2026-12-02).
 """
 from __future__ import annotations
 

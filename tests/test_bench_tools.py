@@ -360,6 +360,10 @@ def test_ncu_summary_gives_a_line_per_launch_and_its_largest_stalls(tmp_path):
     head = ('"ID","Process ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"')
     rows = [("0", "body_mosaic_gpu_kernel", "GPU Speed Of Light Throughput", "Duration", "ns", "267,040"),
             ("0", "body_mosaic_gpu_kernel", "GPU Speed Of Light Throughput", "DRAM Throughput", "%", "81.68"),
+            ("0", "body_mosaic_gpu_kernel", "GPU Speed Of Light Throughput", "Memory Throughput", "%", "81.68"),
+            ("0", "body_mosaic_gpu_kernel", "GPU Speed Of Light Throughput", "L2 Cache Throughput", "%", "88.05"),
+            # the same name again in another section (bytes a second): the percentage is kept
+            ("0", "body_mosaic_gpu_kernel", "Memory Workload Analysis", "Memory Throughput", "byte/s", "3.9e12"),
             ("0", "body_mosaic_gpu_kernel", "Occupancy", "Achieved Occupancy", "%", "18.31"),
             ("0", "body_mosaic_gpu_kernel", "Command line profiler metrics",
              "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio", "", "3.05"),
@@ -373,7 +377,8 @@ def test_ncu_summary_gives_a_line_per_launch_and_its_largest_stalls(tmp_path):
     path = tmp_path / "ncu.csv"
     path.write_text("\n".join(lines) + "\n")
     out = ncu_summary.summarise(str(path))
-    assert out[0] == "  0 body_mosaic_gpu_kernel             time=267,040ns dram%=81.68% occ%=18.31%"
+    assert out[0] == ("  0 body_mosaic_gpu_kernel             time=267,040ns dram%=81.68% mem%=81.68% "
+                      "l2%=88.05% occ%=18.31%")
     assert out[1] == "      stalls: long_scoreboard=3.05 barrier=0.36"
     assert out[2].startswith("  1 triton_red_fused_native_layer_norm"[:37]) and "time=255,360ns" in out[2]
     assert len(out) == 3  # no stall metrics for launch 1: no stall line

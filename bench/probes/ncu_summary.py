@@ -1,5 +1,5 @@
 """Summarise ncu's `--csv --page details` output: a line per profiled launch (kernel, duration,
-DRAM and memory throughput, achieved occupancy, registers, shared memory, cycles per issued
+DRAM, memory and L2 throughput, L2 hit rate, achieved occupancy, registers, shared memory, cycles per issued
 instruction), then its largest stall reasons (`smsp__average_warps_issue_stalled_*`, cycles a
 warp spends stalled per issued instruction).
 
@@ -12,7 +12,8 @@ import csv
 import sys
 
 COLUMNS = (("Duration", "time"), ("DRAM Throughput", "dram%"), ("Memory Throughput", "mem%"),
-           ("L2 Hit Rate", "l2hit%"), ("Achieved Occupancy", "occ%"), ("Registers Per Thread", "regs"),
+           ("L2 Cache Throughput", "l2%"), ("L2 Hit Rate", "l2hit%"), ("Achieved Occupancy", "occ%"),
+           ("Registers Per Thread", "regs"),
            ("Dynamic Shared Memory Per Block", "smem"), ("Block Limit Registers", "lim_regs"),
            ("Block Limit Shared Mem", "lim_smem"), ("Warp Cycles Per Issued Instruction", "cpi"),
            ("Issued Warp Per Scheduler", "issued"))
@@ -26,7 +27,10 @@ def summarise(path: str, stalls: int = 5) -> list[str]:
     for row in csv.DictReader(lines):
         metric = row.get("Metric Name", "")
         key = (row["ID"], row["Kernel Name"])
-        launches[key][metric] = f'{row["Metric Value"]}{"" if metric.startswith(STALL) else row["Metric Unit"]}'
+        # The first of a repeated name: "Memory Throughput" is SpeedOfLight's percentage, then
+        # MemoryWorkloadAnalysis's bytes a second.
+        unit = "" if metric.startswith(STALL) else row["Metric Unit"]
+        launches[key].setdefault(metric, f'{row["Metric Value"]}{unit}')
     out = []
     for (launch, kernel), metrics in launches.items():
         shown = " ".join(f"{short}={metrics[name]}" for name, short in COLUMNS if name in metrics)
