@@ -1,7 +1,7 @@
 """Summarise ncu's `--csv --page details` output: a line per profiled launch (kernel, duration,
-DRAM, memory and L2 throughput, L2 hit rate, achieved occupancy, registers, shared memory, cycles per issued
-instruction), then its largest stall reasons (`smsp__average_warps_issue_stalled_*`, cycles a
-warp spends stalled per issued instruction).
+DRAM, memory and L2 throughput, L2 hit rate, achieved occupancy, registers, shared memory,
+cycles per issued instruction), then its largest stall reasons
+(`smsp__average_warps_issue_stalled_*`, cycles a warp spends stalled per issued instruction).
 
     python3 bench/probes/ncu_summary.py FILE.csv
 """
