@@ -5,9 +5,10 @@
 
 r is recomputed from x. dweight is a sum across rows: each program writes a float32 partial
 sum of its rows, and XLA adds the partials after the call (Triton: one partial per program,
-which loops over rows_per_program rows; TPU: one per block of rows).
-Config knobs: those of the row engine (`kernels.rows`); Triton's fori_loop takes
-rows_per_program == block_rows.
+which loops over rows_per_program rows; TPU: one per block of rows; Mosaic GPU: one per block,
+which takes rows_per_program rows in turn through shared-memory slots, `kernels.rms_norm_bwd_mgpu`).
+Config knobs: those of the row engine (`kernels.rows`) on interpret, tpu and gpu-triton;
+Triton's fori_loop takes rows_per_program == block_rows. gpu-mosaic: `kernels.rms_norm_bwd_mgpu`'s.
 """
 from __future__ import annotations
 
@@ -18,12 +19,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from kernels import rms_norm_bwd_mgpu as mgpu
 from kernels import rows
 from kernels.lowering import Platform
 
 NAME = "rms_norm_bwd"
 SHAPE_NAMES = ("rows", "cols")
-TARGETS = ("interpret", "tpu", "gpu-triton")
+TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 EPS = 1e-6
 
@@ -100,11 +102,31 @@ MATH = rows.RowMath(NAME, rows=_backward_rows, init=_init, update=_update, finis
 
 
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)
-check_config, footprint, shape_of = KERNEL.check_config, KERNEL.footprint, KERNEL.shape_of
+shape_of = KERNEL.shape_of
+
+
+def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
+    """None if `config` can run on `shape` and `target`, else a short reason."""
+    if target != mgpu.TARGET:
+        return KERNEL.check_config(config, shape, dtype, target)
+    try:
+        mgpu.plan(config, shape, dtype, NAME)
+    except (ValueError, NotImplementedError) as err:
+        return str(err)
+    return None
+
+
+def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> int:
+    """On-chip bytes of one program (Mosaic GPU: the slots, the weight and the dweight row)."""
+    if target == mgpu.TARGET:
+        return mgpu.footprint_bytes(mgpu.plan(config, shape, dtype, NAME), shape[-1], jnp.dtype(dtype).itemsize)
+    return KERNEL.footprint(config, shape, dtype, target)
 
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """A safe config for any shape; on Triton, 64 rows per program keep the partials few."""
+    if target == mgpu.TARGET:
+        return mgpu.default_config(shape)
     config = KERNEL.default(shape, target)
     if target == "gpu-triton" and config.strategy == "one_pass":
         config = dataclasses.replace(config, rows_per_program=64)
@@ -113,7 +135,10 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
 
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
     """The Pallas RMS norm backward for `config` on `platform`: a function of (x, weight, dy)."""
-    call = KERNEL.build(config, shape, dtype, platform)
+    if platform.target == mgpu.TARGET:
+        call = mgpu.build(config, shape, dtype, platform, eps=EPS, name=NAME)
+    else:
+        call = KERNEL.build(config, shape, dtype, platform)
 
     def backward(x: jax.Array, weight: jax.Array, dy: jax.Array) -> tuple[jax.Array, jax.Array]:
         return call(x, dy, weight)

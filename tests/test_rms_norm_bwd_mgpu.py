@@ -1,0 +1,106 @@
+"""RMS norm backward on Mosaic GPU (kernels/rms_norm_bwd_mgpu.py): rows taken in turn through
+shared-memory slots, dweight summed in shared memory or registers. Numerics in Pallas's GPU
+interpreter, CUDA lowering with the footprint against Mosaic GPU's own count, refusals, and the
+search space's gpu-mosaic points."""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from farm.measure import validate
+from farm.search import plan, spaces
+from kernels import rms_norm_bwd
+from kernels import rms_norm_bwd_mgpu as mgpu
+from kernels.lowering import Platform
+
+TARGET = "gpu-mosaic"
+
+
+def _config(shape: tuple[int, int], **knobs) -> dict:
+    return {**rms_norm_bwd.default_config(shape, TARGET), **knobs}
+
+
+def _errors(shape: tuple[int, int], dtype, config: dict) -> list[float]:
+    inputs = rms_norm_bwd.make_inputs(shape, dtype, jax.random.key(2))
+    fn = rms_norm_bwd.build(config, shape, dtype, Platform(TARGET, interpret=True, poison_outputs=True))
+    return [validate.relative_error(got, want)
+            for got, want in zip(fn(*inputs), rms_norm_bwd.reference(*validate.upcast(inputs)))]
+
+
+@pytest.mark.parametrize("dweight_in", ["smem", "registers"])
+@pytest.mark.parametrize("shape,dtype,knobs", [
+    ((40, 1024), jnp.bfloat16, {"rows_per_program": 16, "slots": 2, "block_cols": 512}),  # a last block of 8 rows
+    ((32, 512), jnp.float32, {"rows_per_program": 8, "slots": 3, "block_cols": 512}),
+    ((6, 2048), jnp.bfloat16, {"rows_per_program": 4, "slots": 4, "block_cols": 1024}),  # fewer rows than slots
+])
+def test_rows_in_turn_match_the_reference_in_the_gpu_interpreter(shape, dtype, knobs, dweight_in):
+    config = _config(shape, **knobs, dweight_in=dweight_in)
+    assert rms_norm_bwd.check_config(config, shape, dtype, TARGET) is None
+    tolerance = validate.tolerance(jnp.dtype(dtype).name, rms_norm_bwd)
+    assert all(error <= tolerance for error in _errors(shape, dtype, config))
+
+
+@pytest.mark.parametrize("knobs", [
+    {"rows_per_program": 32, "slots": 3, "block_cols": 2048},
+    {"rows_per_program": 64, "slots": 2, "block_cols": 2048, "dweight_in": "registers"},
+])
+def test_lowers_for_cuda_within_the_footprint(knobs, monkeypatch):
+    shape = (8192, 8192)
+    config = _config(shape, **knobs)
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in (shape, (shape[1],), shape)]
+
+    def lower() -> str:
+        fn = rms_norm_bwd.build(config, shape, jnp.bfloat16, Platform(TARGET))
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+    assert "mosaic_gpu" in lower()
+    core = pytest.importorskip("jax.experimental.mosaic.gpu.core")
+    if not hasattr(core, "_SMEM_SIZE_BOUND"):
+        pytest.skip("this JAX does not expose Mosaic GPU's shared-memory bound")
+    monkeypatch.setattr(core, "_SMEM_SIZE_BOUND", 1)
+    with pytest.raises(ValueError, match="exceeds available shared memory") as info:
+        lower()
+    actual = int(re.search(r"smem_bytes=(\d+)", str(info.value)).group(1))
+    assert actual <= rms_norm_bwd.footprint(config, shape, jnp.bfloat16, TARGET) <= actual + 1024
+
+
+def test_dweight_in_registers_leaves_the_slots_its_shared_memory():
+    shape = (8192, 8192)
+    in_smem = rms_norm_bwd.footprint(_config(shape, slots=2), shape, jnp.bfloat16, TARGET)
+    in_registers = rms_norm_bwd.footprint(_config(shape, slots=2, dweight_in="registers"), shape, jnp.bfloat16, TARGET)
+    assert in_smem - in_registers == 4 * 8192  # the float32 dweight row shares the slots' memory
+    assert 2 * in_registers <= mgpu.mgpu_launch.SMEM_BYTES < 2 * in_smem  # two blocks a SM, against one
+
+
+@pytest.mark.parametrize("shape,knobs,reason", [
+    ((64, 1000), {"block_cols": 512}, "128-byte units"),
+    ((64, 3072), {"block_cols": 2048}, "must divide the row"),
+    ((64, 32768), {"block_cols": 2048, "slots": 2}, "shared memory"),
+    ((64, 16384), {"block_cols": 2048, "dweight_in": "registers"}, "at most 64"),
+    ((64, 4096), {"rows_per_program": 128}, "exceeds the rows"),
+    ((64, 4096), {"slots": 5}, "slots must be in"),
+    ((64, 4096), {"stream_cols": 1}, "unknown knob"),
+])
+def test_what_it_refuses_it_names(shape, knobs, reason):
+    assert reason in rms_norm_bwd.check_config(_config(shape, **knobs), shape, "bfloat16", TARGET)
+
+
+@pytest.mark.parametrize("shape", [(8192, 8192), (4096, 5120), (1000, 4096), (16384, 16384), (8, 1024)])
+def test_default_config_fits_users_shapes(shape):
+    assert rms_norm_bwd.check_config(rms_norm_bwd.default_config(shape, TARGET), shape, "bfloat16", TARGET) is None
+
+
+def test_the_space_offers_legal_gpu_mosaic_points(repo):
+    from farm.search.valid_set import ValidSet
+
+    space = spaces.load_space(repo / "search_spaces" / "rms_norm_bwd.yaml")
+    (planned,) = plan.expand([space], [TARGET], 32)
+    shape, dtype = planned.task.shape, planned.task.dtype
+    every = ValidSet.enumerate(space.params_for(TARGET), lambda c: space.violated(c, shape, dtype, TARGET) is None,
+                               space.prefix_checks(shape, dtype, TARGET))
+    legal = [c for c in every.configs if rms_norm_bwd.check_config(dict(c), shape, dtype, TARGET) is None]
+    assert legal and {c["dweight_in"] for c in legal} == {"smem", "registers"}
+    assert {c["slots"] for c in legal} == {2, 3, 4}
