@@ -13,19 +13,24 @@ warpgroup) takes `rows_per_program` consecutive rows in turn:
   - once this walk is done, the row `slots - 1` ahead is copied into the slot of the previous
     row, whose write-back has read it out by then (the block waits for that read only);
   - map: dx = r dy w - c x, written in place over x's slot and written back in one bulk copy,
-    and dy * x * r added into the block's float32 dweight row in shared memory;
+    and dy * x * r added into the block's float32 dweight row (in shared memory, or in
+    registers: `dweight_in`);
   - the block ends by writing its dweight row: XLA adds the (blocks, cols) partials, a few MB.
 
 Every byte of x and dy is read once from HBM and dx written once. Rows must be whole 128-byte
 units (bulk copies into shared memory) and fit the slots beside the weight and the float32
 dweight row (227 KiB a block on sm_90; at 8192 bf16 columns, 3 slots take 144 KiB); chunks must
-divide the row. Other shapes: gpu-triton. Tested in Pallas's GPU interpreter on CPU; timed on
-the H200 (BENCHMARKS.md).
+divide the row. Other shapes: gpu-triton. Tested in Pallas's GPU interpreter on CPU; on the H200
+at 8192 x 8192 bf16: 103 us of kernels (tuned), against 112 us for Triton's tuned kernel, 168 us
+for XLA and 96.5 us for a copy of the same bytes (BENCHMARKS.md).
 
 Config knobs: strategy "smem_rows"; block_rows 1; rows_per_program (a power of two, 1 to 1024:
 rows a block takes in turn; blocks = rows / rows_per_program, the last block's rows fewer when it
 does not divide); slots (2 to 4); block_cols (a power of two, 512 to 8192, dividing the row);
-approx_math (1: Mosaic GPU's approximate rsqrt).
+approx_math (1: Mosaic GPU's approximate rsqrt); dweight_in, "smem" (the block's float32 dweight
+row in shared memory beside the slots, added to chunk by chunk) or "registers" (rows of up to
+8192 columns: each thread holds its cols / 128 sums, and the row takes the slots' shared memory
+only once the rows are done, so that two blocks fit a SM at 8192 bf16 columns).
 """
 from __future__ import annotations
 
@@ -122,17 +127,26 @@ def plan(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, name: st
 
 
 def default_config(shape: tuple[int, ...], dtype_bytes: int = 2) -> dict[str, Any]:
-    """3 slots where they fit (else 2), chunks of up to 2048 columns dividing the row, and about
-    two blocks per SM's worth of rows."""
+    """dweight in registers with 2 slots where a row has at most 8192 columns (two blocks a SM at
+    8192 bf16 columns), else in shared memory with 3 slots where they fit (else 2); chunks of up
+    to 2048 columns dividing the row; rows_per_program giving about two blocks a SM. On the H200
+    at 8192 x 8192 bf16 (CUPTI): registers, 2 slots, 32 rows a block, 1024-4096-column chunks
+    105.1-106.6 us; shared memory, 3 slots, 2048-column chunks 118.7-123.0 us (4096-column chunks,
+    64 rows a block, the farm's tuned winner: 103 us); Triton's winner 114.3 us (BENCHMARKS.md)."""
     rows, cols = shape
     chunk = next((c for c in (2048, 1024, 512) if cols % c == 0), CHUNKS[0])
-    slots = 3 if footprint_bytes(RowsInTurnConfig(chunk, 1, 3), cols, dtype_bytes) <= mgpu_launch.SMEM_BYTES else 2
+    if cols // 128 <= MAX_REGISTER_VALUES:
+        dweight_in, slots = REGISTERS, 2
+    else:
+        dweight_in = SMEM
+        fits = footprint_bytes(RowsInTurnConfig(chunk, 1, 3), cols, dtype_bytes) <= mgpu_launch.SMEM_BYTES
+        slots = 3 if fits else 2
     target_blocks = 2 * mgpu_launch.DEFAULT_NUM_SMS
     per = 1
     while per * 2 <= ROWS_PER_PROGRAM[1] and per * 2 <= rows and rows / (per * 2) >= target_blocks / 2:
         per *= 2
     return {"strategy": STRATEGY, "block_rows": 1, "block_cols": chunk, "rows_per_program": per,
-            "slots": slots, "approx_math": 1, "dweight_in": SMEM}
+            "slots": slots, "approx_math": 1, "dweight_in": dweight_in}
 
 
 def _strided(value: jax.Array, dtype: Any, interpret: bool) -> jax.Array:

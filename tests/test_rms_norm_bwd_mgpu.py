@@ -69,7 +69,7 @@ def test_lowers_for_cuda_within_the_footprint(knobs, monkeypatch):
 
 def test_dweight_in_registers_leaves_the_slots_its_shared_memory():
     shape = (8192, 8192)
-    in_smem = rms_norm_bwd.footprint(_config(shape, slots=2), shape, jnp.bfloat16, TARGET)
+    in_smem = rms_norm_bwd.footprint(_config(shape, slots=2, dweight_in="smem"), shape, jnp.bfloat16, TARGET)
     in_registers = rms_norm_bwd.footprint(_config(shape, slots=2, dweight_in="registers"), shape, jnp.bfloat16, TARGET)
     assert in_smem - in_registers == 4 * 8192  # the float32 dweight row shares the slots' memory
     assert 2 * in_registers <= mgpu.mgpu_launch.SMEM_BYTES < 2 * in_smem  # two blocks a SM, against one
