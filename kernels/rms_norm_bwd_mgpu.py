@@ -21,8 +21,9 @@ Every byte of x and dy is read once from HBM and dx written once. Rows must be w
 units (bulk copies into shared memory) and fit the slots beside the weight and the float32
 dweight row (227 KiB a block on sm_90; at 8192 bf16 columns, 3 slots take 144 KiB); chunks must
 divide the row. Other shapes: gpu-triton. Tested in Pallas's GPU interpreter on CPU; on the H200
-at 8192 x 8192 bf16: 103 us of kernels (tuned), against 112 us for Triton's tuned kernel, 168 us
-for XLA and 96.5 us for a copy of the same bytes (BENCHMARKS.md).
+at 8192 x 8192 bf16: 103-104 us of kernels (dweight in shared memory, 3 slots, 64 rows a block,
+4096-column chunks), against 112-114 us for Triton's tuned kernel, 168 us for XLA and 96 us for a
+copy of the same bytes (BENCHMARKS.md).
 
 Config knobs: strategy "smem_rows"; block_rows 1; rows_per_program (a power of two, 1 to 1024:
 rows a block takes in turn; blocks = rows / rows_per_program, the last block's rows fewer when it
@@ -30,7 +31,11 @@ does not divide); slots (2 to 4); block_cols (a power of two, 512 to 8192, divid
 approx_math (1: Mosaic GPU's approximate rsqrt); dweight_in, "smem" (the block's float32 dweight
 row in shared memory beside the slots, added to chunk by chunk) or "registers" (rows of up to
 8192 columns: each thread holds its cols / 128 sums, and the row takes the slots' shared memory
-only once the rows are done, so that two blocks fit a SM at 8192 bf16 columns).
+only once the rows are done, so that two blocks fit a SM at 8192 bf16 columns); stream_cols, 0
+(the weight staged whole in shared memory) or 2 (read chunk by chunk from global memory, an L2
+hit after the first rows, as the row engine's stream_cols 2: 16 KB less shared memory a block at
+8192 bf16 columns, so that 3 slots and dweight in registers fit two blocks a SM; measured slower
+there, 116-120 us against 106, and left out of the search space).
 """
 from __future__ import annotations
 
@@ -55,6 +60,7 @@ ROWS_PER_PROGRAM = (1, 1024)
 COPY_BYTES = 128  # a bulk copy into shared memory moves whole units of this many bytes
 SMEM_OVERHEAD = 3072  # barriers and the reductions' scratch (as kernels.rows.mosaic's)
 SMEM, REGISTERS = "smem", "registers"  # dweight_in: where a block sums its dweight row
+DIRECT = 2  # stream_cols: the weight read from global memory (as kernels.rows.mosaic's stream_cols 2)
 MAX_REGISTER_VALUES = 64  # dweight_in "registers": float32 values a thread holds (cols / 128)
 F32 = jnp.float32
 
@@ -70,6 +76,7 @@ class RowsInTurnConfig:
     strategy: str = STRATEGY
     approx_math: int = 1
     dweight_in: str = SMEM
+    stream_cols: int = 0
 
     def __post_init__(self) -> None:
         if self.strategy != STRATEGY:
@@ -85,17 +92,21 @@ class RowsInTurnConfig:
             raise ValueError(f"slots must be in {list(SLOTS)}, got {self.slots}")
         if self.dweight_in not in (SMEM, REGISTERS):
             raise ValueError(f"dweight_in must be {SMEM!r} or {REGISTERS!r}, got {self.dweight_in!r}")
+        if self.stream_cols not in (0, DIRECT):
+            raise ValueError(f"stream_cols must be 0 (the weight staged in shared memory) or {DIRECT} (read chunk by "
+                             f"chunk from global memory), got {self.stream_cols!r}")
         if self.approx_math not in (0, 1):
             raise ValueError(f"approx_math must be 0 or 1, got {self.approx_math!r}")
 
 
 def footprint_bytes(config: RowsInTurnConfig, cols: int, itemsize: int) -> int:
-    """Shared memory of one block: the weight, and x and dy in each slot beside the float32
-    dweight row (dweight_in "smem") or, dweight in registers, the larger of the slots and that
-    row (it takes their memory once the rows are done)."""
+    """Shared memory of one block: the weight (unless read from global memory), and x and dy in
+    each slot beside the float32 dweight row (dweight_in "smem") or, dweight in registers, the
+    larger of the slots and that row (it takes their memory once the rows are done)."""
     slots, dweight = 2 * config.slots * cols * itemsize, 4 * cols
     staged = max(slots, dweight) if config.dweight_in == REGISTERS else slots + dweight
-    return cols * itemsize + staged + SMEM_OVERHEAD
+    weight = 0 if config.stream_cols == DIRECT else cols * itemsize
+    return weight + staged + SMEM_OVERHEAD
 
 
 def plan(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, name: str) -> RowsInTurnConfig:
@@ -127,26 +138,19 @@ def plan(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, name: st
 
 
 def default_config(shape: tuple[int, ...], dtype_bytes: int = 2) -> dict[str, Any]:
-    """dweight in registers with 2 slots where a row has at most 8192 columns (two blocks a SM at
-    8192 bf16 columns), else in shared memory with 3 slots where they fit (else 2); chunks of up
-    to 2048 columns dividing the row; rows_per_program giving about two blocks a SM. On the H200
-    at 8192 x 8192 bf16 (CUPTI): registers, 2 slots, 32 rows a block, 1024-4096-column chunks
-    105.1-106.6 us; shared memory, 3 slots, 2048-column chunks 118.7-123.0 us (4096-column chunks,
-    64 rows a block, the farm's tuned winner: 103 us); Triton's winner 114.3 us (BENCHMARKS.md)."""
+    """dweight in shared memory, 3 slots where they fit (else 2), chunks of up to 4096 columns
+    dividing the row, rows_per_program giving about one block a SM. On the H200 at 8192 x 8192
+    bf16 (CUPTI, two runs): this config 103.8 and 104.1 us; 8192-column chunks 104.8; 4 slots
+    109.6; dweight in registers 105.1-106.6 (2 slots, two blocks a SM) and 106.0 (3 slots); the
+    weight read from global memory 108.5-120.2; Triton's tuned kernel 114.3 (BENCHMARKS.md)."""
     rows, cols = shape
-    chunk = next((c for c in (2048, 1024, 512) if cols % c == 0), CHUNKS[0])
-    if cols // 128 <= MAX_REGISTER_VALUES:
-        dweight_in, slots = REGISTERS, 2
-    else:
-        dweight_in = SMEM
-        fits = footprint_bytes(RowsInTurnConfig(chunk, 1, 3), cols, dtype_bytes) <= mgpu_launch.SMEM_BYTES
-        slots = 3 if fits else 2
-    target_blocks = 2 * mgpu_launch.DEFAULT_NUM_SMS
+    chunk = next((c for c in (4096, 2048, 1024, 512) if cols % c == 0), CHUNKS[0])
+    fits = footprint_bytes(RowsInTurnConfig(chunk, 1, 3), cols, dtype_bytes) <= mgpu_launch.SMEM_BYTES
     per = 1
-    while per * 2 <= ROWS_PER_PROGRAM[1] and per * 2 <= rows and rows / (per * 2) >= target_blocks / 2:
+    while per * 2 <= ROWS_PER_PROGRAM[1] and per * 2 <= rows and rows / (per * 2) >= mgpu_launch.DEFAULT_NUM_SMS / 2:
         per *= 2
     return {"strategy": STRATEGY, "block_rows": 1, "block_cols": chunk, "rows_per_program": per,
-            "slots": slots, "approx_math": 1, "dweight_in": dweight_in}
+            "slots": 3 if fits else 2, "approx_math": 1, "dweight_in": SMEM}
 
 
 def _strided(value: jax.Array, dtype: Any, interpret: bool) -> jax.Array:
@@ -206,7 +210,12 @@ def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, platfor
                     return carry
 
                 lax.fori_loop(0, n_chunks, zero, 0)
-            plgpu.barrier_wait(w_loaded)
+            if w_loaded is not None:
+                plgpu.barrier_wait(w_loaded)
+
+            def weight(j: Any) -> jax.Array:
+                """Chunk j of the weight, from its staged copy or (stream_cols 2) global memory."""
+                return at(w_gmem if w_smem is None else w_smem, j)[...].astype(F32)
 
             def row(i: Any, acc: Any) -> Any:
                 slot = lax.rem(i, S)
@@ -215,11 +224,11 @@ def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, platfor
 
                 def fold(j: Any, sums: Any) -> Any:
                     x = at(xs, j)[...].astype(F32)
-                    g = at(dys, j)[...].astype(F32) * at(w_smem, j)[...].astype(F32)
+                    g = at(dys, j)[...].astype(F32) * weight(j)
                     return sums[0] + x * x, sums[1] + g * x
 
                 x0 = at(xs, 0)[...].astype(F32)
-                g0 = at(dys, 0)[...].astype(F32) * at(w_smem, 0)[...].astype(F32)
+                g0 = at(dys, 0)[...].astype(F32) * weight(0)
                 sum_xx, sum_gx = lax.fori_loop(1, n_chunks, fold, (x0 * x0, g0 * x0))
                 r = lax.rsqrt(jnp.sum(sum_xx) / cols + eps)
                 c = r * r * r * (jnp.sum(sum_gx) / cols)
@@ -234,7 +243,7 @@ def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, platfor
                     x_ref = at(xs, j)
                     x = x_ref[...].astype(F32)
                     dy = at(dys, j)[...].astype(F32)
-                    x_ref[...] = (r * dy * at(w_smem, j)[...].astype(F32) - c * x).astype(dtype)
+                    x_ref[...] = (r * dy * weight(j) - c * x).astype(dtype)
                     return dy * x * r
 
                 if in_registers:
@@ -267,8 +276,9 @@ def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, platfor
                         plgpu.Barrier(num_arrivals=2, num_barriers=S))
         dw_buffer = plgpu.SMEM((cols,), F32)
 
-        def with_weight(w_smem, w_loaded):
-            plgpu.copy_gmem_to_smem(w_gmem, w_smem, w_loaded, oob_mode=in_bounds)
+        def with_weight(w_smem: Any, w_loaded: Any) -> None:
+            if w_smem is not None:
+                plgpu.copy_gmem_to_smem(w_gmem, w_smem, w_loaded, oob_mode=in_bounds)
             if in_registers:  # the slots, then the dweight row in the same shared memory
                 acc = pl.run_scoped(lambda *slots: rows_in_turn(*slots, w_smem, w_loaded, None), *slot_buffers)
                 pl.run_scoped(lambda dw_smem: write_dweight(dw_smem, acc), dw_buffer)
@@ -280,7 +290,10 @@ def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, platfor
 
             pl.run_scoped(beside, *slot_buffers, dw_buffer)
 
-        pl.run_scoped(with_weight, plgpu.SMEM((cols,), dtype), plgpu.Barrier(num_arrivals=1))
+        if cfg.stream_cols == DIRECT:
+            with_weight(None, None)
+        else:
+            pl.run_scoped(with_weight, plgpu.SMEM((cols,), dtype), plgpu.Barrier(num_arrivals=1))
 
     out_shape = [jax.ShapeDtypeStruct((rows, cols), dtype), jax.ShapeDtypeStruct((blocks, cols), F32)]
     params = plgpu.CompilerParams(approx_math=bool(cfg.approx_math))

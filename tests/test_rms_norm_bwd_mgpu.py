@@ -46,6 +46,7 @@ def test_rows_in_turn_match_the_reference_in_the_gpu_interpreter(shape, dtype, k
 @pytest.mark.parametrize("knobs", [
     {"rows_per_program": 32, "slots": 3, "block_cols": 2048},
     {"rows_per_program": 64, "slots": 2, "block_cols": 2048, "dweight_in": "registers"},
+    {"rows_per_program": 32, "slots": 3, "block_cols": 2048, "dweight_in": "registers", "stream_cols": 2},
 ])
 def test_lowers_for_cuda_within_the_footprint(knobs, monkeypatch):
     shape = (8192, 8192)
@@ -82,7 +83,8 @@ def test_dweight_in_registers_leaves_the_slots_its_shared_memory():
     ((64, 16384), {"block_cols": 2048, "dweight_in": "registers"}, "at most 64"),
     ((64, 4096), {"rows_per_program": 128}, "exceeds the rows"),
     ((64, 4096), {"slots": 5}, "slots must be in"),
-    ((64, 4096), {"stream_cols": 1}, "unknown knob"),
+    ((64, 4096), {"stream_cols": 1}, "stream_cols must be 0"),
+    ((64, 4096), {"buffers": 2}, "unknown knob"),
 ])
 def test_what_it_refuses_it_names(shape, knobs, reason):
     assert reason in rms_norm_bwd.check_config(_config(shape, **knobs), shape, "bfloat16", TARGET)
@@ -104,3 +106,13 @@ def test_the_space_offers_legal_gpu_mosaic_points(repo):
     legal = [c for c in every.configs if rms_norm_bwd.check_config(dict(c), shape, dtype, TARGET) is None]
     assert legal and {c["dweight_in"] for c in legal} == {"smem", "registers"}
     assert {c["slots"] for c in legal} == {2, 3, 4}
+
+
+@pytest.mark.parametrize("dweight_in", ["smem", "registers"])
+def test_the_weight_read_from_global_memory(dweight_in):
+    shape, dtype = (24, 1024), jnp.bfloat16
+    config = _config(shape, rows_per_program=8, slots=3, block_cols=512, dweight_in=dweight_in, stream_cols=2)
+    staged = rms_norm_bwd.footprint({**config, "stream_cols": 0}, shape, dtype, TARGET)
+    assert staged - rms_norm_bwd.footprint(config, shape, dtype, TARGET) == 2 * 1024
+    tolerance = validate.tolerance(jnp.dtype(dtype).name, rms_norm_bwd)
+    assert all(error <= tolerance for error in _errors(shape, dtype, config))
