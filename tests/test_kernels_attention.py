@@ -7,7 +7,6 @@ checks block rules, layouts and shared memory; speed is only measured on real ha
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import jax
@@ -21,6 +20,7 @@ from farm.search.spaces import load_space
 from farm.tasks import TuningTask
 from kernels import flash_attention
 from kernels.lowering import Platform
+from tests.mosaic_checks import mosaic_smem_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("flash_attention", "flash_attention_causal")
@@ -148,13 +148,7 @@ def test_mosaic_gpu_kernels_lower_in_bf16_within_their_footprint(name, shape, co
     # JAX's own attention_mgpu.py fails on bf16 (f16 SMEM); ours lowers in bf16, and its
     # footprint bounds the shared memory Mosaic GPU counts from above by at most 1 KiB.
     assert "mosaic_gpu" in _lower(name, config, "gpu-mosaic", shape)
-    core = pytest.importorskip("jax.experimental.mosaic.gpu.core")
-    if not hasattr(core, "_SMEM_SIZE_BOUND"):
-        pytest.skip("this JAX does not expose Mosaic GPU's shared-memory bound")
-    monkeypatch.setattr(core, "_SMEM_SIZE_BOUND", 1)
-    with pytest.raises(ValueError, match="exceeds available shared memory") as info:
-        _lower(name, config, "gpu-mosaic", shape)
-    actual = int(re.search(r"smem_bytes=(\d+)", str(info.value)).group(1))
+    actual = mosaic_smem_bytes(lambda: _lower(name, config, "gpu-mosaic", shape), monkeypatch)
     model = kernels.load(name).footprint(config, shape, jnp.bfloat16, "gpu-mosaic")
     assert actual <= model <= actual + 1024
 

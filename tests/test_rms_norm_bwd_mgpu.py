@@ -4,8 +4,6 @@ interpreter, CUDA lowering with the footprint against Mosaic GPU's own count, re
 search space's gpu-mosaic points."""
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -15,6 +13,7 @@ from farm.search import plan, spaces
 from kernels import rms_norm_bwd
 from kernels import rms_norm_bwd_mgpu as mgpu
 from kernels.lowering import Platform
+from tests.mosaic_checks import mosaic_smem_bytes
 
 TARGET = "gpu-mosaic"
 
@@ -58,13 +57,7 @@ def test_lowers_for_cuda_within_the_footprint(knobs, monkeypatch):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
     assert "mosaic_gpu" in lower()
-    core = pytest.importorskip("jax.experimental.mosaic.gpu.core")
-    if not hasattr(core, "_SMEM_SIZE_BOUND"):
-        pytest.skip("this JAX does not expose Mosaic GPU's shared-memory bound")
-    monkeypatch.setattr(core, "_SMEM_SIZE_BOUND", 1)
-    with pytest.raises(ValueError, match="exceeds available shared memory") as info:
-        lower()
-    actual = int(re.search(r"smem_bytes=(\d+)", str(info.value)).group(1))
+    actual = mosaic_smem_bytes(lower, monkeypatch)
     assert actual <= rms_norm_bwd.footprint(config, shape, jnp.bfloat16, TARGET) <= actual + 1024
 
 

@@ -3,8 +3,6 @@ rms norm, layer norm and cross entropy. Numerics in Pallas's GPU interpreter, CU
 users' shapes with the footprint against Mosaic GPU's own count, refusals, the farm's measure path."""
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +15,7 @@ from farm.tasks import TuningTask
 from kernels import batch_softmax, cross_entropy, layer_norm, rms_norm, softmax
 from kernels.lowering import Platform
 from kernels.rows import mosaic as mosaic_rows
+from tests.mosaic_checks import mosaic_smem_bytes
 
 TARGET = "gpu-mosaic"
 
@@ -215,13 +214,7 @@ def test_users_shapes_lower_for_cuda_within_the_footprint(name, shape, knobs, mo
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
     assert "mosaic_gpu" in lower()
-    core = pytest.importorskip("jax.experimental.mosaic.gpu.core")
-    if not hasattr(core, "_SMEM_SIZE_BOUND"):
-        pytest.skip("this JAX does not expose Mosaic GPU's shared-memory bound")
-    monkeypatch.setattr(core, "_SMEM_SIZE_BOUND", 1)
-    with pytest.raises(ValueError, match="exceeds available shared memory") as info:
-        lower()
-    actual = int(re.search(r"smem_bytes=(\d+)", str(info.value)).group(1))
+    actual = mosaic_smem_bytes(lower, monkeypatch)
     model = module.footprint(config, shape, jnp.bfloat16, TARGET)
     assert actual <= model <= actual + 1024
 
