@@ -47,3 +47,6 @@ def test_race_and_sample_budget_reach_the_sweep_settings(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         settings("--race", "0.5")
     assert exit_.value.code == 2 and "--race: expected 0 (off) or a factor above 1" in capsys.readouterr().err
+    assert default.finalist_sustain_s == 0.0 and settings("--finalist-sustain", "0.5").finalist_sustain_s == 0.5
+    with pytest.raises(SystemExit):
+        settings("--finalist-sustain", "-1")

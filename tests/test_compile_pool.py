@@ -201,6 +201,39 @@ def test_a_time_below_the_roofline_floor_is_measured_again_and_never_wins():
     assert finalists.winner(timings) is None
 
 
+class PowerCapped:
+    """A stand-in for a kernel at a GPU's power cap (what the H200 showed, BENCHMARKS.md): fast in
+    short bursts, slower once it has run back to back for `heat_after_s`, fast again after a pause
+    of `cool_after_s`. Its calls sleep; they return a JAX scalar, as a kernel returns an array."""
+
+    def __init__(self, fast_s: float, slow_s: float, heat_after_s: float, cool_after_s: float):
+        self.fast_s, self.slow_s, self.heat_after_s, self.cool_after_s = fast_s, slow_s, heat_after_s, cool_after_s
+        self.busy_since, self.last_end, self.out = 0.0, -math.inf, jnp.zeros(())
+
+    def __call__(self, *_):
+        now = time.perf_counter()
+        if now - self.last_end > self.cool_after_s:
+            self.busy_since = now
+        time.sleep(self.slow_s if now - self.busy_since > self.heat_after_s else self.fast_s)
+        self.last_end = time.perf_counter()
+        return self.out
+
+
+def test_sustained_finalist_samples_rank_by_the_load_they_hold():
+    # Short interleaved pairs time the power-capped kernel in bursts (it wins, 0.5 against 1 ms a
+    # call); sustained samples time it hot (3 ms a call) and the steady kernel wins.
+    def fns():
+        return {"capped": PowerCapped(5e-4, 3e-3, heat_after_s=0.04, cool_after_s=0.008),
+                "steady": PowerCapped(1e-3, 1e-3, heat_after_s=math.inf, cool_after_s=0.008)}
+
+    sets = [(jnp.zeros(()),)]
+    bursts = finalists.retime("task", fns(), sets, floor_s=None, min_samples=3, max_samples=3, budget_s=30)
+    sustained = finalists.retime("task", fns(), sets, floor_s=None, min_samples=3, max_samples=3, budget_s=30,
+                                 sustain_s=0.15)
+    assert finalists.winner(bursts).config == "capped" and finalists.winner(sustained).config == "steady"
+    assert {t.sustain_s for t in bursts} == {0.0} and {t.sustain_s for t in sustained} == {0.15}
+
+
 def test_rotation_sets_read_past_the_caches():
     assert finalists.rotation_sets(1 << 30) == 1
     assert finalists.rotation_sets(40 << 20) == 4

@@ -143,9 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
 RUN_DEFAULTS = {"repetitions": 10, "input_sets": 1, "compile_timeout": 600.0, "timing_timeout": 300.0,
                 "max_attempts": 2}
 # Flags `--resume` applies; any other run flag that differs from the saved run is refused.
-RESUME_SAFE = ("--workers", "--depth", "--compile-processes", "--finalists", "--node-label", "--compile-timeout",
-               "--timing-timeout", "--max-attempts", "--sample-budget", "--race", "--time-budget", "--address", "--key",
-               "--quiet")
+RESUME_SAFE = ("--workers", "--depth", "--compile-processes", "--finalists", "--finalist-sustain", "--node-label",
+               "--compile-timeout", "--timing-timeout", "--max-attempts", "--sample-budget", "--race", "--time-budget",
+               "--address", "--key", "--quiet")
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -173,6 +173,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         "side, on inputs rotated past the caches and against the roofline, before the winner is "
                         "chosen, with any others within 5%% of the best, up to twice as many (default 4 on accelerators, "
                         "0 on CPU; 0: the sweep's fastest wins)")
+    parser.add_argument("--finalist-sustain", type=_non_negative_float, metavar="SECONDS",
+                        help="take each finalist sample from this many seconds of its calls back to back: the "
+                        "ranking under sustained load, as in a training step (a compute-bound kernel at the power "
+                        "cap can rank differently than in short samples; default 0: one short sample pair)")
     parser.add_argument("--sample-budget", type=_non_negative_float, metavar="SECONDS",
                         help="seconds of timing samples per config: a slow kernel gets fewer repetitions, 3 at least "
                         "(default 0.5; 0: always --repetitions)")

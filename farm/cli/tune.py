@@ -31,7 +31,7 @@ def _sweep_settings(args: argparse.Namespace, out: Path) -> Any:
         repetitions=_run_option(args, "repetitions"), input_sets=_run_option(args, "input_sets"),
         compile_timeout_s=_run_option(args, "compile_timeout"), timing_timeout_s=_run_option(args, "timing_timeout"),
         max_attempts=_run_option(args, "max_attempts"), address=args.address, time_budget_s=args.time_budget,
-        **_measuring(args))
+        finalist_sustain_s=args.finalist_sustain or 0.0, **_measuring(args))
 
 
 def _measuring(args: argparse.Namespace) -> dict[str, Any]:
@@ -120,7 +120,8 @@ def _resume_settings(args: argparse.Namespace) -> tuple[list[Any], Any]:
         raise FarmError(f"--resume {out}: {'; '.join(differ)} differ from the saved run ({runlog.SWEEP_FILE}); "
                         f"expected them unchanged or left out (may change: {', '.join(RESUME_SAFE)})")
     changed = {"workers": args.workers, "depth": args.depth, "compile_processes": args.compile_processes,
-               "finalists": args.finalists, "compile_timeout_s": args.compile_timeout,
+               "finalists": args.finalists, "finalist_sustain_s": args.finalist_sustain,
+               "compile_timeout_s": args.compile_timeout,
                "timing_timeout_s": args.timing_timeout, "max_attempts": args.max_attempts,
                "time_budget_s": args.time_budget,
                "node_labels": placement.parse_labels(args.node_label) if args.node_label else None}

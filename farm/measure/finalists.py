@@ -7,6 +7,13 @@ clocks and load), on input sets rotated past the caches (ROTATE_PAST_BYTES of in
 until their order is settled or the budget ends. A median below the roofline floor
 (`farm.measure.roofline`) is a measurement error: its samples are dropped and it is measured
 again, and if it stays below, it is marked and can never win.
+
+Short interleaved samples time each finalist in bursts. On the H200 a compute-bound kernel at the
+power cap runs slower sustained than in bursts, and not every kernel by as much: the farm's
+Mosaic GPU matmul ran 9.8% slower sustained, torch's 0.9% (BENCHMARKS.md, 2026-12-02). With
+`sustain_s`, each round's sample of a finalist is instead taken from that many seconds of its
+calls back to back (the median of the pairs in the second half, once the clocks have settled to
+the load): the ranking of a training step's regime, at sustain_s seconds a sample.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from farm.measure import dispatch, timing
 
 ROTATE_PAST_BYTES = 128 << 20   # twice the largest last-level cache of the devices we target (H200: 50 MB)
 MAX_INPUT_SETS = 16
+MIN_SAMPLES = 6  # samples of every finalist before the order may be settled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +48,7 @@ class FinalTiming:
     rounds: int
     settled: bool                  # the leader's order was settled before the budget ended
     error: str | None = None
+    sustain_s: float = 0.0         # seconds of back-to-back calls behind each sample (0: one sample pair)
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (a line of finalists.jsonl)."""
@@ -89,16 +98,29 @@ def settled(samples: dict[str, list[float]], tie: float = 0.01) -> bool:
     return True
 
 
+def sustained_per_call(fn: Any, input_sets: Sequence[Sequence[Any]], calls: int, sustain_s: float) -> float:
+    """Seconds per call of `fn` run back to back for at least `sustain_s`: sample pairs until then
+    (at least two), and the median of those that ended in the second half of the span."""
+    values: list[tuple[float, float]] = []
+    start = time.perf_counter()
+    while len(values) < 2 or values[-1][0] < sustain_s:
+        per_call = timing.pair_per_call(fn, input_sets, calls)
+        values.append((time.perf_counter() - start, per_call))
+    return statistics.median(v for ended, v in values if ended >= sustain_s / 2)
+
+
 def retime(task_key: str, fns: dict[str, Any], input_sets: Sequence[Sequence[Any]], *, floor_s: float | None,
-           min_samples: int = 6, max_samples: int = 30, budget_s: float = 10.0,
-           min_sample_s: float = 5e-3, calls: int = 1) -> list[FinalTiming]:
+           min_samples: int = MIN_SAMPLES, max_samples: int = 30, budget_s: float = 10.0,
+           min_sample_s: float = 5e-3, calls: int = 1, sustain_s: float = 0.0) -> list[FinalTiming]:
     """Re-time `fns` (config JSON -> compiled callable) side by side; one FinalTiming each.
     `calls`: kernel calls each callable makes per dispatch (`farm.measure.dispatch`); the
-    results are per kernel call."""
+    results are per kernel call. `sustain_s` > 0: each sample from that many seconds of a
+    finalist's calls back to back (`sustained_per_call`), not from one sample pair."""
     if calls > 1:
         results = retime(task_key, fns, dispatch.grouped_sets(input_sets, calls),
                          floor_s=None if floor_s is None else floor_s * calls, min_samples=min_samples,
-                         max_samples=max_samples, budget_s=budget_s, min_sample_s=min_sample_s)
+                         max_samples=max_samples, budget_s=budget_s, min_sample_s=min_sample_s,
+                         sustain_s=sustain_s)
         return [dataclasses.replace(
             t, median_s=None if t.median_s is None else t.median_s / calls,
             min_s=None if t.min_s is None else t.min_s / calls, floor_s=floor_s,
@@ -112,7 +134,8 @@ def retime(task_key: str, fns: dict[str, Any], input_sets: Sequence[Sequence[Any
     while True:
         rounds += 1
         for name, fn in fns.items():
-            samples[name].append(timing.pair_per_call(fn, input_sets, per_sample[name]))
+            samples[name].append(sustained_per_call(fn, input_sets, per_sample[name], sustain_s) if sustain_s > 0
+                                 else timing.pair_per_call(fn, input_sets, per_sample[name]))
         n = min(len(s) for s in samples.values())
         if n < min_samples:
             continue
@@ -131,11 +154,11 @@ def retime(task_key: str, fns: dict[str, Any], input_sets: Sequence[Sequence[Any
     for name, values in samples.items():
         if not values:
             results.append(FinalTiming(task_key, name, None, None, None, 0, len(input_sets), floor_s, True,
-                                       len(fns), rounds, False, "no samples"))
+                                       len(fns), rounds, False, "no samples", sustain_s))
             continue
         median, spread, low = _stats(values)
         results.append(FinalTiming(task_key, name, median, spread, low, len(values), len(input_sets), floor_s,
-                                   name in below, len(fns), rounds, done))
+                                   name in below, len(fns), rounds, done, None, sustain_s))
     return results
 
 

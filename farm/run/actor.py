@@ -182,10 +182,10 @@ class Worker:
             return compile_config(task, config, interpret=True, trial_seed=trial_seed, with_inputs=False)
 
     def retime(self, task: TuningTask, configs: list[str], settings: MeasureSettings,
-               budget_s: float) -> list[FinalTiming]:
+               budget_s: float, sustain_s: float = 0.0) -> list[FinalTiming]:
         """Re-time a task's finalists (config JSONs) side by side on inputs rotated past the caches,
-        against the roofline floor (`farm.measure.finalists`); a config that fails to build is
-        returned with its error."""
+        against the roofline floor (`farm.measure.finalists`; `sustain_s`: each sample from that
+        many seconds of calls back to back); a config that fails to build is returned with its error."""
         with concurrent.futures.ThreadPoolExecutor(len(configs)) as threads:
             built = list(threads.map(lambda c: self._compiled(task, json.loads(c), 0, settings)[0], configs))
         failed = [FinalTiming(task.key, c, None, None, None, 0, 0, None, False, len(configs), 0, False,
@@ -208,7 +208,7 @@ class Worker:
                     self._peaks = (roofline.peaks_for_device(),)
                 floor = roofline.floor_s(module, task.shape, task.dtype, self._peaks[0])
                 timings = finalists.retime(task.key, fns, sets, floor_s=floor, budget_s=budget_s,
-                                           calls=calls_per_dispatch)
+                                           calls=calls_per_dispatch, sustain_s=sustain_s)
             finally:
                 self._busy_s += time.monotonic() - started
         return timings + failed

@@ -31,7 +31,7 @@ import kernels
 from farm.bundle import artifacts, select
 from farm.bundle.records import TrialRecord
 from farm.errors import FarmError
-from farm.measure import capacity, outcomes
+from farm.measure import capacity, finalists, outcomes
 from farm.measure.device import MeasureSettings
 from farm.measure.finalists import FinalTiming
 from farm.measure.outcomes import Measurement
@@ -76,6 +76,8 @@ class SweepSettings:
     finalists: int | None = None       # best configs per task re-timed side by side before the winner (0:
     #                                    none); default 4 on accelerators, 0 on CPU (interpret timings)
     finalist_budget_s: float = 10.0    # device seconds per task for that
+    finalist_sustain_s: float = 0.0    # > 0: each finalist sample from this many seconds of its calls back to
+    #                                    back (sustained load, as in a training step), not one short pair
     static_pruning: bool = True        # False: compile even what the footprint model says cannot fit
     address: str | None = None         # Ray address; None starts an embedded local Ray
     time_budget_s: float | None = None  # once workers are up, stop asking for trials after this long
@@ -376,7 +378,7 @@ class _Sweep:
         self.finals = {k: v for k, v in runlog.read_finals(self.run_dir).items() if k in self.searchers}
         workers = {pool: [w for w in self.pool.workers if w.slot.pool == pool] for pool in self.pool_info}
         turn: Counter = Counter()
-        jobs = {}
+        jobs, most = {}, 0
         for p in self.planned:
             key, pool = p.task.key, self.task_pool[p.task.key]
             configs = self._finalist_configs(p)
@@ -384,12 +386,16 @@ class _Sweep:
                 continue
             worker = workers[pool][turn[pool] % len(workers[pool])]
             turn[pool] += 1
-            jobs[worker.actor.retime.remote(p.task, configs, s.measure(), s.finalist_budget_s)] = key
+            most = max(most, len(configs))
+            jobs[worker.actor.retime.remote(p.task, configs, s.measure(), s.finalist_budget_s,
+                                            s.finalist_sustain_s)] = key
         if not jobs:
             return
-        # Each worker re-times its tasks one after another; allow every task its compile and budget.
+        # Each worker re-times its tasks one after another; allow every task its compile and budget
+        # (sustained samples: at least MIN_SAMPLES rounds of every finalist's sustain_s, past the budget).
         per_worker = max(-(-n // len(workers[pool])) for pool, n in turn.items())
-        limit = (s.compile_timeout_s + 3 * s.finalist_budget_s + s.timing_timeout_s) * per_worker
+        sustained = finalists.MIN_SAMPLES * most * s.finalist_sustain_s
+        limit = (s.compile_timeout_s + 3 * s.finalist_budget_s + 2 * sustained + s.timing_timeout_s) * per_worker
         ready, _ = ray.wait(list(jobs), num_returns=len(jobs), timeout=limit)
         for ref in ready:
             try:
