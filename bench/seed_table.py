@@ -173,16 +173,18 @@ def _best(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def tune(paths: Sequence[Path], targets: Sequence[str], out: Path, budget_s: float, trials: int,
-         interpret: bool) -> Path:
+         interpret: bool, finalist_sustain_s: float = 0.0) -> Path:
     """Tune `paths` on `targets` with the farm (one sweep sharing every worker, `budget_s` seconds
-    once the workers are up); returns the folder to pass as a --runs folder."""
+    once the workers are up; finalists sampled sustained when `finalist_sustain_s` > 0); returns
+    the folder to pass as a --runs folder."""
     from bench.gpu_suite import bench_settings
     from farm.run.pool import connect
     from farm.run.sweep import run_sweep
 
     connect(None)
     planned = plan.expand([spaces.load_space(p) for p in paths], list(targets), trials)
-    result = run_sweep(planned, bench_settings(out / "runs" / "tune", interpret=interpret, time_budget_s=budget_s),
+    result = run_sweep(planned, bench_settings(out / "runs" / "tune", interpret=interpret, time_budget_s=budget_s,
+                                               finalist_sustain_s=finalist_sustain_s),
                        None)
     print(json.dumps({"tuned": len(planned), "summary": result.summary}), flush=True)
     return out
@@ -964,6 +966,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="first tune the spaces with the farm for this long (one sweep on every GPU; "
                              "--small: interpret mode), then measure its winners (with any --runs)")
     parser.add_argument("--trials", type=int, default=60, help="trial budget per task with --tune (default 60)")
+    parser.add_argument("--finalist-sustain", type=float, default=0.0, metavar="SECONDS",
+                        help="with --tune: each finalist sample from this many seconds of calls back to back "
+                        "(the farm's --finalist-sustain; default 0: short samples)")
     parser.add_argument("--spaces", nargs="*", type=Path, help="space files (default: those of --runs, else all)")
     parser.add_argument("--shape", action="append", default=[], metavar="KERNEL:AxB[:DTYPE]",
                         help="a user's shape, e.g. softmax:8192x50257 (repeatable; DTYPE default bfloat16): "
@@ -1007,7 +1012,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.tune:
         tuned = args.spaces or sorted((REPO / "search_spaces").glob("*.yaml"), key=lambda p: _order(p.stem))
         args.runs.append(tune(tuned, ["interpret"] if args.small else targets, args.out / "tune", args.tune,
-                              args.trials, interpret=args.small))
+                              args.trials, interpret=args.small, finalist_sustain_s=args.finalist_sustain))
         args.spaces = args.spaces or tuned
     winners, progress = load_winners(args.runs, args.bundle)
     if args.spaces:
