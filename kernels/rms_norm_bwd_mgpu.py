@@ -137,20 +137,26 @@ def plan(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, name: st
     return typed
 
 
-def default_config(shape: tuple[int, ...], dtype_bytes: int = 2) -> dict[str, Any]:
-    """dweight in shared memory, 3 slots where they fit (else 2), chunks of up to 4096 columns
+def default_config(shape: tuple[int, ...]) -> dict[str, Any]:
+    """dweight in shared memory, the most slots (3, else 2) that fit a float32 row (so that the
+    config runs in either dtype; where none does, a 16-bit row), chunks of up to 4096 columns
     dividing the row, rows_per_program giving about one block a SM. On the H200 at 8192 x 8192
-    bf16 (CUPTI, two runs): this config 103.8 and 104.1 us; 8192-column chunks 104.8; 4 slots
-    109.6; dweight in registers 105.1-106.6 (2 slots, two blocks a SM) and 106.0 (3 slots); the
-    weight read from global memory 108.5-120.2; Triton's tuned kernel 114.3 (BENCHMARKS.md)."""
+    bf16 (CUPTI, two runs): 3 slots (a bf16 row's best; a float32 row's 3 slots do not fit) 103.8
+    and 104.1 us; 8192-column chunks 104.8; 4 slots 109.6; dweight in registers 105.1-106.6 (2
+    slots, two blocks a SM) and 106.0 (3 slots); the weight read from global memory 108.5-120.2;
+    Triton's tuned kernel 114.3 (BENCHMARKS.md)."""
     rows, cols = shape
     chunk = next((c for c in (4096, 2048, 1024, 512) if cols % c == 0), CHUNKS[0])
-    fits = footprint_bytes(RowsInTurnConfig(chunk, 1, 3), cols, dtype_bytes) <= mgpu_launch.SMEM_BYTES
+
+    def fits(slots: int, itemsize: int) -> bool:
+        return footprint_bytes(RowsInTurnConfig(chunk, 1, slots), cols, itemsize) <= mgpu_launch.SMEM_BYTES
+
+    slots = next((k for size in (4, 2) for k in (3, 2) if fits(k, size)), 2)
     per = 1
     while per * 2 <= ROWS_PER_PROGRAM[1] and per * 2 <= rows and rows / (per * 2) >= mgpu_launch.DEFAULT_NUM_SMS / 2:
         per *= 2
     return {"strategy": STRATEGY, "block_rows": 1, "block_cols": chunk, "rows_per_program": per,
-            "slots": 3 if fits else 2, "approx_math": 1, "dweight_in": SMEM}
+            "slots": slots, "approx_math": 1, "dweight_in": SMEM}
 
 
 def _strided(value: jax.Array, dtype: Any, interpret: bool) -> jax.Array:

@@ -83,9 +83,17 @@ def test_what_it_refuses_it_names(shape, knobs, reason):
     assert reason in rms_norm_bwd.check_config(_config(shape, **knobs), shape, "bfloat16", TARGET)
 
 
-@pytest.mark.parametrize("shape", [(8192, 8192), (4096, 5120), (1000, 4096), (16384, 16384), (8, 1024)])
-def test_default_config_fits_users_shapes(shape):
-    assert rms_norm_bwd.check_config(rms_norm_bwd.default_config(shape, TARGET), shape, "bfloat16", TARGET) is None
+@pytest.mark.parametrize("shape", [(8192, 8192), (4096, 5120), (1000, 4096), (8, 1024)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_default_config_fits_users_shapes_in_either_dtype(shape, dtype):
+    assert rms_norm_bwd.check_config(rms_norm_bwd.default_config(shape, TARGET), shape, dtype, TARGET) is None
+
+
+def test_default_config_of_a_row_only_16_bit_fits():
+    shape = (16384, 16384)  # a float32 row's 2 slots, weight and dweight row take 320 KiB
+    config = rms_norm_bwd.default_config(shape, TARGET)
+    assert rms_norm_bwd.check_config(config, shape, "bfloat16", TARGET) is None
+    assert "shared memory" in rms_norm_bwd.check_config(config, shape, "float32", TARGET)
 
 
 def test_the_space_offers_legal_gpu_mosaic_points(repo):
