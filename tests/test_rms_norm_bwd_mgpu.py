@@ -89,6 +89,12 @@ def test_default_config_fits_users_shapes_in_either_dtype(shape, dtype):
     assert rms_norm_bwd.check_config(rms_norm_bwd.default_config(shape, TARGET), shape, dtype, TARGET) is None
 
 
+@pytest.mark.parametrize("shape", [(3, 5120), (5, 1536)])  # a hidden size of 5120; 1536 = 3 chunks of 512
+def test_default_config_matches_the_reference_at_users_widths(shape):
+    tolerance = validate.tolerance("bfloat16", rms_norm_bwd)
+    assert all(error <= tolerance for error in _errors(shape, jnp.bfloat16, _config(shape)))
+
+
 def test_default_config_of_a_row_only_16_bit_fits():
     shape = (16384, 16384)  # a float32 row's 2 slots, weight and dweight row take 320 KiB
     config = rms_norm_bwd.default_config(shape, TARGET)
