@@ -117,6 +117,28 @@ def test_grad_through_tuned_rms_norm_uses_the_tuned_backward_kernel(registry):
     assert fn._backward.choices()[0].tuned_shape == (32, 512)
 
 
+def test_grad_through_rms_norm_on_mosaic_gpu_uses_its_tuned_mosaic_backward(tmp_path):
+    # A bundle of Mosaic GPU rows: the forward's rows staged in shared memory, the backward's rows
+    # taken in turn through slots (kernels/rms_norm_bwd_mgpu.py); run in Pallas's GPU interpreter.
+    from kernels import rms_norm
+
+    private, public = B.keypair(tmp_path / "keys", "ci")
+    backward = {"block_rows": 1, "strategy": "smem_rows", "block_cols": 512, "rows_per_program": 8, "slots": 3,
+                "dweight_in": "registers", "approx_math": 0}
+    rows = [B.row("rms_norm", (32, 512), {"block_rows": 1, "strategy": "smem_row", "block_cols": 1024},
+                  target="gpu-mosaic"),
+            B.row("rms_norm_bwd", (32, 512), backward, target="gpu-mosaic")]
+    registry = runtime.Registry.load(B.write(tmp_path / "bundle", rows, private), public, spaces=())
+    x, w = rms_norm.make_inputs((32, 512), jnp.float32, jax.random.key(1))
+    fn = runtime.tuned("rms_norm", target="gpu-mosaic", interpret=True, registry=registry)
+    expected = jax.grad(_loss(rms_norm.reference), argnums=(0, 1))(x, w)
+    for got, want in zip(jax.grad(_loss(fn), argnums=(0, 1))(x, w), expected):
+        assert validate.relative_error(got, want) <= validate.tolerance("float32")
+    (choice,) = fn._backward.choices()
+    assert (choice.kernel, choice.target, choice.rule) == ("rms_norm_bwd", "gpu-mosaic", runtime.EXACT)
+    assert fn._backward.choice(x, w, x).config == backward
+
+
 def test_grad_through_half_precision_rms_norm_keeps_the_input_dtypes(empty):
     from kernels import rms_norm
 
