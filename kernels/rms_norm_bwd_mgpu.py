@@ -50,7 +50,7 @@ from jax.experimental import pallas as pl
 
 from kernels import mgpu_launch
 from kernels.lowering import Platform
-from kernels.rows.config import from_dict, is_pow2
+from kernels.rows.config import check_pow2, from_dict
 
 TARGET = "gpu-mosaic"
 STRATEGY = "smem_rows"
@@ -83,11 +83,8 @@ class RowsInTurnConfig:
             raise ValueError(f"strategy must be {STRATEGY!r} on {TARGET}, got {self.strategy!r}")
         if self.block_rows != 1:
             raise ValueError(f"block_rows must be 1 on {TARGET} (rows are taken one at a time), got {self.block_rows}")
-        if not (is_pow2(self.block_cols) and CHUNKS[0] <= self.block_cols <= CHUNKS[1]):
-            raise ValueError(f"block_cols must be a power of two in [{CHUNKS[0]}, {CHUNKS[1]}], got {self.block_cols}")
-        if not (is_pow2(self.rows_per_program) and ROWS_PER_PROGRAM[0] <= self.rows_per_program <= ROWS_PER_PROGRAM[1]):
-            raise ValueError(f"rows_per_program must be a power of two in {list(ROWS_PER_PROGRAM)}, "
-                             f"got {self.rows_per_program}")
+        check_pow2("block_cols", self.block_cols, CHUNKS)
+        check_pow2("rows_per_program", self.rows_per_program, ROWS_PER_PROGRAM)
         if not SLOTS[0] <= self.slots <= SLOTS[1]:
             raise ValueError(f"slots must be in {list(SLOTS)}, got {self.slots}")
         if self.dweight_in not in (SMEM, REGISTERS):

@@ -45,6 +45,12 @@ def is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def check_pow2(name: str, value: int, bounds: tuple[int, int]) -> None:
+    """Raise, naming the knob, unless `value` is a power of two within `bounds` (inclusive)."""
+    if not (is_pow2(value) and bounds[0] <= value <= bounds[1]):
+        raise ValueError(f"{name} must be a power of two in [{bounds[0]}, {bounds[1]}], got {value}")
+
+
 def from_dict(cls: type[C], config: Mapping[str, Any], where: str) -> C:
     """The typed config `cls` of a dict of knobs; refuses unknown knobs and unreadable values.
 

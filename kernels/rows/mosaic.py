@@ -77,7 +77,7 @@ from jax.experimental import pallas as pl
 
 from kernels import mgpu_launch
 from kernels.lowering import Platform
-from kernels.rows.config import from_dict, is_pow2
+from kernels.rows.config import check_pow2, from_dict
 from kernels.rows.contract import StagedMath
 from kernels.rows.kernel import RowKernel
 
@@ -137,9 +137,7 @@ class StagedRowConfig:
                              f"through shared memory, {DIRECT} loaded from global memory), got {self.stream_cols!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES} on {TARGET}, got {self.strategy!r}")
-        if not (is_pow2(self.piece_cols) and PIECE_COLS[0] <= self.piece_cols <= PIECE_COLS[1]):
-            raise ValueError(f"piece_cols must be a power of two in [{PIECE_COLS[0]}, {PIECE_COLS[1]}], "
-                             f"got {self.piece_cols}")
+        check_pow2("piece_cols", self.piece_cols, PIECE_COLS)
         if not SLOTS[0] <= self.slots <= SLOTS[1]:
             raise ValueError(f"slots must be in [{SLOTS[0]}, {SLOTS[1]}], got {self.slots}")
         if not CLUSTERS[0] <= self.cluster <= CLUSTERS[1]:
@@ -149,9 +147,7 @@ class StagedRowConfig:
                              f"{self.strategy} takes cluster 1")
         if self.block_rows != 1:
             raise ValueError(f"block_rows must be 1 on {TARGET} (a block per row), got {self.block_rows}")
-        if not (is_pow2(self.block_cols) and CHUNKS[0] <= self.block_cols <= CHUNKS[1]):
-            raise ValueError(f"block_cols must be a power of two in [{CHUNKS[0]}, {CHUNKS[1]}], "
-                             f"got {self.block_cols}")
+        check_pow2("block_cols", self.block_cols, CHUNKS)
 
 
 @dataclasses.dataclass(frozen=True)
