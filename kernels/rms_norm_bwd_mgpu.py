@@ -28,10 +28,7 @@ copy of the same bytes (BENCHMARKS.md).
 Config knobs: strategy "smem_rows"; block_rows 1; rows_per_program (a power of two, 1 to 1024:
 rows a block takes in turn; blocks = rows / rows_per_program, the last block's rows fewer when it
 does not divide); slots (2 to 4); block_cols (a power of two, 512 to 8192, dividing the row);
-approx_math (1: Mosaic GPU's approximate rsqrt); spread (1: at least a block a SM, the rows shared
-out evenly, at most rows_per_program a block: at 8192 rows and 64 a block, 132 blocks of 62 or 63
-rows on the H200's 132 SMs, not 128 blocks of 64 and 4 SMs idle; 0: rows_per_program a block, the
-last block's fewer); dweight_in, "smem" (the block's float32 dweight
+approx_math (1: Mosaic GPU's approximate rsqrt); dweight_in, "smem" (the block's float32 dweight
 row in shared memory beside the slots, added to chunk by chunk) or "registers" (rows of up to
 8192 columns: each thread holds its cols / 128 sums, and the row takes the slots' shared memory
 only once the rows are done, so that two blocks fit a SM at 8192 bf16 columns); stream_cols, 0
@@ -80,7 +77,6 @@ class RowsInTurnConfig:
     approx_math: int = 1
     dweight_in: str = SMEM
     stream_cols: int = 0
-    spread: int = 0
 
     def __post_init__(self) -> None:
         if self.strategy != STRATEGY:
@@ -98,9 +94,6 @@ class RowsInTurnConfig:
                              f"chunk from global memory), got {self.stream_cols!r}")
         if self.approx_math not in (0, 1):
             raise ValueError(f"approx_math must be 0 or 1, got {self.approx_math!r}")
-        if self.spread not in (0, 1):
-            raise ValueError(f"spread must be 0 (rows_per_program rows a block) or 1 (at least a block a SM, the "
-                             f"rows shared out evenly), got {self.spread!r}")
 
 
 def footprint_bytes(config: RowsInTurnConfig, cols: int, itemsize: int) -> int:
@@ -111,13 +104,6 @@ def footprint_bytes(config: RowsInTurnConfig, cols: int, itemsize: int) -> int:
     staged = max(slots, dweight) if config.dweight_in == REGISTERS else slots + dweight
     weight = 0 if config.stream_cols == DIRECT else cols * itemsize
     return weight + staged + SMEM_OVERHEAD
-
-
-def grid_blocks(config: RowsInTurnConfig, rows: int) -> int:
-    """Blocks of the grid: a block per rows_per_program rows, or (spread 1) at least a block a SM
-    (`mgpu_launch.num_sms()`, the GPU traced for), each then taking an even share of the rows."""
-    blocks = pl.cdiv(rows, config.rows_per_program)
-    return max(blocks, min(mgpu_launch.num_sms(), rows)) if config.spread else blocks
 
 
 def plan(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, name: str) -> RowsInTurnConfig:
@@ -190,7 +176,7 @@ def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, platfor
     rows, cols = shape
     chunk, S, per = cfg.block_cols, cfg.slots, cfg.rows_per_program
     n_chunks = cols // chunk
-    blocks = grid_blocks(cfg, rows)
+    blocks = pl.cdiv(rows, per)
     in_bounds = plgpu.OOBFillMode.PROMISE_IN_BOUNDS
     in_registers = cfg.dweight_in == REGISTERS
 
@@ -208,13 +194,8 @@ def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, platfor
 
     def body(x_gmem, dy_gmem, w_gmem, dx_gmem, dw_gmem):
         block = lax.axis_index("blocks")
-        if cfg.spread:  # an even share, at most `per` (blocks >= rows / per): the first `extra` blocks one more
-            share, extra = divmod(rows, blocks)
-            first = block * share + jnp.minimum(block, extra)
-            count = share + (block < extra).astype(jnp.int32)
-        else:
-            first = block * per
-            count = jnp.minimum(per, rows - first)  # this block's rows (the last block's may be fewer)
+        first = block * per
+        count = jnp.minimum(per, rows - first)  # this block's rows (the last block's may be fewer)
 
         def rows_in_turn(x_smem, dy_smem, loaded, w_smem, w_loaded, dw_smem):
             """Walk and map the block's rows; returns the dweight row's chunks when they are

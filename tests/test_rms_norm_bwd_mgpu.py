@@ -42,20 +42,7 @@ def test_rows_in_turn_match_the_reference_in_the_gpu_interpreter(shape, dtype, k
     assert all(error <= tolerance for error in _errors(shape, dtype, config))
 
 
-@pytest.mark.parametrize("rows,per,sms,blocks", [(40, 16, 4, 4), (40, 16, 2, 3), (3, 2, 8, 3)])
-def test_spread_shares_the_rows_out_over_every_sm(rows, per, sms, blocks, monkeypatch):
-    # A GPU of `sms` SMs: at least a block a SM (never more blocks than rows, never more than
-    # rows_per_program rows a block), each an even share; the kernel still matches the reference.
-    monkeypatch.setattr(mgpu.mgpu_launch, "num_sms", lambda: sms)
-    shape = (rows, 1024)
-    config = _config(shape, rows_per_program=per, slots=3, block_cols=512, spread=1)
-    assert mgpu.grid_blocks(mgpu.plan(config, shape, jnp.bfloat16, "rms_norm_bwd"), rows) == blocks
-    tolerance = validate.tolerance("bfloat16", rms_norm_bwd)
-    assert all(error <= tolerance for error in _errors(shape, jnp.bfloat16, config))
-
-
 @pytest.mark.parametrize("knobs", [
-    {"rows_per_program": 64, "slots": 3, "block_cols": 4096, "spread": 1},
     {"rows_per_program": 32, "slots": 3, "block_cols": 2048},
     {"rows_per_program": 64, "slots": 2, "block_cols": 2048, "dweight_in": "registers"},
     {"rows_per_program": 32, "slots": 3, "block_cols": 2048, "dweight_in": "registers", "stream_cols": 2},
@@ -89,7 +76,6 @@ def test_dweight_in_registers_leaves_the_slots_its_shared_memory():
     ((64, 16384), {"block_cols": 2048, "dweight_in": "registers"}, "at most 64"),
     ((64, 4096), {"rows_per_program": 128}, "exceeds the rows"),
     ((64, 4096), {"slots": 5}, "slots must be in"),
-    ((64, 4096), {"spread": 2}, "spread must be 0"),
     ((64, 4096), {"stream_cols": 1}, "stream_cols must be 0"),
     ((64, 4096), {"buffers": 2}, "unknown knob"),
 ])
