@@ -35,8 +35,8 @@ def _error(module, shape: tuple[int, int], dtype, config: dict, inputs: tuple | 
     (3, 2048),   # rows of whole 128-byte units: each row is its own window, no masks
     (3, 1096),   # 16-byte but not 128-byte rows: the window path with every row aligned; the
                  # last chunk masked past the row
-    (5, 1001),   # odd: no row after the first starts aligned; windows start up to 7 (bf16) or
-                 # 3 (f32) elements early, and each row's ends are stored element by element
+    (5, 1001),   # odd: no row after the first starts aligned; windows start up to 63 (bf16) or
+                 # 31 (f32) elements early, and each row's ends are stored element by element
 ])
 @pytest.mark.parametrize("module", [softmax, cross_entropy], ids=["softmax", "cross_entropy"])
 def test_staged_rows_match_the_reference_in_the_gpu_interpreter(module, shape, dtype):
