@@ -35,14 +35,16 @@ def _error(module, shape: tuple[int, int], dtype, config: dict, inputs: tuple | 
     (3, 2048),   # rows of whole 128-byte units: each row is its own window, no masks
     (3, 1096),   # 16-byte but not 128-byte rows: the window path with every row aligned; the
                  # last chunk masked past the row
-    (5, 1001),   # odd: no row after the first starts aligned; windows start up to 63 (bf16) or
-                 # 31 (f32) elements early, and each row's ends are stored element by element
+    (5, 1001),   # odd: no row after the first starts aligned; windows start up to 7 or 63 (bf16),
+                 # 3 or 31 (f32) elements early, and each row's ends are stored element by element
 ])
+@pytest.mark.parametrize("window_align", [16, 128])
 @pytest.mark.parametrize("module", [softmax, cross_entropy], ids=["softmax", "cross_entropy"])
-def test_staged_rows_match_the_reference_in_the_gpu_interpreter(module, shape, dtype):
-    plan = mosaic_rows.plan(module.STAGED, _config(), shape, dtype)
+def test_staged_rows_match_the_reference_in_the_gpu_interpreter(module, shape, dtype, window_align):
+    config = _config(window_align=window_align)
+    plan = mosaic_rows.plan(module.STAGED, config, shape, dtype)
     assert plan.aligned == (shape[1] == 2048)
-    assert _error(module, shape, dtype, _config()) <= validate.tolerance(jnp.dtype(dtype).name, module)
+    assert _error(module, shape, dtype, config) <= validate.tolerance(jnp.dtype(dtype).name, module)
 
 
 @pytest.mark.parametrize("stream_cols", [0, 1])
@@ -184,7 +186,9 @@ def test_rows_far_from_zero_and_with_one_dominant_column():
 
 @pytest.mark.parametrize("name,shape,knobs", [
     ("softmax", (8192, 32000), {}),
-    ("softmax", (8192, 50257), {"approx_math": 1}),
+    ("softmax", (8192, 50257), {"approx_math": 1}),  # windows from 128-byte boundaries (by the width)
+    ("softmax", (8192, 50257), {"window_align": 16}),
+    ("softmax", (16384, 4000), {}),  # windows from 16-byte boundaries (by the width)
     ("softmax", (4096, 100000), {}),
     ("cross_entropy", (8192, 50257), {"approx_math": 1}),
     ("rms_norm", (16384, 16384), {}),
@@ -247,6 +251,12 @@ def test_what_it_refuses_it_names():
     assert "4 slots of 65536 columns" in reason
     assert softmax.default_config((8192, 50257), TARGET) == _config(4096, approx_math=1, piece_cols=16384, slots=3,
                                                                     cluster=1)
+    # Unless a config sets window_align: windows from 128-byte boundaries from 32768 columns, else 16-byte.
+    for cols, align in ((50257, 128), (32769, 128), (32767, 16), (4000, 16)):
+        assert mosaic_rows.plan(softmax.STAGED, _config(), (64, cols), "bfloat16").align * 2 == align
+    assert mosaic_rows.plan(softmax.STAGED, _config(window_align=16), (64, 50257), "float32").align == 4
+    assert "window_align must be one of" in softmax.check_config(_config(window_align=64), (64, 1001), "bfloat16",
+                                                                 TARGET)
     assert rms_norm.default_config((4096, 5120), TARGET) == _config(4096, approx_math=1, stream_cols=0, cluster=1)
     # A norm's default for rows a block cannot hold whole: column inputs streamed, else a cluster.
     assert layer_norm.default_config((64, 40960), TARGET)["stream_cols"] == 1

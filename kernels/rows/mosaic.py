@@ -15,10 +15,15 @@ next block starts sooner (layer norm at 16384 x 16384 on the H200: 262 us agains
 Row lengths: any from 128 columns (shorter rows too when their bytes are whole 128-byte units).
 A bulk copy moves 16-byte-aligned spans (into shared memory, whole 128-byte units), so a row
 whose byte length is not a multiple of 128 (50257 bf16 columns) is read through a window of the
-flattened input that starts at the row's start rounded down to 128 bytes (up to 63 bf16 elements
-of the previous row, masked to `pad` in shared memory, as is everything past the row's end: a
-read from a 16-byte boundary that is not a 128-byte one cost 6% on the H200, softmax at 8192 x
-50257 429 us against 404 from 128-byte boundaries, as fast as the aligned 8192 x 50304); the
+flattened input that starts at the row's start rounded down to `window_align` bytes, 16 or 128
+(up to 7 or 63 bf16 elements of the previous row, masked to `pad` in shared memory, as is
+everything past the row's end). Which is faster depends on the shape, for reasons not profiled:
+on the H200, softmax at 8192 x 50257 ran 429 us from 16-byte boundaries and 404 from 128-byte
+ones (as fast as the aligned 8192 x 50304), cross entropy 223 and 210; at 16384 x 4000 the other
+way round, softmax 62.9-63.9 us against 64.3-69.5 and cross entropy 35.4-38.2 against 38.6-50.4
+(the larger figures at larger chunks). Unless a config sets it, 128 from 32768 columns, else 16
+(a rule from these two shapes: the knob is left out of the search spaces, whose gpu-mosaic
+products it would take past what the searcher enumerates); the
 last row's window, which would run past the array, copies its whole units and reads the rest
 element by element. Such rows are written as their 16-byte-aligned interior in one bulk copy
 and the up to 2 x 7 elements at their ends one by one. Kernels with column inputs take rows of
@@ -60,6 +65,8 @@ whole chunks only (block_cols divides the row). On the H200: layer norm at 16384
 in 8192-column chunks against 287 streamed, at 2048 x 131072 in 4 blocks 328 against 345; rms
 norm at 2048 x 131072 287 against 306; rms norm at 16384 columns and the 4096-row norms ran
 faster staged whole (BENCHMARKS.md);
+window_align (rows not of whole 128-byte units), 16 or 128: the bytes an odd-width row's window
+starts on, or None (the default) for the rule above;
 approx_math, 1 to let Mosaic GPU use the approximate exp, log and rsqrt (`ex2.approx`: a few
 ulp of float32, well within the farm's tolerances; the numerics check of every trial still
 applies); cluster (smem_row, kernels with a merge or walks that combine), the blocks sharing a row.
@@ -95,6 +102,8 @@ DEFAULT_PIECE = (16384, 3)  # piece_cols and slots of the default for rows too l
 DEFAULT_SPLIT = (8192, 2)  # the same for smem_split: small slots leave the head most of shared memory
 VECTOR_BYTES = 16  # what a bulk copy's addresses and sizes are multiples of
 COPY_BYTES = 128  # a copy into shared memory moves a multiple of this (one byte count per thread)
+WINDOW_ALIGNS = (VECTOR_BYTES, COPY_BYTES)  # window_align: what an odd-width row's window starts on
+WIDE_WINDOW_COLS = 32768  # columns (64 KiB of bf16) from which windows start on COPY_BYTES (window_align None)
 # Rows of other byte lengths are read through windows up to COPY_BYTES + 15 bytes longer than the
 # row: from this many columns on, only the last row's window can run past the array.
 MIN_UNALIGNED_COLS = 128
@@ -130,6 +139,7 @@ class StagedRowConfig:
     piece_cols: int = DEFAULT_PIECE[0]
     slots: int = DEFAULT_PIECE[1]
     cluster: int = 1
+    window_align: int | None = None
 
     def __post_init__(self) -> None:
         if self.approx_math not in (0, 1):
@@ -150,6 +160,9 @@ class StagedRowConfig:
         if self.block_rows != 1:
             raise ValueError(f"block_rows must be 1 on {TARGET} (a block per row), got {self.block_rows}")
         check_pow2("block_cols", self.block_cols, CHUNKS)
+        if self.window_align not in (None, *WINDOW_ALIGNS):
+            raise ValueError(f"window_align must be one of {WINDOW_ALIGNS} (bytes) or None (by the row's width) on "
+                             f"{TARGET}, got {self.window_align!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +188,17 @@ class Plan:
 
     @property
     def unit(self) -> int:
-        """Elements in COPY_BYTES: what a window's start is aligned to (an L2 line)."""
+        """Elements in COPY_BYTES: what a window's length is a multiple of."""
         return COPY_BYTES // self.itemsize
+
+    @property
+    def align(self) -> int:
+        """Elements a window's start is a multiple of: `window_align` bytes, else (None) COPY_BYTES
+        for rows of WIDE_WINDOW_COLS columns or more, VECTOR_BYTES for narrower ones."""
+        align = self.config.window_align
+        if align is None:
+            align = COPY_BYTES if self.cols >= WIDE_WINDOW_COLS else VECTOR_BYTES
+        return align // self.itemsize
 
     @property
     def window(self) -> int:
@@ -184,7 +206,7 @@ class Plan:
         the row's start rounded down to COPY_BYTES."""
         if self.aligned:
             return self.cols
-        return pl.cdiv(self.cols + self.unit - 1, self.unit) * self.unit
+        return pl.cdiv(self.cols + self.align - 1, self.unit) * self.unit
 
     @property
     def pieces(self) -> bool:
@@ -248,7 +270,7 @@ class Plan:
     @property
     def last_base(self) -> int:
         """Where the last row's window starts in the flattened rows."""
-        return (self.rows - 1) * self.cols // self.unit * self.unit
+        return (self.rows - 1) * self.cols // self.align * self.align
 
     @property
     def last_copied(self) -> int:
@@ -505,7 +527,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
 
     p = plan(math_, config, shape, dtype)
     dtype = jnp.dtype(dtype)
-    rows, C, chunk, V, A = p.rows, p.cols, p.config.block_cols, p.vector, p.unit
+    rows, C, chunk, V, A = p.rows, p.cols, p.config.block_cols, p.vector, p.align
     n_chunks = p.staged // chunk
     n_cols, n_vectors = math_.col_inputs, math_.vector_inputs
     stream, direct = p.config.stream_cols == STREAMED, p.config.stream_cols == DIRECT
@@ -868,7 +890,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             if p.aligned:
                 head, start = 0, row * C
                 plgpu.copy_gmem_to_smem(x_gmem.at[row], x_smem.at[pl.ds(0, C)], loaded, oob_mode=in_bounds)
-            else:  # a window of the flattened rows, from the row's start rounded down to 128 bytes
+            else:  # a window of the flattened rows, from the row's start rounded down to window_align bytes
                 start = row * C
                 base = lax.div(start, A) * A
                 head = start - base
