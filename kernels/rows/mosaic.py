@@ -104,8 +104,9 @@ VECTOR_BYTES = 16  # what a bulk copy's addresses and sizes are multiples of
 COPY_BYTES = 128  # a copy into shared memory moves a multiple of this (one byte count per thread)
 WINDOW_ALIGNS = (VECTOR_BYTES, COPY_BYTES)  # window_align: what an odd-width row's window starts on
 WIDE_WINDOW_COLS = 32768  # columns (64 KiB of bf16) from which windows start on COPY_BYTES (window_align None)
-# Rows of other byte lengths are read through windows up to COPY_BYTES + 15 bytes longer than the
-# row: from this many columns on, only the last row's window can run past the array.
+# Rows of other byte lengths are read through windows up to 2 x COPY_BYTES longer than the row
+# (from 128-byte boundaries; COPY_BYTES + 15 from 16-byte ones): from this many columns on, only
+# the last row's window can run past the array.
 MIN_UNALIGNED_COLS = 128
 CHUNKS = (1024, 8192)  # block_cols bounds: 8 to 64 values per thread
 DEFAULT_CHUNK = 4096
