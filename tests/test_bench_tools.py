@@ -274,7 +274,7 @@ def test_seed_table_row_goes_on_when_its_same_bytes_copy_fails(tmp_path, monkeyp
     def side_by_side(*args, **kwargs):
         raise RuntimeError("one column failed while interleaved")
 
-    def broken_copy(n_bytes, n_sets=1):
+    def broken_copy(n_bytes, n_sets=1, gpu=None):
         def fail(v):
             raise MemoryError("no room for the copy")
         return baselines.Prepared(fail, [(None,)] * n_sets)
