@@ -1,5 +1,12 @@
 """The matmul core on Mosaic GPU (Hopper): a persistent warp-specialized kernel, or one singly
-pipelined warpgroup per block (the mgpu_pipeline knob; see `kernels.matmul_core`)."""
+pipelined warpgroup per block (the mgpu_pipeline knob; see `kernels.matmul_core`).
+
+A ping-pong schedule (each compute warpgroup its own tile, in turn, one ring of operand slots
+each) was built and measured 18% to 2.2x slower than the warp-specialized kernel on bmm 64 x 2048³
+(H200; BENCHMARKS.md, twenty-first session; its patch is kept beside the results): two rings
+halve the slots the active warpgroup has, and one shared ring needs per-warpgroup barrier
+phases that `plgpu.barrier_wait` does not take.
+"""
 from __future__ import annotations
 
 import functools

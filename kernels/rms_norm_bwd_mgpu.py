@@ -36,6 +36,11 @@ only once the rows are done, so that two blocks fit a SM at 8192 bf16 columns); 
 hit after the first rows, as the row engine's stream_cols 2: 16 KB less shared memory a block at
 8192 bf16 columns, so that 3 slots and dweight in registers fit two blocks a SM; measured slower
 there, 116-120 us against 106, and left out of the search space).
+
+Measured and not kept (H200, 8192 x 8192 bf16, BENCHMARKS.md, twenty-first session): 16-byte
+shared-memory accesses (20% slower), the weight converted once to a float32 row, and a row's x
+and dy held in registers from the walk to the map (both no faster): fewer instructions or
+shared-memory reads a row do not move this kernel.
 """
 from __future__ import annotations
 
