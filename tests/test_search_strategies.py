@@ -200,3 +200,39 @@ def test_a_replay_reaches_the_best_when_the_budget_covers_the_valid_set(tmp_path
         trials = search_strategies.replay(table, strategy, 0, in_flight=16, budget=table.valid, within=0.0,
                                           workdir=tmp_path / strategy)
         assert trials is not None and 1 <= trials <= table.valid
+
+
+# -- the enumeration's bounds --------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["matmul", "bmm", "broadcast_matmul"])
+def test_a_product_over_the_limit_is_enumerated_when_its_checks_prune_it(repo, name):
+    # The matmul family's Mosaic GPU tasks are products of 207,360 and 414,720 configs, over
+    # ENUMERATION_LIMIT; the prefix checks leave 15-31k partial configs to check, so their
+    # valid configs are enumerated (no wasted draws) rather than sampled with rejection.
+    from farm.search import spaces, valid_set
+
+    space = spaces.load_space(repo / "search_spaces" / f"{name}.yaml")
+    target = "gpu-mosaic"
+    (planned,) = [p for p in expand([space], [target]) if p.task.target == target]
+    product = int(np.prod([len(p.choices) for p in space.params_for(target)]))
+    assert product > valid_set.ENUMERATION_LIMIT
+    found = Searcher.open(planned, optuna.storages.InMemoryStorage()).valid_set
+    assert found is not None and len(found) > 1000
+    shape, dtype = planned.task.shape, planned.task.dtype
+    assert all(space.violated(c, shape, dtype, target) is None for c in found.configs[::97])
+
+
+def test_a_walk_over_its_bounds_falls_back_to_rejection_sampling(monkeypatch):
+    from farm.search import valid_set
+
+    params = tuple(Param(f"k{i}", tuple(range(10)), "range") for i in range(6))   # a million configs
+    every = lambda d: (lambda config: True)  # noqa: E731 - checks that prune nothing
+    assert ValidSet.enumerate(params, lambda c: True, [every(d) for d in range(6)]) is None
+    monkeypatch.setattr(valid_set, "ENUMERATION_LIMIT", 10 ** 4)
+    below = [every(d) if d < 2 else (lambda config: config["k2"] == 0) for d in range(6)]
+    assert ValidSet.enumerate(params, lambda c: True, below) is None   # 10^5 whole configs under k2 = 0
+    monkeypatch.setattr(valid_set, "ENUMERATION_LIMIT", 10 ** 5)
+    assert len(ValidSet.enumerate(params, lambda c: True, below)) == 10 ** 5
+    small = [every(0)] + [lambda config, d=d: config[f"k{d}"] == 0 for d in range(1, 6)]
+    assert len(ValidSet.enumerate(params, lambda c: True, small)) == 10   # a million, pruned to 10
+    monkeypatch.setattr(valid_set, "PREFIX_CHECK_LIMIT", 50)
+    assert ValidSet.enumerate(params, lambda c: True, small) is None       # 60 partial checks: over 50

@@ -7,10 +7,10 @@ exceeds the target's memory or that is at least as large as a known `oom` config
 waits for that measurement and is then answered from it. `tell(result)` hands back a measured
 result. The searcher owns the study, the cache of measured configs, the dominance pruning and
 the budget (measured + cached trials; invalid and pruned draws are capped separately). Over a
-product too large to enumerate, a draw of a config already measured is followed by a random valid
+task whose valid configs are too many to enumerate, a draw of a config already measured is followed by a random valid
 config not yet measured (`REPEAT_STREAK`), so a converged sampler cannot spend the budget on repeats.
 
-When the task's product is small enough to enumerate, `open` wraps the sampler in
+When the task's valid configs can be enumerated (bounded work: `farm.search.valid_set`), `open` wraps the sampler in
 `farm.search.valid_set.ValidSetSampler`: draws are then valid configs not yet measured or in
 flight, so the answers above are left to the queued default or warm-start configs, and the
 task ends once every valid config is measured.
@@ -267,9 +267,10 @@ class Searcher:
         cached result), but a space whose constraints reject most of its product no longer stalls
         the sweep, and a sampler that keeps proposing what it measured no longer spends its
         budget on repeats: driven on CPU with synthetic timings, the shipped matmul space's
-        Mosaic GPU task (a product too large to enumerate) measured 85 distinct configs in 400
-        trials before, 223 after. With a valid set (enumerable products) the sampler draws only
-        open configs, and repeats come only from the queued default or warm-start configs.
+        Mosaic GPU task, then sampled with rejection, measured 85 distinct configs in 400 trials
+        before, 223 after (it is enumerated now: 400 of 400, `bench/searcher_draws.py`). With a
+        valid set the sampler draws only open configs, and repeats come only from the queued
+        default or warm-start configs.
         """
         space, task = self.planned.space, self.planned.task
         rng = random.Random(f"{task.key}/{self.skipped}/{self.asked}")
