@@ -18,6 +18,7 @@ open; `hybrid` takes TPE's proposal there instead, and for every other proposal.
 """
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,12 +32,13 @@ from farm.tasks import config_json
 
 # Enumerating checks each knob's constraints as soon as the knobs they read are set, skipping
 # whole subtrees of the product (`SearchSpace.prefix_checks`), so its work is what survives the
-# checks, not the product: the Mosaic GPU matmul task, a product of 207,360 configs, is 15,319
-# checks and 6,720 valid configs, 0.5 s on a 2-core CPU. A walk that would check more than
-# ENUMERATION_LIMIT whole configs or PREFIX_CHECK_LIMIT partial ones stops, and its task is
-# sampled with rejection instead (the searcher's fallback): matmul + layer norm's Mosaic GPU task
-# (484k partial checks, 14 s) does; the subtiled epilogue's (123k, 39,200 valid, 4.7 s) does not.
-# Layer norm's Triton task (176,400 configs, 40k checks) takes 0.9 s; once per task when its sweep starts.
+# checks, not the product: the Mosaic GPU matmul task, a product of 207,360 configs, is 20,322
+# partial checks and 6,720 valid configs, 0.6 s on a 2-core CPU. A walk that would check more
+# than ENUMERATION_LIMIT whole configs, or (a product over ENUMERATION_LIMIT) PREFIX_CHECK_LIMIT
+# partial ones, stops, and its task is sampled with rejection instead (the searcher's fallback):
+# matmul + layer norm's Mosaic GPU task (484k partial checks) does; the subtiled epilogue's (123k
+# partial checks, 39,200 valid configs, 4-5 s) does not. Layer norm's Triton task (176,400
+# configs) takes 0.9 s. Once per task, when its sweep starts.
 ENUMERATION_LIMIT = 200_000
 PREFIX_CHECK_LIMIT = 150_000
 
@@ -66,14 +68,17 @@ class ValidSet:
     def enumerate(cls, params: tuple[Param, ...], valid: Callable[[dict[str, Any]], bool],
                   prefix_checks: Sequence[Callable[[dict[str, Any]], bool]] | None = None) -> ValidSet | None:
         """Every config of `params` that `valid` accepts, in grid order (the last knob fastest);
-        None when that takes more than ENUMERATION_LIMIT configs checked or PREFIX_CHECK_LIMIT
-        partial configs. `prefix_checks[d]`, when given, must hold for knobs 0..d set, or no
-        config with that prefix is valid (`SearchSpace.prefix_checks`): whole subtrees of the
-        product are skipped, and only what survives them counts."""
+        None when that takes more than ENUMERATION_LIMIT configs checked or (a product over
+        ENUMERATION_LIMIT) more than PREFIX_CHECK_LIMIT partial configs. `prefix_checks[d]`, when
+        given, must hold for knobs 0..d set, or no config with that prefix is valid
+        (`SearchSpace.prefix_checks`): whole subtrees of the product are skipped, and only what
+        survives them counts."""
         configs: list[dict[str, Any]] = []
         config: dict[str, Any] = {}
         checked = [0, 0]  # whole configs, partial configs
-        limits = (ENUMERATION_LIMIT, PREFIX_CHECK_LIMIT)
+        product = math.prod(len(p.choices) for p in params)
+        # A product within ENUMERATION_LIMIT is always enumerated, however little the checks prune.
+        limits = (ENUMERATION_LIMIT, math.inf if product <= ENUMERATION_LIMIT else PREFIX_CHECK_LIMIT)
 
         def count(kind: int) -> None:
             checked[kind] += 1
