@@ -236,6 +236,6 @@ def test_a_walk_over_its_bounds_falls_back_to_rejection_sampling(monkeypatch):
     assert len(ValidSet.enumerate(params, lambda c: True, small)) == 10   # a million, pruned to 10
     monkeypatch.setattr(valid_set, "PREFIX_CHECK_LIMIT", 50)
     assert ValidSet.enumerate(params, lambda c: True, small) is None       # 60 partial checks: over 50
+    # A product within ENUMERATION_LIMIT is enumerated whatever its partial checks cost, as before.
     tiny = tuple(Param(f"k{i}", tuple(range(10)), "range") for i in range(3))
-    assert len(ValidSet.enumerate(tiny, lambda c: True, [every(d) for d in range(3)])) == 1000  # a product within
-    # ENUMERATION_LIMIT is enumerated whatever its partial checks cost, as before the walk was bounded
+    assert len(ValidSet.enumerate(tiny, lambda c: True, [every(d) for d in range(3)])) == 1000
