@@ -1,7 +1,8 @@
 """What a sweep's trial budget buys over a task's configs: the searcher driven on the CPU with
 synthetic timings (a fixed pseudo-random time per config), as a sweep would drive it, with the
 task's valid configs enumerated (`farm.search.valid_set`) and with the enumeration forced off
-(rejection sampling over the product: the fallback). Prints a table; writes JSON.
+(rejection sampling over the product: the fallback; forcing it off acts on products over
+ENUMERATION_LIMIT, as the default spaces' Mosaic GPU tasks are). Prints a table; writes JSON.
 
     python bench/searcher_draws.py --out OUT.json [--trials 400] [--spaces ...] [--target gpu-mosaic]
 """

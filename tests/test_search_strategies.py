@@ -206,7 +206,7 @@ def test_a_replay_reaches_the_best_when_the_budget_covers_the_valid_set(tmp_path
 @pytest.mark.parametrize("name", ["matmul", "bmm", "broadcast_matmul"])
 def test_a_product_over_the_limit_is_enumerated_when_its_checks_prune_it(repo, name):
     # The matmul family's Mosaic GPU tasks are products of 207,360 and 414,720 configs, over
-    # ENUMERATION_LIMIT; the prefix checks leave 15-31k partial configs to check, so their
+    # ENUMERATION_LIMIT; the prefix checks leave 20-40k partial configs to check, so their
     # valid configs are enumerated (no wasted draws) rather than sampled with rejection.
     from farm.search import spaces, valid_set
 

@@ -7,13 +7,14 @@ exceeds the target's memory or that is at least as large as a known `oom` config
 waits for that measurement and is then answered from it. `tell(result)` hands back a measured
 result. The searcher owns the study, the cache of measured configs, the dominance pruning and
 the budget (measured + cached trials; invalid and pruned draws are capped separately). Over a
-task whose valid configs are too many to enumerate, a draw of a config already measured is followed by a random valid
-config not yet measured (`REPEAT_STREAK`), so a converged sampler cannot spend the budget on repeats.
+task whose valid configs are too many to enumerate, a draw of a config already measured is
+followed by a random valid config not yet measured (`REPEAT_STREAK`), so a converged sampler
+cannot spend the budget on repeats.
 
-When the task's valid configs can be enumerated (bounded work: `farm.search.valid_set`), `open` wraps the sampler in
-`farm.search.valid_set.ValidSetSampler`: draws are then valid configs not yet measured or in
-flight, so the answers above are left to the queued default or warm-start configs, and the
-task ends once every valid config is measured.
+When the task's valid configs can be enumerated (with bounded work: `farm.search.valid_set`),
+`open` wraps the sampler in `farm.search.valid_set.ValidSetSampler`: draws are then valid
+configs not yet measured or in flight, so the answers above are left to the queued default or
+warm-start configs, and the task ends once every valid config is measured.
 
 It knows nothing of Ray or of how results are logged: every answer goes through `on_answer`,
 which returns the result to keep (the run layer logs a `TrialRecord` there, before Optuna is
