@@ -40,6 +40,16 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(every knob, the knobs without a default) of a config class, in field order: asked once
+    per class (enumerating a space parses each of its configs)."""
+    fields = dataclasses.fields(cls)
+    required = tuple(f.name for f in fields
+                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    return tuple(f.name for f in fields), required
+
+
 def _coerce(name: str, value: Any, hint: Any) -> Any:
     """`value` as the field's type: int, bool, str, a Literal's value, or None where allowed."""
     args = typing.get_args(hint)
@@ -81,7 +91,7 @@ class Knobs:
     @classmethod
     def knob_names(cls) -> tuple[str, ...]:
         """The knobs, in field order."""
-        return tuple(f.name for f in dataclasses.fields(cls))
+        return _fields(cls)[0]
 
     @classmethod
     def from_dict(cls: type[T], config: Mapping[str, Any]) -> T:
@@ -106,9 +116,8 @@ def parse(config: Mapping[str, Any], *types: type[Knobs]) -> tuple[Any, ...]:
                           f"(known knobs: {', '.join(known)})")
     out = []
     for t in types:
-        mine = {k: v for k, v in config.items() if k in t.knob_names()}
-        required = [f.name for f in dataclasses.fields(t)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        names, required = _fields(t)
+        mine = {k: v for k, v in config.items() if k in names}
         missing = [name for name in required if name not in mine]
         if missing:
             raise ConfigError(f"missing knob{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
