@@ -25,7 +25,7 @@ from farm.search.plan import expand
 from farm.search.searcher import Answer, Searcher
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_SPACES = ["matmul", "bmm", "broadcast_matmul", "matmul_subtiled_epilogue"]
+DEFAULT_SPACES = ["matmul", "bmm", "broadcast_matmul", "matmul_subtiled_epilogue", "matmul_layernorm"]
 
 
 def drive(path: Path, target: str, trials: int, enumerate_configs: bool) -> dict[str, Any]:

@@ -155,9 +155,8 @@ class Searcher:
         module = kernels.load(planned.task.kernel)
         task, space = planned.task, planned.space
         params = space.params_for(task.target)
-        candidates = ValidSet.enumerate(
-            params, lambda config: space.violated(config, task.shape, task.dtype, task.target) is None,
-            space.prefix_checks(task.shape, task.dtype, task.target))
+        candidates = ValidSet.enumerate(params, space.leaf_check(task.shape, task.dtype, task.target),
+                                        space.prefix_checks(task.shape, task.dtype, task.target))
         name = studies.sampler_name(planned, sampler)
         base = studies.make_sampler(planned, sampler, seed, multivariate=candidates is not None)
         chosen = base if candidates is None else ValidSetSampler(base, candidates, mode=name,

@@ -102,6 +102,32 @@ class SearchSpace:
 
         return [check(c) for c in staged]
 
+    def leaf_check(self, shape: Sequence[int], dtype: str, target: str) -> Callable[[Mapping[str, Any]], bool]:
+        """For enumerating with `prefix_checks`: whether a config whose every prefix check held is
+        in the task's space, which is `violated(...) is None` for such a config without evaluating
+        again the constraints its prefixes passed: what is left are the constraints that read no
+        knob (evaluated once, here) and the kernel's own refusal (`check_config`)."""
+        knobs = {p.name for p in self.params_for(target)}
+        known = set(self.shape_names) | {"dtype_bytes"} | knobs
+        fixed = self.env({}, shape, dtype)
+        try:
+            feasible = all(spec.constraint(fixed) for spec in self.constraints
+                           if (spec.targets is None or target in spec.targets)
+                           and spec.constraint.names <= known and not spec.constraint.names & knobs)
+        except ConstraintEvalError:
+            feasible = False
+        module = kernels.load(self.kernel)
+
+        def holds(config: Mapping[str, Any]) -> bool:
+            if not feasible:
+                return False
+            try:
+                return module.check_config(dict(config), tuple(shape), dtype, target) is None
+            except Exception:  # noqa: BLE001 - a kernel's check that fails refuses the config, as in `violated`
+                return False
+
+        return holds
+
     def violated(self, config: Mapping[str, Any], shape: Sequence[int], dtype: str,
                  target: str, *, strict: bool = False) -> str | None:
         """Why `config` is out of this task's space, or None: the source of the first constraint
