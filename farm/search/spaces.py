@@ -80,15 +80,12 @@ class SearchSpace:
         `violated` would; one that cannot be evaluated fails). A config that fails a check
         fails `violated`, so an enumeration may skip every config under that prefix."""
         params = self.params_for(target)
-        known = set(self.shape_names) | {"dtype_bytes"} | {p.name for p in params}
         depth = {p.name: d for d, p in enumerate(params)}
         staged: list[list[Any]] = [[] for _ in params]
-        for spec in self.constraints:
-            if (spec.targets is not None and target not in spec.targets) or not spec.constraint.names <= known:
-                continue
-            knobs = [depth[n] for n in spec.constraint.names if n in depth]
+        for constraint in self._evaluable(target):
+            knobs = [depth[n] for n in constraint.names if n in depth]
             if knobs:
-                staged[max(knobs)].append(spec.constraint)
+                staged[max(knobs)].append(constraint)
         fixed = self.env({}, shape, dtype)
 
         def check(constraints: list[Any]) -> Callable[[Mapping[str, Any]], bool]:
@@ -108,25 +105,26 @@ class SearchSpace:
         again the constraints its prefixes passed: what is left are the constraints that read no
         knob (evaluated once, here) and the kernel's own refusal (`check_config`)."""
         knobs = {p.name for p in self.params_for(target)}
-        known = set(self.shape_names) | {"dtype_bytes"} | knobs
         fixed = self.env({}, shape, dtype)
         try:
-            feasible = all(spec.constraint(fixed) for spec in self.constraints
-                           if (spec.targets is None or target in spec.targets)
-                           and spec.constraint.names <= known and not spec.constraint.names & knobs)
+            feasible = all(c(fixed) for c in self._evaluable(target) if not c.names & knobs)
         except ConstraintEvalError:
             feasible = False
-        module = kernels.load(self.kernel)
+        return lambda config: feasible and self._kernel_refusal(config, shape, dtype, target) is None
 
-        def holds(config: Mapping[str, Any]) -> bool:
-            if not feasible:
-                return False
-            try:
-                return module.check_config(dict(config), tuple(shape), dtype, target) is None
-            except Exception:  # noqa: BLE001 - a kernel's check that fails refuses the config, as in `violated`
-                return False
+    def _evaluable(self, target: str) -> list[Any]:
+        """The target's constraints that a config of its knobs can evaluate (those reading a knob
+        the target lacks are skipped, as `violated` skips them)."""
+        known = set(self.shape_names) | {"dtype_bytes"} | {p.name for p in self.params_for(target)}
+        return [spec.constraint for spec in self.constraints
+                if (spec.targets is None or target in spec.targets) and spec.constraint.names <= known]
 
-        return holds
+    def _kernel_refusal(self, config: Mapping[str, Any], shape: Sequence[int], dtype: str, target: str) -> str | None:
+        """The kernel's reason to refuse `config` (`check_config`), or None; a check that raises refuses."""
+        try:
+            return kernels.load(self.kernel).check_config(dict(config), tuple(shape), dtype, target)
+        except Exception as err:  # noqa: BLE001 - a kernel's check that fails refuses the config
+            return f"{type(err).__name__}: {err}"
 
     def violated(self, config: Mapping[str, Any], shape: Sequence[int], dtype: str,
                  target: str, *, strict: bool = False) -> str | None:
@@ -150,10 +148,7 @@ class SearchSpace:
                 return f"{spec.constraint.source} (cannot be evaluated: {err})"
             if not holds:
                 return spec.constraint.source
-        try:
-            reason = kernels.load(self.kernel).check_config(dict(config), tuple(shape), dtype, target)
-        except Exception as err:  # noqa: BLE001 - a kernel's check that fails refuses the config
-            reason = f"{type(err).__name__}: {err}"
+        reason = self._kernel_refusal(config, shape, dtype, target)
         return None if reason is None else f"{KERNEL_REFUSAL}{self.kernel}: {reason}"
 
     def configs(self, target: str) -> Iterator[dict[str, Any]]:
