@@ -5,7 +5,8 @@ block_kv keys in float32 (running max m, running sum l, f32 accumulator). Every 
 takes `causal` (key j attends to query i only when j <= i); `kernels.flash_attention` and
 `kernels.flash_attention_causal` are the two registered kernels, thin modules over this one:
 causality changes the reference, so it is a kernel of its own rather than a knob. Causal
-kernels skip the key blocks after a query block's last row.
+kernels skip the key blocks after a query block's last row, and on a GPU take their query
+blocks heaviest first (`q_block_order`).
 
 Files by job: `kernels.attention_config` (one typed config per target: knob defaults,
 legality, footprint, default config), `kernels.attention_tpu` and `kernels.attention_mgpu`
@@ -153,6 +154,13 @@ def build(config: AnyConfig, shape: tuple[int, ...], dtype: Any, platform: Platf
     return _generic_attention(typed, shape, dtype, platform, causal)
 
 
+def q_block_order(launched: Any, count: int, causal: bool) -> Any:
+    """The Q block a program launched `launched`-th along the Q axis computes: the same one, or,
+    causal, the other way round, so that the blocks with the most K/V blocks start first and the
+    last wave of programs holds the lightest ones (FlashAttention-3 schedules causal tiles so)."""
+    return count - 1 - launched if causal else launched
+
+
 def kv_blocks(q_block: Any, bq: int, bkv: int, seq: int, causal: bool) -> Any:
     """How many K/V blocks the Q block number `q_block` needs (all, or up to its last row)."""
     if not causal:
@@ -172,7 +180,7 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
     sq = pl.squeezed
 
     def body(q_ref, k_ref, v_ref, o_ref):
-        qi = pl.program_id(2)
+        qi = q_block_order(pl.program_id(2), seq // bq, causal)
         q = q_ref[...]
         rows = qi * bq + lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)
 
@@ -195,7 +203,7 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
         _, l, acc = lax.fori_loop(0, kv_blocks(qi, bq, bkv, seq, causal), step, init)
         o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
 
-    q_spec = pl.BlockSpec((sq, sq, bq, dim), lambda b, h, i: (b, h, i, 0))
+    q_spec = pl.BlockSpec((sq, sq, bq, dim), lambda b, h, i: (b, h, q_block_order(i, seq // bq, causal), 0))
     kv_spec = pl.BlockSpec((sq, sq, seq, dim), lambda b, h, i: (b, h, 0, 0))
     return pallas_call(
         body, platform=platform, config=config.to_dict(),

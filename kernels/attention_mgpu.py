@@ -13,7 +13,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels.attention_config import MosaicGpuAttentionConfig
-from kernels.attention_core import kv_blocks
+from kernels.attention_core import kv_blocks, q_block_order
 from kernels.lowering import Platform
 
 
@@ -211,7 +211,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
         qo_smem2, k_smem, v_smem = smem
         k_loaded, v_loaded, q_loaded = loaded
         k_consumed, v_consumed = consumed
-        q_tile = lax.axis_index("q_seq")
+        q_tile = q_block_order(lax.axis_index("q_seq"), seq // (2 * bq), causal)
         # K/V blocks this CTA's 2 * block_q rows need; each compute warpgroup may need fewer.
         cta_kv_steps = kv_blocks(q_tile, 2 * bq, bkv, seq, causal)
 
@@ -357,7 +357,8 @@ def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: 
     scale_log2 = math.log2(math.e) / math.sqrt(dim)
 
     def kernel(q_ref, k_ref, v_ref, out_ref):
-        b, h, qi = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q_seq")
+        b, h = lax.axis_index("batch"), lax.axis_index("heads")
+        qi = q_block_order(lax.axis_index("q_seq"), seq // bq, causal)
         q_base = qi * bq
 
         def scoped(qo_smem, q_loaded):

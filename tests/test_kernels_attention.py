@@ -45,6 +45,19 @@ def _lower(name: str, config: dict, target: str, shape: tuple, dtype=jnp.bfloat1
     return jax.jit(fn).trace(*inputs).lower(lowering_platforms=(platform,)).as_text()
 
 
+def test_causal_programs_start_with_the_most_key_blocks():
+    """Causal GPU kernels take their Q blocks heaviest first (each program's K/V blocks fall as
+    programs launch), so the last wave holds the lightest; non-causal ones keep launch order."""
+    from kernels.attention_core import kv_blocks, q_block_order
+
+    count, bq, bkv, seq = 16, 128, 64, 2048
+    order = [q_block_order(i, count, causal=True) for i in range(count)]
+    assert sorted(order) == list(range(count))  # every Q block exactly once
+    work = [int(kv_blocks(q, bq, bkv, seq, causal=True)) for q in order]
+    assert work == sorted(work, reverse=True) and work[0] == seq // bkv and work[-1] == 2
+    assert [q_block_order(i, count, causal=False) for i in range(count)] == list(range(count))
+
+
 def test_causal_and_non_causal_references_differ():
     q, k, v = flash_attention.make_inputs((1, 1, 16, 8), jnp.float32, jax.random.key(0))
     full, causal = (kernels.load(n).reference(q, k, v) for n in NAMES)
