@@ -178,9 +178,10 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
     bq, bkv = config.block_q, config.block_kv
     scale = 1.0 / math.sqrt(dim)
     sq = pl.squeezed
+    q_blocks = seq // bq
 
     def body(q_ref, k_ref, v_ref, o_ref):
-        qi = q_block_order(pl.program_id(2), seq // bq, causal)
+        qi = q_block_order(pl.program_id(2), q_blocks, causal)
         q = q_ref[...]
         rows = qi * bq + lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)
 
@@ -203,11 +204,11 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
         _, l, acc = lax.fori_loop(0, kv_blocks(qi, bq, bkv, seq, causal), step, init)
         o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
 
-    q_spec = pl.BlockSpec((sq, sq, bq, dim), lambda b, h, i: (b, h, q_block_order(i, seq // bq, causal), 0))
+    q_spec = pl.BlockSpec((sq, sq, bq, dim), lambda b, h, i: (b, h, q_block_order(i, q_blocks, causal), 0))
     kv_spec = pl.BlockSpec((sq, sq, seq, dim), lambda b, h, i: (b, h, 0, 0))
     return pallas_call(
         body, platform=platform, config=config.to_dict(),
-        out_shape=jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)), grid=(batch, heads, seq // bq),
+        out_shape=jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)), grid=(batch, heads, q_blocks),
         in_specs=[q_spec, kv_spec, kv_spec], out_specs=q_spec, name="flash_attention",
     )
 
