@@ -2,18 +2,25 @@
 
     python bench/check_gpu_kernels.py [--only NAME ...] [--target gpu-mosaic] [--seed-shapes] [--no-time]
     python bench/check_gpu_kernels.py --interpret     # no GPU: tiny shapes in Pallas's interpreters
+    python bench/check_gpu_kernels.py --ragged units  # the matmul family at shapes no tile divides
 
 Every row builds one config with poisoned outputs (unwritten elements are NaN), compares it with
 the kernel's float32 reference (farm.measure.validate) at a check shape (the seed shape with fewer batch
 entries/heads, so the reference fits), then times the unpoisoned build (farm.measure.timing) at the
 check shape, or at the seed shape with --seed-shapes. The configs are the ones expected to be
 fast on an H100/H200; an "xla" row times `jax.jit(reference)` on the same bf16 inputs.
+--ragged shrinks the matmul family's check shapes so that no tile divides them (attention rows
+are left out): "units" keeps rows in groups of 8 and columns in 64s, which the Mosaic GPU kernels
+take as they are (TMA fills and clips the edge tiles), "odd" takes 23, 63 and 63 off m, n and k,
+which every target pads (`MatmulConfig.padded`). A config the kernel refuses at such a shape is
+a row marked "refused", not a failure.
 The gpu-mosaic kernels have only been interpreted and lowered on a CPU so far: this is their
 first real run.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -48,7 +55,10 @@ MATMUL_CONFIGS = [
     ("gpu-mosaic", _mm(128, 256, 64, max_concurrent_steps=3, epi_n=128, **PIPE)),
     ("gpu-triton", _mm(128, 256, 64, group_m=8, **TRITON)),
     ("gpu-triton", _mm(128, 128, 64, group_m=8, num_warps=4, num_stages=4)),
+    ("gpu-mosaic", _mm(64, 128, 128, max_concurrent_steps=3, wg_split="m", grid_minor="m", **WS)),
 ]
+# (m, n, k) taken off the check shapes by --ragged (batch dimensions are kept).
+RAGGED = {"units": (24, 64, 64), "odd": (23, 63, 63)}
 ATTENTION_CONFIGS = {  # by head_dim
     256: [("gpu-mosaic", {"block_q": 64, "block_kv": 64, "max_concurrent_steps": 2, **WS}),
           ("gpu-mosaic", {"block_q": 64, "block_kv": 64, "max_concurrent_steps": 2, **PIPE}),
@@ -81,6 +91,9 @@ def cases() -> list[tuple[str, str, dict, tuple, tuple, tuple]]:
     rows.append(("matmul_layernorm", "gpu-triton", _mm(128, 256, 64, ln_strategy="two_phase", ln_rows=4,
                                                        group_m=8, **TRITON),
                  (2048, 4096, 2048), (4096, 4096, 4096), (1024, 256, 128)))
+    rows.append(("matmul_layernorm", "gpu-mosaic", _mm(64, 128, 64, ln_strategy="tile_stats", ln_store="input",
+                                                       max_concurrent_steps=5, wg_split="m", **WS),
+                 (2048, 4096, 2048), (4096, 4096, 4096), (256, 256, 128)))
     for name in ("flash_attention", "flash_attention_causal"):
         for (b, h, s, d) in ((8, 32, 8192, 256), (4, 32, 4096, 128)):
             for target, config in ATTENTION_CONFIGS[d]:
@@ -95,12 +108,20 @@ def _knobs(config: dict) -> str:
     return " ".join(f"{short.get(k, k)}{'=' if short.get(k, k) else ''}{v}" for k, v in config.items())
 
 
+def ragged(shape: tuple, kind: str) -> tuple:
+    """A matmul-family shape (..., m, n, k) with RAGGED[kind] taken off m, n and k."""
+    return shape[:-3] + tuple(d - cut for d, cut in zip(shape[-3:], RAGGED[kind]))
+
+
 def check(name: str, target: str, config: dict, shape: tuple, time_shape: tuple | None,
           interpret: bool) -> dict:
     """One row: relative error at `shape`, then the median time at `time_shape` (None: skip)."""
     module = kernels.load(name)
     dtype = jnp.bfloat16
     row = {"kernel": name, "target": target, "config": _knobs(config), "shape": "x".join(map(str, shape))}
+    refused = module.check_config(config, shape, dtype, target)
+    if refused:
+        return row | {"ok": None, "failure": f"refused: {refused[:100]}"}
     try:
         row["smem_kib"] = module.footprint(config, shape, dtype, target) / 1024
         inputs = module.make_inputs(shape, dtype, jax.random.key(0))
@@ -145,7 +166,8 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         lines.append((r["kernel"], r["target"], r["config"], r.get("time_shape", r["shape"]),
                       f"{r['smem_kib']:.0f}" if "smem_kib" in r else "",
-                      f"{r['error']:.2e}" if "error" in r else "", "yes" if r.get("ok") else "NO",
+                      f"{r['error']:.2e}" if "error" in r else "",
+                      {True: "yes", False: "NO", None: "-"}[r.get("ok", False)],
                       f"{r['ms']:.3f}" if "ms" in r else "", f"{r['tflops']:.0f}" if "tflops" in r else "",
                       r.get("failure", "")))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
@@ -161,21 +183,31 @@ def main() -> int:
     parser.add_argument("--seed-shapes", action="store_true", help="time at the seed shapes")
     parser.add_argument("--no-time", action="store_true", help="numerics only")
     parser.add_argument("--interpret", action="store_true", help="no GPU: tiny shapes, interpreters")
+    parser.add_argument("--ragged", choices=sorted(RAGGED), help="the matmul family at shapes no tile divides")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}", flush=True)
     rows, timed = [], set()
     for name, target, config, check_shape, seed_shape, tiny in cases():
         if (args.only and name not in args.only) or (args.target and target != args.target):
             continue
+        if args.ragged:
+            if "attention" in name:
+                continue
+            check_shape, seed_shape, tiny = (ragged(s, args.ragged) for s in (check_shape, seed_shape, tiny))
         shape = tiny if args.interpret else check_shape
         time_shape = None if args.no_time or args.interpret else (seed_shape if args.seed_shapes else check_shape)
         rows.append(check(name, target, config, shape, time_shape, args.interpret))
-        print(f"  {name} {target} {rows[-1]['config']}: {'ok' if rows[-1]['ok'] else 'FAILED'}", flush=True)
+        verdict = {True: "ok", False: "FAILED", None: "refused"}[rows[-1]["ok"]]
+        print(f"  {name} {target} {rows[-1]['config']}: {verdict}", flush=True)
         if time_shape is not None and (name, time_shape) not in timed and "attention" not in name:
             timed.add((name, time_shape))
             rows.append(xla_row(name, time_shape))
     print_table(rows)
-    return 0 if all(r.get("ok") for r in rows) else 1
+    if args.json:
+        args.json.write_text(json.dumps({"jax": jax.__version__, "device": jax.devices()[0].device_kind,
+                                         "ragged": args.ragged, "rows": rows}, indent=1))
+    return 0 if all(r.get("ok") is not False for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -78,6 +78,11 @@ def compiler_params(platform: Platform, config: dict[str, Any], **tpu_kwargs: An
     return None
 
 
+def round_up(value: int, multiple: int) -> int:
+    """value rounded up to a multiple of `multiple`."""
+    return pl.cdiv(value, multiple) * multiple
+
+
 def triton_dot_buffers(num_stages: int, num_warps: int, rows: int) -> int:
     """Shared-memory copies of a Triton dot loop's operand tiles, as Triton 3.6 allocates them on
     Hopper (measured on the H200, bench/oom_probe.py): num_stages when the dot can use wgmma

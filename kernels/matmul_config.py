@@ -12,9 +12,10 @@ from typing import Any, ClassVar, Literal, NamedTuple, Self
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 from kernels.knobs import ConfigError, Knobs, Unsupported, parse
-from kernels.lowering import triton_dot_buffers
+from kernels.lowering import round_up, triton_dot_buffers
 
 
 def _identity(acc: jax.Array) -> jax.Array:
@@ -85,13 +86,14 @@ class Problem:
 
 
 def fit(dim: int, preferred: int, align: int) -> int:
-    """The largest of preferred, preferred/2, ... (at least align) dividing dim, else dim itself."""
+    """The largest of preferred, preferred/2, ... (at least align) dividing dim; if none does,
+    preferred, or dim rounded up to align when that is smaller (the last tile is ragged)."""
     block = preferred
     while block >= align:
         if dim % block == 0:
             return block
         block //= 2
-    return dim
+    return min(preferred, round_up(dim, align))
 
 
 def _sizes(problem: Problem, dtype: Any) -> tuple[int, int]:
@@ -121,12 +123,20 @@ class MatmulConfig(Knobs):
         """(rows, columns) of C one program computes."""
         return self.block_m, self.block_n
 
-    def check(self, problem: Problem, dtype: Any) -> None:
-        """Refuse tiles that do not tile the problem (or an epilogue needing whole rows)."""
+    def padded(self, problem: Problem, dtype: Any) -> Problem:
+        """The problem this target's kernel runs: m, n and k rounded up to whole tiles (n kept
+        when the epilogue needs whole rows). `matmul_core.build` pads the inputs with zeros to
+        it and slices the product back, so any shape takes any tile: the zeros add nothing to
+        the sums, and the rows and columns past the problem's are dropped."""
         (bm, bn), bk = self.program_tile(), self.block_k
-        if problem.m % bm or problem.n % bn or problem.k % bk:
-            raise ConfigError(f"blocks ({bm}, {bn}, {bk}) must divide (m, n, k) = "
-                              f"({problem.m}, {problem.n}, {problem.k})")
+        n = problem.n if problem.epilogue.full_rows else round_up(problem.n, bn)
+        return dataclasses.replace(problem, m=round_up(problem.m, bm), n=n, k=round_up(problem.k, bk))
+
+    def check(self, problem: Problem, dtype: Any) -> None:
+        """Refuse an epilogue sub-tile that does not divide the tile, a tile short of whole rows
+        for an epilogue needing them, and row statistics where the kernel keeps none. Tiles need
+        not divide the problem (see `padded`)."""
+        bn = self.program_tile()[1]
         if problem.epilogue.full_rows and bn != problem.n:
             raise ConfigError(f"this epilogue needs whole rows: block_n must be n = {problem.n}, got {bn}")
         epi_n = bn if self.epi_n is None else self.epi_n
@@ -137,11 +147,14 @@ class MatmulConfig(Knobs):
         if problem.epilogue.row_stats and (not self.ROW_STATS or problem.batch):
             raise Unsupported(f"{type(self).__name__}: row statistics are implemented for unbatched "
                               "Mosaic GPU matmuls only")
+        if problem.epilogue.row_stats and (problem.n % bn or self.padded(problem, dtype).n != problem.n):
+            raise ConfigError(f"row statistics are kept per whole tile of real columns: block tiles of {bn} "
+                              f"columns must divide n = {problem.n}")
 
     @classmethod
     def default(cls, problem: Problem) -> Self:
-        """Tiles that divide the problem, as large as DEFAULT_TILES prefers (all of n when the
-        epilogue needs whole rows); every other knob at its default."""
+        """Tiles as large as DEFAULT_TILES prefers, dividing the problem where one does (`fit`; all
+        of n when the epilogue needs whole rows); every other knob at its default."""
         (m, m_align), (n, n_align), (k, k_align) = cls.DEFAULT_TILES
         full = problem.epilogue.full_rows
         return cls(fit(problem.m, m, m_align), problem.n if full else fit(problem.n, n, n_align),
@@ -185,7 +198,7 @@ class TpuMatmulConfig(MatmulConfig):
         epilogue's f32 temporaries (two sub-tiles) and the vectors ((8, block_n) f32 tiles)."""
         bm, bn, bk = self.block_m, self.block_n, self.block_k
         item, out_item = _sizes(problem, dtype)
-        depth = problem.k if self.k_strategy == "resident" else bk
+        depth = self.padded(problem, dtype).k if self.k_strategy == "resident" else bk
         epi_m, epi_n = self.epilogue_tile()
         return (self.buffers * (bm * depth + depth * bn) * item + 2 * bm * bn * out_item + bm * bn * 4
                 + 2 * epi_m * epi_n * 4 + 2 * problem.epilogue.vectors * 8 * bn * 4)
@@ -210,7 +223,7 @@ class InterpretMatmulConfig(MatmulConfig):
     def check(self, problem: Problem, dtype: Any) -> None:
         """The common checks, and group_m dividing the row tiles."""
         super().check(problem, dtype)
-        tiles_m = problem.m // self.block_m
+        tiles_m = pl.cdiv(problem.m, self.block_m)
         if tiles_m % self.group_m:
             raise ConfigError(f"group_m = {self.group_m} must divide the {tiles_m} row tiles")
 
@@ -240,6 +253,9 @@ class TritonMatmulConfig(InterpretMatmulConfig):
 # most 1 KiB; JAX 0.11.2 on the H200 counted up to 1616 bytes more than that for the same configs
 # (232528 bytes for one this model, with 1 KiB, put at 230912), so the model allows 2.75 KiB.
 MGPU_SMEM_OVERHEAD = 2816
+# What the kernel's swizzled TMA layouts address (Mosaic GPU's TileTransform of a copy's global
+# view): rows in groups of 8, columns in 128-byte units (the widest swizzle).
+MGPU_ROW_UNIT, MGPU_COL_BYTES = 8, 128
 
 
 class MosaicTiles(NamedTuple):
@@ -323,6 +339,19 @@ class MosaicGpuMatmulConfig(MatmulConfig):
                            wgs=2 if self.warp_specialized else 1,
                            slots=min(2, (bm * bn) // (epi_m * epi_n)), steps=self.max_concurrent_steps)
 
+    def padded(self, problem: Problem, dtype: Any) -> Problem:
+        """The problem the kernel runs. TMA copies skip what lies past an array's edge (zeros in,
+        nothing out), so the kernel takes ragged edge tiles as they are, with no copies, within
+        what its swizzled layouts address: rows in whole groups of 8 and columns (n and k) in
+        whole 128-byte units (64 bf16). Only a dimension short of those (m = 1001, n = 50257)
+        is padded, to whole units, or to one tile when shorter than one."""
+        t = self.tiles()
+        item, out_item = _sizes(problem, dtype)
+        return dataclasses.replace(
+            problem, m=max(round_up(problem.m, MGPU_ROW_UNIT), t.cta_m),
+            n=max(round_up(problem.n, MGPU_COL_BYTES // min(item, out_item)), t.cta_n),
+            k=max(round_up(problem.k, MGPU_COL_BYTES // item), t.bk))
+
     def check(self, problem: Problem, dtype: Any) -> None:
         """The common checks, and what WGMMA and this kernel support."""
         super().check(problem, dtype)
@@ -332,9 +361,11 @@ class MosaicGpuMatmulConfig(MatmulConfig):
             raise Unsupported(f"gpu-mosaic matmul takes bfloat16 or float16, not {jnp.dtype(dtype)}")
         t = self.tiles()
         cluster_m, cluster_n = self.cluster_tile()
-        if problem.m % cluster_m or problem.n % cluster_n:
-            raise ConfigError(f"cluster {self.cluster!r}: a cluster's tile ({cluster_m}, {cluster_n}) must "
-                              f"divide (m, n) = ({problem.m}, {problem.n})")
+        runs = self.padded(problem, dtype)
+        tiles_m, tiles_n = pl.cdiv(runs.m, t.cta_m), pl.cdiv(runs.n, t.cta_n)
+        if tiles_m % (cluster_m // t.cta_m) or tiles_n % (cluster_n // t.cta_n):
+            raise ConfigError(f"cluster {self.cluster!r}: the ({tiles_m}, {tiles_n}) block tiles of (m, n) = "
+                              f"({problem.m}, {problem.n}) must pair up in clusters of ({cluster_m}, {cluster_n})")
         if t.bm % 64 or t.bn % 64 or t.bk % 64 or t.bn > 256:
             raise Unsupported("gpu-mosaic: block_m, block_n, block_k must be multiples of 64, block_n <= 256")
         if t.bm % t.epi_m or t.bn % t.epi_n or t.epi_m % 64:
@@ -354,7 +385,7 @@ class MosaicGpuMatmulConfig(MatmulConfig):
 
     @classmethod
     def default(cls, problem: Problem) -> MosaicGpuMatmulConfig:
-        """The singly pipelined kernel (any tiling of the problem) with 64-aligned tiles."""
+        """The singly pipelined kernel with 64-aligned tiles (ragged at the edges when none divides)."""
         return cls(fit(problem.m, 128, 64), fit(problem.n, 128, 64), 64)
 
 

@@ -6,6 +6,14 @@ read row vectors of length n (bias, gamma, beta). Kernel modules (matmul, bmm,
 broadcast_matmul, matmul_layernorm, matmul_subtiled_epilogue) describe a `Problem` and call
 `build`; the code-generation strategy is a config knob, so the tuner chooses between them.
 
+Any m, n and k, whether or not a tile divides them (a prefill of 3000 tokens, a vocabulary of
+50257): each target's config says what problem its kernel runs (`MatmulConfig.padded`), and
+`build` pads the inputs with zeros to it and slices the product back. The Triton, plain and TPU
+kernels run whole tiles, so every ragged dimension is padded; the Mosaic GPU kernels take part
+tiles at the edges as they are (TMA fills reads past an edge with zeros and drops writes past it),
+with no copies, for rows in groups of 8 and columns in 128-byte units; only dimensions off that
+grid are padded. Epilogues that need whole rows keep n whole, and row statistics refuse part tiles.
+
 Files by job: `kernels.matmul_config` (the problem and one typed config per target: knob
 defaults, legality, footprint, default config), `kernels.matmul_tpu` and `kernels.matmul_mgpu`
 (the TPU and Mosaic GPU kernels); this module dispatches and holds the Triton/interpret kernel.
@@ -104,17 +112,39 @@ def default_config(problem: Problem, target: str) -> dict[str, Any]:
 
 
 def build(problem: Problem, config: AnyConfig, dtype: Any, platform: Platform) -> Callable[..., jax.Array]:
-    """The kernel for `problem` on `platform`: a function of (a, b, *vectors)."""
+    """The kernel for `problem` on `platform`: a function of (a, b, *vectors). Any m, n and k:
+    the target's kernel runs `MatmulConfig.padded(problem)`, and inputs are padded to it."""
     typed = check(problem, config, dtype, platform.target)
+    runs = typed.padded(problem, dtype)
     if platform.target == "tpu":
         from kernels import matmul_tpu
 
-        return matmul_tpu.build(problem, typed, dtype, platform)
-    if platform.target == "gpu-mosaic":
+        kernel = matmul_tpu.build(runs, typed, dtype, platform)
+    elif platform.target == "gpu-mosaic":
         from kernels import matmul_mgpu
 
-        return matmul_mgpu.build(problem, typed, dtype, platform)
-    return _generic_matmul(problem, typed, dtype, platform)
+        kernel = matmul_mgpu.build(runs, typed, dtype, platform)
+    else:
+        kernel = _generic_matmul(runs, typed, dtype, platform)
+    return kernel if runs == problem else padded_to(problem, runs, kernel)
+
+
+def padded_to(problem: Problem, runs: Problem, kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """`kernel` (of the larger problem `runs`) as a function of `problem`'s inputs: A, B and the
+    vectors padded with zeros to `runs`, the product (and any row statistics) sliced back."""
+    def pad(x: jax.Array, *sizes: int) -> jax.Array:  # the last len(sizes) axes to `sizes`
+        lead = x.ndim - len(sizes)
+        widths = [(0, 0)] * lead + [(0, size - have) for size, have in zip(sizes, x.shape[lead:])]
+        return jnp.pad(x, widths) if any(w for _, w in widths) else x
+
+    def run(a: jax.Array, b: jax.Array, *vectors: jax.Array) -> Any:
+        out = kernel(pad(a, runs.m, runs.k), pad(b, runs.k, runs.n), *(pad(v, runs.n) for v in vectors))
+        if problem.epilogue.row_stats:  # (product, (2, tiles, m) statistics); n is never padded
+            product, stats = out
+            return product[..., :problem.m, :problem.n], stats[..., :problem.m]
+        return out[..., :problem.m, :problem.n]
+
+    return run
 
 
 class EntryPoints(NamedTuple):

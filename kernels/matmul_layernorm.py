@@ -156,6 +156,10 @@ def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target:
         raise ConfigError(f"ln_rows = {own.rows(m)} must divide m = {m}")
     if own.ln_strategy == "two_phase" and target == "gpu-mosaic":
         raise Unsupported("gpu-mosaic: two_phase's row kernel is not a Mosaic GPU kernel; use tile_stats")
+    n = shape[1]
+    if own.ln_strategy != "tile_stats" and target == "gpu-triton" and n & (n - 1):
+        raise Unsupported(f"gpu-triton: {own.ln_strategy} holds whole rows of n = {n} columns in one Triton "
+                          "block, whose sizes are powers of two")
     if own.ln_strategy == "tile_stats" and own.ln_phase2 == "triton":
         tiles, rows = shape[1] // core.block_n, own.rows(m)
         if m % rows or any(d & (d - 1) for d in (tiles, rows, shape[1])):

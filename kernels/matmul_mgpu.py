@@ -33,7 +33,9 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
     bm, bn, bk, epi_m, epi_n, steps = t.bm, t.bn, t.bk, t.epi_m, t.epi_n, t.steps
     item = jnp.dtype(dtype).itemsize
     out_dtype = jnp.dtype(problem.out_dtype or dtype)
-    m_iters, n_iters, k_iters = problem.m // t.cta_m, problem.n // t.cta_n, problem.k // bk
+    # Ragged edge tiles are read and written as they are: TMA fills what lies past an operand's
+    # edge with zeros and skips the output's (see MosaicGpuMatmulConfig.padded).
+    m_iters, n_iters, k_iters = pl.cdiv(problem.m, t.cta_m), pl.cdiv(problem.n, t.cta_n), pl.cdiv(problem.k, bk)
     batches, n_vec, epilogue = max(problem.batch, 1), problem.epilogue.vectors, problem.epilogue
 
     def transforms(minor_elems: int, itemsize: int) -> tuple[Any, ...]:

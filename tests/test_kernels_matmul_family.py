@@ -139,7 +139,7 @@ def test_tpu_lowering_rejects_what_interpret_mode_accepts():
 
 def test_build_refuses_unsupported_configs():
     with pytest.raises(ValueError, match="must divide"):
-        kernels.load("matmul").build(_blocks(96, 128, 128), MM, jnp.float32, Platform("interpret"))
+        kernels.load("matmul").build(_blocks(64, 128, 128, epi_n=48), MM, jnp.float32, Platform("interpret"))
     with pytest.raises(NotImplementedError, match="buffers"):
         kernels.load("matmul").build(_blocks(64, 128, 128, k_strategy="grid", buffers=3), MM,
                                      jnp.bfloat16, Platform("tpu"))
@@ -327,3 +327,74 @@ def test_the_farm_measures_tpu_strategies_and_rejects_what_mosaic_would():
     m = measure(task, {**good, "k_strategy": "grid", "buffers": 2, "block_k": 64}, interpret=True,
                 repetitions=2, warmup=1)
     assert m.outcome == outcomes.COMPILE_ERROR and "divisible by 8 and 128" in m.error
+
+
+# ------------------------------------------------------------------ shapes no tile divides
+
+# A user's shapes: token counts, widths and vocabularies that no tile divides. Every target pads
+# what its kernel cannot take (`MatmulConfig.padded`); the Mosaic GPU kernels take edge tiles on
+# the 8-row, 64-column grid as they are (TMA zero-fills reads past an edge and clips writes),
+# which the CPU can only lower: Pallas's GPU interpreter raises on (or leaves uninitialised) reads
+# past an edge. The H200 checks their numerics (`bench/check_gpu_kernels.py --ragged`, BENCHMARKS.md).
+RAGGED = [
+    ("matmul", "interpret", (100, 72, 40), _blocks(32, 32, 16, group_m=2)),
+    ("matmul", "gpu-triton", (100, 72, 40), _blocks(32, 64, 32, **TRITON)),
+    ("matmul", "tpu", (20, 200, 136), _blocks(16, 128, 128, k_strategy="emit_pipeline")),
+    ("bmm", "gpu-triton", (2, 50, 72, 40), _blocks(32, 32, 16, group_m=2, **TRITON)),
+    ("broadcast_matmul", "interpret", (3, 50, 72, 40), _blocks(32, 32, 16, fold_batch=True)),
+    ("broadcast_matmul", "interpret", (3, 50, 72, 40), _blocks(32, 32, 16, fold_batch=False)),
+    ("matmul_subtiled_epilogue", "interpret", (100, 72, 40), _blocks(32, 64, 16, epi_n=32)),
+    ("matmul_layernorm", "interpret", (96, 72, 40), _blocks(32, 32, 16, ln_strategy="two_phase", ln_rows=8)),
+    ("matmul_layernorm", "interpret", (50, 72, 40), _blocks(32, 72, 16, ln_strategy="fused")),
+]
+
+
+@pytest.mark.parametrize("name,target,shape,config", RAGGED, ids=lambda v: "x".join(map(str, v))
+                         if isinstance(v, tuple) else v if isinstance(v, str) else None)
+def test_shapes_no_tile_divides_match_the_reference(name, target, shape, config):
+    module = kernels.load(name)
+    assert module.check_config(config, shape, jnp.float32, target) is None
+    assert _run(name, config, target, jnp.float32, shape) <= validate.tolerance("float32", module)
+
+
+def test_mosaic_gpu_takes_ragged_edge_tiles_without_copies():
+    # (200, 192, 192) in 128 x 128 block tiles, K in steps of 128: every dimension ends in a part tile.
+    config = _blocks(64, 128, 128, mgpu_pipeline="warp_specialized", wg_split="m", max_concurrent_steps=2)
+    on_grid = _lower("matmul", config, "gpu-mosaic", shape=(200, 192, 192))
+    assert "mosaic_gpu" in on_grid and "stablehlo.pad" not in on_grid and "stablehlo.slice" not in on_grid
+    assert "stablehlo.pad" not in _lower("bmm", config, "gpu-mosaic", shape=(3, 200, 192, 192))
+    # 201 rows, 200 columns: off the 8-row and 64-column grid, so the inputs are padded to it and sliced back
+    problem = matmul_core.Problem(201, 200, 192)
+    runs = matmul_core.check(problem, config, jnp.bfloat16, "gpu-mosaic").padded(problem, jnp.bfloat16)
+    assert (runs.m, runs.n, runs.k) == (208, 256, 192)
+    off_grid = _lower("matmul", config, "gpu-mosaic", shape=(201, 200, 192))
+    assert "stablehlo.pad" in off_grid and "stablehlo.slice" in off_grid
+
+
+def test_row_statistics_take_ragged_rows_but_refuse_ragged_columns():
+    module = kernels.load("matmul_layernorm")
+    config = _blocks(64, 128, 64, ln_strategy="tile_stats", ln_store="input", mgpu_pipeline="warp_specialized",
+                     wg_split="m", max_concurrent_steps=2)
+    assert module.check_config(config, (200, 256, 128), jnp.bfloat16, "gpu-mosaic") is None
+    assert "mosaic_gpu" in _lower("matmul_layernorm", config, "gpu-mosaic", shape=(200, 256, 128))
+    # a part tile's statistics would count the zeros past the edge as columns of the row
+    assert "must divide n = 192" in module.check_config(config, (200, 192, 128), jnp.bfloat16, "gpu-mosaic")
+    # Triton blocks are powers of two: whole rows of 200 columns are refused, not miscompiled
+    triton = _blocks(32, 64, 32, ln_strategy="two_phase", ln_rows=4, **TRITON)
+    assert "powers of two" in module.check_config(triton, (64, 200, 128), jnp.bfloat16, "gpu-triton")
+
+
+@pytest.mark.parametrize("shape", [(3000, 4096, 4096), (1001, 50257, 768)])
+def test_default_configs_and_the_search_cover_shapes_no_tile_divides(shape):
+    from farm.search.valid_set import ValidSet
+
+    for name in ("matmul", "matmul_subtiled_epilogue"):
+        module = kernels.load(name)
+        space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+        for target in ("gpu-mosaic", "gpu-triton", "tpu"):
+            config = module.default_config(shape, target)
+            assert module.check_config(config, shape, "bfloat16", target) is None, (name, target, config)
+            assert config["block_m"] <= 256  # a tile, not the whole ragged dimension
+        found = ValidSet.enumerate(space.params_for("gpu-mosaic"), space.leaf_check(shape, "bfloat16", "gpu-mosaic"),
+                                   space.prefix_checks(shape, "bfloat16", "gpu-mosaic"))
+        assert found is not None and len(found) > 1000, name

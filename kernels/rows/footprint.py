@@ -4,18 +4,13 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 
+from kernels.lowering import round_up
 from kernels.rows.config import LANES, STREAMED, SUBLANES, Plan
 from kernels.rows.contract import RowMath
 
 # A per-column vector occupies whole (8, 128) tiles of 32-bit words in VMEM.
 VECTOR_BYTES_PER_COL = SUBLANES * 4
-
-
-def round_up(value: int, multiple: int) -> int:
-    """value rounded up to a multiple of `multiple`."""
-    return pl.cdiv(value, multiple) * multiple
 
 
 def footprint(math_: RowMath, p: Plan, dtype: Any) -> int:
