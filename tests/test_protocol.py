@@ -66,7 +66,9 @@ def test_check_config_accepts_defaults_and_refuses_unknown_knobs(name):
 
 MM, LN, ATT = (128, 256, 256), (64, 256, 256), (1, 1, 256, 64)
 REFUSED = [
-    ("matmul", {"block_m": 96, "block_n": 128, "block_k": 128}, MM, "float32", "interpret", "must divide"),
+    ("matmul", {"block_m": 96, "block_n": 128, "block_k": 128}, MM, "float32", "interpret", None),  # ragged: padded
+    ("matmul", {"block_m": 64, "block_n": 128, "block_k": 128, "epi_n": 48}, MM, "float32", "interpret",
+     "epi_n = 48 must divide"),
     ("matmul", {"block_m": 64, "block_n": 128, "block_k": 128, "group_m": 3}, MM, "float32", "interpret",
      "group_m = 3 must divide"),
     ("matmul", {"block_m": 64, "block_n": 128, "block_k": 128, "k_strategy": "grid", "buffers": 3}, MM,
@@ -74,8 +76,8 @@ REFUSED = [
     ("matmul", {"block_m": 64, "block_n": 128, "block_k": 128, "k_strategy": "diagonal"}, MM, "bfloat16", "tpu",
      "k_strategy = 'diagonal'"),
     ("matmul", {"block_m": 64, "block_n": 64, "block_k": 64}, MM, "float32", "gpu-mosaic", "bfloat16 or float16"),
-    ("matmul", {"block_m": 64, "block_n": 64, "block_k": 64, "mgpu_pipeline": "warp_specialized", "wg_split": "m"},
-     (64, 256, 256), "bfloat16", "gpu-mosaic", "must divide"),
+    ("matmul", {"block_m": 64, "block_n": 64, "block_k": 64, "mgpu_pipeline": "warp_specialized", "cluster": "m"},
+     (192, 256, 256), "bfloat16", "gpu-mosaic", "must pair up in clusters"),
     ("matmul", {"block_m": 64, "block_n": 64}, MM, "float32", "interpret", "missing knob block_k"),
     ("bmm", {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4}, (2, 64, 128, 128), "float32",
      "interpret", "unknown knob 'num_warps'"),
