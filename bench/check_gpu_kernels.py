@@ -9,11 +9,12 @@ the kernel's float32 reference (farm.measure.validate) at a check shape (the see
 entries/heads, so the reference fits), then times the unpoisoned build (farm.measure.timing) at the
 check shape, or at the seed shape with --seed-shapes. The configs are the ones expected to be
 fast on an H100/H200; an "xla" row times `jax.jit(reference)` on the same bf16 inputs.
---ragged shrinks the matmul family's check shapes so that no tile divides them (attention rows
-are left out): "units" keeps rows in groups of 8 and columns in 64s, which the Mosaic GPU kernels
-take as they are (TMA fills and clips the edge tiles), "odd" takes 23, 63 and 63 off m, n and k,
-which every target pads (`MatmulConfig.padded`). A config the kernel refuses at such a shape is
-a row marked "refused", not a failure.
+--ragged shrinks the check shapes so that no tile divides them: "units" takes 24, 64 and 64 off
+a matmul's m, n and k and 24 off attention's sequence, keeping rows in groups of 8 and columns
+in 64s, which the Mosaic GPU kernels take as they are (TMA fills and clips the edge tiles);
+"odd" takes 23, 63 and 63 (attention: 23), which every target pads (`MatmulConfig.padded`,
+`AttentionConfig.padded_seq`). A config the kernel refuses at such a shape is a row marked
+"refused", not a failure.
 The gpu-mosaic kernels have only been interpreted and lowered on a CPU so far: this is their
 first real run.
 """
@@ -108,8 +109,11 @@ def _knobs(config: dict) -> str:
     return " ".join(f"{short.get(k, k)}{'=' if short.get(k, k) else ''}{v}" for k, v in config.items())
 
 
-def ragged(shape: tuple, kind: str) -> tuple:
-    """A matmul-family shape (..., m, n, k) with RAGGED[kind] taken off m, n and k."""
+def ragged(name: str, shape: tuple, kind: str) -> tuple:
+    """A matmul-family shape (..., m, n, k) with RAGGED[kind] taken off m, n and k; an attention
+    shape (batch, heads, seq, head_dim) with its first cut taken off seq."""
+    if "attention" in name:
+        return shape[:2] + (shape[2] - RAGGED[kind][0],) + shape[3:]
     return shape[:-3] + tuple(d - cut for d, cut in zip(shape[-3:], RAGGED[kind]))
 
 
@@ -192,9 +196,7 @@ def main() -> int:
         if (args.only and name not in args.only) or (args.target and target != args.target):
             continue
         if args.ragged:
-            if "attention" in name:
-                continue
-            check_shape, seed_shape, tiny = (ragged(s, args.ragged) for s in (check_shape, seed_shape, tiny))
+            check_shape, seed_shape, tiny = (ragged(name, s, args.ragged) for s in (check_shape, seed_shape, tiny))
         shape = tiny if args.interpret else check_shape
         time_shape = None if args.no_time or args.interpret else (seed_shape if args.seed_shapes else check_shape)
         rows.append(check(name, target, config, shape, time_shape, args.interpret))

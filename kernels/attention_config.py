@@ -7,15 +7,17 @@ Shapes are (batch, heads, seq, head_dim). Causality changes neither legality nor
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import jax.numpy as jnp
 
 from kernels.knobs import ConfigError, Knobs, Unsupported, parse
-from kernels.lowering import triton_dot_buffers
+from kernels.lowering import round_up, triton_dot_buffers
 
 LANES = 128  # TPU vector lanes: the m/l scratch is (block_q, LANES)
+MGPU_ROW_UNIT = 8  # Mosaic GPU's swizzled TMA layouts address rows in groups of 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +32,14 @@ class AttentionConfig(Knobs):
         if min(self.block_q, self.block_kv) < 1:
             raise ConfigError(f"blocks must be positive, got {self.to_dict()}")
 
+    def padded_seq(self, seq: int) -> int:
+        """The sequence length this target's kernel runs: seq rounded up to whole Q and K/V
+        blocks. `attention_core.build` pads Q, K and V with zeros to it, masks the keys past seq
+        (the causal mask already does for every real query) and slices the output back."""
+        return round_up(seq, math.lcm(self.block_q, self.block_kv))
+
     def check(self, shape: tuple[int, ...], dtype: Any) -> None:
-        """Refuse blocks that do not divide the sequence."""
-        seq = shape[2]
-        if seq % self.block_q or seq % self.block_kv:
-            raise ConfigError(f"block_q = {self.block_q} and block_kv = {self.block_kv} must divide seq = {seq}")
+        """Blocks need not divide the sequence (see `padded_seq`): nothing to refuse here."""
 
     def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
         """The Q, K and V tiles of a program, its f32 scores and accumulator."""
@@ -44,9 +49,8 @@ class AttentionConfig(Knobs):
 
     @classmethod
     def default(cls, shape: tuple[int, ...]) -> AttentionConfig:
-        """Blocks of 64 (or the whole sequence when shorter)."""
-        seq = shape[2]
-        return cls(min(seq, 64), min(seq, 64))
+        """Blocks of 64 (a sequence they do not divide is padded)."""
+        return cls(64, 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,15 +78,13 @@ class TpuAttentionConfig(AttentionConfig):
         bq, bkv, item = self.block_q, self.block_kv, jnp.dtype(dtype).itemsize
         fixed = 2 * 2 * bq * dim * item + 2 * bq * LANES * 4 + bq * dim * 4 + 2 * bq * bkv * 4
         if self.attn_strategy == "unroll":
-            return fixed + 2 * 2 * seq * dim * item
+            return fixed + 2 * 2 * self.padded_seq(seq) * dim * item
         return fixed + self.buffers * 2 * bkv * dim * item
 
     @classmethod
     def default(cls, shape: tuple[int, ...]) -> TpuAttentionConfig:
-        """The streaming strategy with blocks of 128 (or the whole sequence)."""
-        seq = shape[2]
-        block = 128 if seq % 128 == 0 else seq
-        return cls(block, block)
+        """The streaming strategy with blocks of 128 (lanes; a ragged sequence is padded)."""
+        return cls(LANES, LANES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,19 +125,27 @@ class MosaicGpuAttentionConfig(AttentionConfig):
 
     def steps(self, seq: int) -> int:
         """K/V pipeline slots: max_concurrent_steps, at most the number of K/V blocks."""
-        return min(self.max_concurrent_steps, seq // self.block_kv)
+        return min(self.max_concurrent_steps, -(-seq // self.block_kv))
+
+    def rows_per_block(self) -> int:
+        """Query rows one block computes: block_q per compute warpgroup."""
+        return (2 if self.warp_specialized else 1) * self.block_q
+
+    def padded_seq(self, seq: int) -> int:
+        """The sequence length the kernel runs. TMA zero-fills reads past the sequence's end and
+        drops writes past it, so part blocks at the end run as they are, with no copies, when
+        seq is a whole number of 8-row groups (what the swizzled layouts address) and at least
+        one block; other lengths are padded to that."""
+        return max(round_up(seq, MGPU_ROW_UNIT), self.rows_per_block(), self.block_kv)
 
     def check(self, shape: tuple[int, ...], dtype: Any) -> None:
         """The common checks, and what WGMMA and these kernels support."""
         super().check(shape, dtype)
-        _, _, seq, dim = shape
-        rows_per_block = (2 if self.warp_specialized else 1) * self.block_q
+        dim = shape[3]
         if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
             raise Unsupported(f"gpu-mosaic attention takes bfloat16 or float16, not {jnp.dtype(dtype)}")
         if self.block_q % 64 or self.block_kv % 64 or dim % 64:
             raise Unsupported("gpu-mosaic: block_q, block_kv and head_dim must be multiples of 64")
-        if seq % rows_per_block:
-            raise Unsupported(f"gpu-mosaic: seq = {seq} must be a multiple of {rows_per_block}")
 
     def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
         """Shared memory: Q/O tiles per compute warpgroup, the K and V slots, and 2.5 KiB for the

@@ -141,17 +141,31 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
 
 def build(config: AnyConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
           causal: bool) -> Callable[..., jax.Array]:
-    """The Pallas attention for `config` on `platform`, causal or not: a function of (q, k, v)."""
+    """The Pallas attention for `config` on `platform`, causal or not: a function of (q, k, v).
+
+    Any sequence length: the target's kernel runs `padded_seq(seq)` rows (Q, K and V padded
+    with zeros to it when longer than seq) and masks the keys from seq on (`kv_len`)."""
     typed = check(config, shape, dtype, platform.target)
+    seq = shape[2]
+    runs = shape[:2] + (typed.padded_seq(seq),) + shape[3:]
     if platform.target == "tpu":
         from kernels import attention_tpu
 
-        return attention_tpu.build(typed, shape, dtype, platform, causal)
-    if platform.target == "gpu-mosaic":
+        kernel = attention_tpu.build(typed, runs, dtype, platform, causal, kv_len=seq)
+    elif platform.target == "gpu-mosaic":
         from kernels import attention_mgpu
 
-        return attention_mgpu.build(typed, shape, dtype, platform, causal)
-    return _generic_attention(typed, shape, dtype, platform, causal)
+        kernel = attention_mgpu.build(typed, runs, dtype, platform, causal, kv_len=seq)
+    else:
+        kernel = _generic_attention(typed, runs, dtype, platform, causal, kv_len=seq)
+    if runs == shape:
+        return kernel
+    pad = [(0, 0), (0, 0), (0, runs[2] - seq), (0, 0)]
+
+    def padded(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return kernel(*(jnp.pad(x, pad) for x in (q, k, v)))[:, :, :seq]
+
+    return padded
 
 
 def q_block_order(launched: Any, count: int, causal: bool) -> Any:
@@ -161,20 +175,39 @@ def q_block_order(launched: Any, count: int, causal: bool) -> Any:
     return count - 1 - launched if causal else launched
 
 
-def kv_blocks(q_block: Any, bq: int, bkv: int, seq: int, causal: bool) -> Any:
-    """How many K/V blocks the Q block number `q_block` needs (all, or up to its last row)."""
+def kv_blocks(q_block: Any, bq: int, bkv: int, kv_len: int, causal: bool) -> Any:
+    """How many K/V blocks the Q block number `q_block` needs: those holding the kv_len keys (a
+    part block last), and, causal, none after its last row."""
+    whole = -(-kv_len // bkv)
     if not causal:
-        return seq // bkv
-    return lax.div((q_block + 1) * bq + bkv - 1, bkv)
+        return whole
+    return jnp.minimum(lax.div((q_block + 1) * bq + bkv - 1, bkv), whole)
+
+
+def key_mask(cols: jax.Array, rows: jax.Array | None, kv_len: int | None) -> jax.Array | None:
+    """Which scores to keep: keys up to each row (`rows`, causal) and before kv_len (given when
+    the last K/V block runs past the sequence); None when every score counts."""
+    keep = None if rows is None else cols <= rows
+    if kv_len is not None:
+        keep = cols < kv_len if keep is None else keep & (cols < kv_len)
+    return keep
+
+
+def ragged_keys(kv_len: int, bkv: int, causal: bool) -> int | None:
+    """kv_len when keys past it share the last K/V block and no causal mask hides them, else None.
+    (Causal masks every key after a real query's row, and the rows past kv_len are dropped.)"""
+    return kv_len if kv_len % bkv and not causal else None
 
 
 # ------------------------------------------------------------------ Triton and plain interpret
 
 
 def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
-                       causal: bool) -> Callable[..., jax.Array]:
-    """The Triton (and plain interpret) kernel for a checked config: a function of (q, k, v)."""
+                       causal: bool, kv_len: int) -> Callable[..., jax.Array]:
+    """The Triton (and plain interpret) kernel for a checked config and a shape of whole blocks,
+    whose first kv_len keys are real: a function of (q, k, v)."""
     batch, heads, seq, dim = shape
+    limit = ragged_keys(kv_len, config.block_kv, causal)
     bq, bkv = config.block_q, config.block_kv
     scale = 1.0 / math.sqrt(dim)
     sq = pl.squeezed
@@ -190,9 +223,10 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
             kv = pl.ds(j * bkv, bkv)
             k, v = k_ref[kv, :], v_ref[kv, :]
             s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * scale
-            if causal:
-                cols = j * bkv + lax.broadcasted_iota(jnp.int32, (bq, bkv), 1)
-                s = jnp.where(cols <= rows, s, MASK_VALUE)
+            keep = key_mask(j * bkv + lax.broadcasted_iota(jnp.int32, (bq, bkv), 1), rows if causal else None,
+                            limit)
+            if keep is not None:
+                s = jnp.where(keep, s, MASK_VALUE)
             m_next = jnp.maximum(m, jnp.max(s, axis=1))
             alpha = jnp.exp(m - m_next)
             p = jnp.exp(s - m_next[:, None])
@@ -201,7 +235,7 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
 
         init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
                 jnp.zeros((bq, dim), jnp.float32))
-        _, l, acc = lax.fori_loop(0, kv_blocks(qi, bq, bkv, seq, causal), step, init)
+        _, l, acc = lax.fori_loop(0, kv_blocks(qi, bq, bkv, kv_len, causal), step, init)
         o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
 
     q_spec = pl.BlockSpec((sq, sq, bq, dim), lambda b, h, i: (b, h, q_block_order(i, q_blocks, causal), 0))

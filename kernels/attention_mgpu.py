@@ -13,16 +13,18 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels.attention_config import MosaicGpuAttentionConfig
-from kernels.attention_core import kv_blocks, q_block_order
+from kernels.attention_core import key_mask, kv_blocks, q_block_order, ragged_keys
 from kernels.lowering import Platform
 
 
 def build(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
-          causal: bool) -> Callable[..., jax.Array]:
-    """The Mosaic GPU kernel for a checked config: a function of (q, k, v)."""
+          causal: bool, kv_len: int) -> Callable[..., jax.Array]:
+    """The Mosaic GPU kernel for a checked config: a function of (q, k, v) of `shape`, whose first
+    kv_len keys are real. The sequence need not be whole blocks: the last Q and K/V blocks run
+    past its end, where TMA reads zeros and drops the writes (see `padded_seq`)."""
     if config.warp_specialized:
-        return _warp_specialized(config, shape, dtype, platform, causal)
-    return _pipelined(config, shape, dtype, platform, causal)
+        return _warp_specialized(config, shape, dtype, platform, causal, kv_len)
+    return _pipelined(config, shape, dtype, platform, causal, kv_len)
 
 
 def _qk(q_smem: Any, k_tile: Any, interpret: bool, while_running: Any = None) -> jax.Array:
@@ -69,20 +71,20 @@ def _pv(acc: jax.Array, p: jax.Array, v_tile: Any, interpret: bool, while_runnin
 
 
 def _online_softmax(qk: jax.Array, m_i: jax.Array, l_i: jax.Array, scale_log2: float, dtype: Any,
-                    causal_origin: tuple[Any, Any] | None,
-                    mask_on: Any = True) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+                    causal_origin: tuple[Any, Any] | None, mask_on: Any = True,
+                    limit: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """One online-softmax step in base 2: P (in `dtype`), the accumulator's rescale factor, the new
     max and sum.
 
     causal_origin: (first query row, first key) of the block, to mask keys after each row (when
-    the traced `mask_on` holds). Row maxima stay finite: key block 0 is processed first, and
-    every row keeps its first key.
+    the traced `mask_on` holds), or, given `limit` (`ragged_keys`: not causal), keys from limit
+    on. Row maxima stay finite: key block 0 is processed first, and every row keeps its first key.
     """
     if causal_origin is not None:
         q_start, kv_start = causal_origin
-        rows = q_start + lax.broadcasted_iota(jnp.int32, qk.shape, 0)
-        cols = kv_start + lax.broadcasted_iota(jnp.int32, qk.shape, 1)
-        qk = jnp.where((cols <= rows) | jnp.logical_not(mask_on), qk, -jnp.inf)
+        rows = None if limit is not None else q_start + lax.broadcasted_iota(jnp.int32, qk.shape, 0)
+        keep = key_mask(kv_start + lax.broadcasted_iota(jnp.int32, qk.shape, 1), rows, limit)
+        qk = jnp.where(keep | jnp.logical_not(mask_on), qk, -jnp.inf)
     m_next = jnp.maximum(m_i, qk.max(axis=1) * scale_log2)
     alpha = jnp.exp2(m_i - m_next)
     p = jnp.exp2(qk * scale_log2 - lax.broadcast_in_dim(m_next, qk.shape, [0]))
@@ -94,25 +96,30 @@ def _rescale(acc: jax.Array, alpha: jax.Array) -> jax.Array:
 
 
 def _softmax_step(qk: jax.Array, acc: jax.Array, m_i: jax.Array, l_i: jax.Array, scale_log2: float,
-                  dtype: Any, causal_origin: tuple[Any, Any] | None) -> tuple[jax.Array, ...]:
+                  dtype: Any, causal_origin: tuple[Any, Any] | None,
+                  limit: int | None = None) -> tuple[jax.Array, ...]:
     """`_online_softmax` with the accumulator rescaled: P, acc, the new max and sum."""
-    p, alpha, m_next, l_next = _online_softmax(qk, m_i, l_i, scale_log2, dtype, causal_origin)
+    p, alpha, m_next, l_next = _online_softmax(qk, m_i, l_i, scale_log2, dtype, causal_origin, limit=limit)
     return p, _rescale(acc, alpha), m_next, l_next
 
 
 def _intra_overlap_loop(qo_smem: Any, k_smem: Any, v_smem: Any, barriers: tuple[Any, ...], kv_steps: Any,
                         steps: int, bq: int, bkv: int, dim: int, scale_log2: float, dtype: Any,
-                        q_base: Any, causal: bool, interpret: bool) -> tuple[jax.Array, jax.Array]:
+                        q_base: Any, causal: bool, interpret: bool,
+                        limit: int | None = None) -> tuple[jax.Array, jax.Array]:
     """FlashAttention-3's intra-warpgroup pipelining over one warpgroup's K/V blocks 0..kv_steps-1.
 
     Step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back, waits for S_j only, runs
     block j's softmax while P V is still on the tensor cores, then waits for it and rescales O.
-    Returns (O unnormalised, l). Interpret mode runs the same schedule with `jnp.dot`s.
+    Returns (O unnormalised, l). Interpret mode runs the same schedule with `jnp.dot`s. `limit`
+    (`ragged_keys`, not causal): every block masks the keys from limit on.
     """
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     k_loaded, v_loaded, k_consumed, v_consumed = barriers
-    unmasked = lax.div(q_base, bkv)  # blocks before this are below the diagonal for every row
+    # blocks before this are below the diagonal for every row (rows past the sequence's end may
+    # have fewer blocks than that: kv_steps is clamped to the blocks holding keys)
+    unmasked = jnp.minimum(lax.div(q_base, bkv), kv_steps)
 
     def slot(j):
         j = jnp.asarray(j, jnp.int32)
@@ -120,6 +127,8 @@ def _intra_overlap_loop(qo_smem: Any, k_smem: Any, v_smem: Any, barriers: tuple[
 
     def softmax(j, qk, m_i, l_i, masked):
         # masked: True, False, or traced (block 0); only blocks from `unmasked` on cross the diagonal
+        if limit is not None:
+            return _online_softmax(qk, m_i, l_i, scale_log2, dtype, (q_base, j * bkv), limit=limit)
         origin = (q_base, j * bkv) if causal and masked is not False else None
         return _online_softmax(qk, m_i, l_i, scale_log2, dtype, origin,
                                mask_on=True if masked is True else j >= unmasked)
@@ -192,7 +201,7 @@ def _smem_transforms() -> tuple[Any, ...]:
 
 
 def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any,
-                      platform: Platform, causal: bool) -> Callable[..., jax.Array]:
+                      platform: Platform, causal: bool, kv_len: int) -> Callable[..., jax.Array]:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from kernels.mgpu_launch import mosaic_kernel
@@ -204,6 +213,9 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
     scale_log2 = math.log2(math.e) / math.sqrt(dim)  # softmax in base 2, scale folded in
     compute_wgs = 2
     intra_overlap = config.ws_schedule == "intra_overlap"
+    q_tiles = pl.cdiv(seq, 2 * bq)
+    kv_whole = pl.cdiv(kv_len, bkv)  # K/V blocks holding keys
+    limit = ragged_keys(kv_len, bkv, causal)
 
     def kernel(q_ref, k_ref, v_ref, out_ref, smem, loaded, consumed, schedule_barrier):
         b, h = lax.axis_index("batch"), lax.axis_index("heads")
@@ -211,9 +223,9 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
         qo_smem2, k_smem, v_smem = smem
         k_loaded, v_loaded, q_loaded = loaded
         k_consumed, v_consumed = consumed
-        q_tile = q_block_order(lax.axis_index("q_seq"), seq // (2 * bq), causal)
+        q_tile = q_block_order(lax.axis_index("q_seq"), q_tiles, causal)
         # K/V blocks this CTA's 2 * block_q rows need; each compute warpgroup may need fewer.
-        cta_kv_steps = kv_blocks(q_tile, 2 * bq, bkv, seq, causal)
+        cta_kv_steps = kv_blocks(q_tile, 2 * bq, bkv, kv_len, causal)
 
         def schedule():
             # Lets the two compute warpgroups take turns on the tensor cores.
@@ -244,13 +256,13 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             plgpu.set_max_registers(232, action="increase")
             qo_smem = qo_smem2.at[wg]
             q_base = q_tile * (2 * bq) + wg * bq
-            kv_steps = lax.div(q_base + bq + bkv - 1, bkv) if causal else cta_kv_steps
+            kv_steps = jnp.minimum(lax.div(q_base + bq + bkv - 1, bkv), kv_whole) if causal else cta_kv_steps
             plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], qo_smem, q_loaded.at[wg])
             plgpu.barrier_wait(q_loaded.at[wg])
             if intra_overlap:
                 acc, l_i = _intra_overlap_loop(
                     qo_smem, k_smem, v_smem, (k_loaded, v_loaded, k_consumed, v_consumed), kv_steps, steps,
-                    bq, bkv, dim, scale_log2, dtype, q_base, causal, platform.interpret)
+                    bq, bkv, dim, scale_log2, dtype, q_base, causal, platform.interpret, limit)
                 if causal:  # release the blocks the other warpgroup still needs, unread
                     lax.fori_loop(kv_steps, cta_kv_steps, functools.partial(release, twice=False), None)
                 store(acc, l_i, qo_smem, q_base)
@@ -267,7 +279,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                 qk = _qk(qo_smem, k_smem.at[slot], platform.interpret, while_running=schedule)
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 p, acc, m_next, l_i = _softmax_step(qk, acc, m_i, l_i, scale_log2, dtype,
-                                                    (q_base, j * bkv) if masked else None)
+                                                    (q_base, j * bkv) if masked else None, limit)
                 plgpu.barrier_arrive(schedule_barrier)
                 plgpu.barrier_wait(v_loaded.at[slot])
                 plgpu.barrier_wait(schedule_barrier)
@@ -283,12 +295,12 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                 plgpu.barrier_arrive(v_consumed.at[slot])
                 return acc, m_next, l_i
 
-            if not causal:
-                acc, _, l_i = lax.fori_loop(0, kv_steps, kv_step, carry)
+            if not causal:  # every block masks the keys past the sequence's end when its last block holds some
+                acc, _, l_i = lax.fori_loop(0, kv_steps, functools.partial(kv_step, masked=limit is not None), carry)
             else:
                 # Blocks wholly at or below the diagonal need no mask; the rest are masked; then
                 # the blocks the other warpgroup still needs are released unread.
-                unmasked = lax.div(q_base, bkv)
+                unmasked = jnp.minimum(lax.div(q_base, bkv), kv_steps)
                 carry = lax.fori_loop(0, unmasked, kv_step, carry)
                 acc, _, l_i = lax.fori_loop(unmasked, kv_steps, functools.partial(kv_step, masked=True),
                                             carry)
@@ -336,7 +348,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
 
     call = mosaic_kernel(
         entry, platform=platform, out_shape=(jax.ShapeDtypeStruct(shape, dtype),),
-        grid=(heads, seq // (2 * bq), batch), grid_names=("heads", "q_seq", "batch"),
+        grid=(heads, q_tiles, batch), grid_names=("heads", "q_seq", "batch"),
         num_threads=compute_wgs + 1, thread_name="wg",
         compiler_params=plgpu.CompilerParams(
             approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
@@ -345,7 +357,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
 
 
 def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
-               causal: bool) -> Callable[..., jax.Array]:
+               causal: bool, kv_len: int) -> Callable[..., jax.Array]:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from kernels.mgpu_launch import mosaic_kernel
@@ -355,10 +367,12 @@ def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: 
     steps = config.steps(seq)
     dtype = jnp.dtype(dtype)
     scale_log2 = math.log2(math.e) / math.sqrt(dim)
+    q_blocks = pl.cdiv(seq, bq)
+    limit = ragged_keys(kv_len, bkv, causal)
 
     def kernel(q_ref, k_ref, v_ref, out_ref):
         b, h = lax.axis_index("batch"), lax.axis_index("heads")
-        qi = q_block_order(lax.axis_index("q_seq"), seq // bq, causal)
+        qi = q_block_order(lax.axis_index("q_seq"), q_blocks, causal)
         q_base = qi * bq
 
         def scoped(qo_smem, q_loaded):
@@ -371,7 +385,7 @@ def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: 
 
                 qk = _qk(qo_smem, k_smem, platform.interpret)
                 p, acc, m_next, l_i = _softmax_step(qk, acc, m_i, l_i, scale_log2, dtype,
-                                                    (q_base, j * bkv) if causal else None)
+                                                    (q_base, j * bkv) if causal or limit else None, limit)
                 acc = _pv(acc, p, v_smem, platform.interpret)
                 return acc, m_next, l_i
 
@@ -379,7 +393,7 @@ def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: 
                     jnp.zeros((bq,), jnp.float32))
             kv_spec = plgpu.BlockSpec((bkv, dim), lambda j: (j, 0), transforms=_smem_transforms())
             acc, _, l_i = plgpu.emit_pipeline(
-                step, grid=(seq // bkv,), in_specs=[kv_spec, kv_spec], max_concurrent_steps=steps,
+                step, grid=(pl.cdiv(kv_len, bkv),), in_specs=[kv_spec, kv_spec], max_concurrent_steps=steps,
                 init_carry=init)(k_ref.at[b, h], v_ref.at[b, h])
             acc = acc / lax.broadcast_in_dim(l_i, (bq, dim), [0])
             qo_smem[...] = acc.astype(dtype)
@@ -391,7 +405,7 @@ def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: 
 
     call = mosaic_kernel(
         kernel, platform=platform, out_shape=(jax.ShapeDtypeStruct(shape, dtype),),
-        grid=(heads, seq // bq, batch), grid_names=("heads", "q_seq", "batch"),
+        grid=(heads, q_blocks, batch), grid_names=("heads", "q_seq", "batch"),
         compiler_params=plgpu.CompilerParams(
             approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         name="flash_attention_mgpu_pipelined")

@@ -12,14 +12,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels.attention_config import LANES, TpuAttentionConfig
-from kernels.attention_core import MASK_VALUE, kv_blocks
+from kernels.attention_core import MASK_VALUE, key_mask, kv_blocks, ragged_keys
 from kernels.lowering import Platform, pallas_call
 from kernels.tpu_mesh import traced_for_tpu, vmem_limit
 
 
 def build(config: TpuAttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
-          causal: bool) -> Callable[..., jax.Array]:
-    """The TPU kernel for a checked config: a function of (q, k, v), traced for TPU."""
+          causal: bool, kv_len: int) -> Callable[..., jax.Array]:
+    """The TPU kernel for a checked config and a shape of whole blocks whose first kv_len keys
+    are real: a function of (q, k, v), traced for TPU."""
     from jax.experimental.pallas import tpu as pltpu
 
     batch, heads, seq, dim = shape
@@ -27,13 +28,14 @@ def build(config: TpuAttentionConfig, shape: tuple[int, ...], dtype: Any, platfo
     strategy, buffers = config.attn_strategy, config.buffers
     scale = 1.0 / math.sqrt(dim)
     sq = pl.squeezed
+    limit = ragged_keys(kv_len, bkv, causal)
 
     def update(q, k, v, q_start, kv_start, m_ref, l_ref, acc_ref):
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-        if causal:
-            rows = lax.broadcasted_iota(jnp.int32, s.shape, 0) + q_start
-            cols = lax.broadcasted_iota(jnp.int32, s.shape, 1) + kv_start
-            s = jnp.where(cols <= rows, s, MASK_VALUE)
+        rows = lax.broadcasted_iota(jnp.int32, s.shape, 0) + q_start if causal else None
+        keep = key_mask(lax.broadcasted_iota(jnp.int32, s.shape, 1) + kv_start, rows, limit)
+        if keep is not None:
+            s = jnp.where(keep, s, MASK_VALUE)
         m_prev, l_prev = m_ref[...], l_ref[...]  # (bq, 128), replicated across lanes
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1)[:, None])
         p = jnp.exp(s - jnp.tile(m_next, (1, bkv // LANES)))
@@ -50,7 +52,7 @@ def build(config: TpuAttentionConfig, shape: tuple[int, ...], dtype: Any, platfo
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
         q = q_ref[...]
         q_start = qi * bq
-        steps = kv_blocks(qi, bq, bkv, seq, causal)
+        steps = kv_blocks(qi, bq, bkv, kv_len, causal)
         if strategy == "unroll":
             def step(j, carry):
                 kv = pl.ds(pl.multiple_of(j * bkv, bkv), bkv)
