@@ -8,6 +8,12 @@ causality changes the reference, so it is a kernel of its own rather than a knob
 kernels skip the key blocks after a query block's last row, and on a GPU take their query
 blocks heaviest first (`q_block_order`).
 
+Any sequence length (a prompt of 4000 tokens): the target's kernel runs `padded_seq(seq)` rows,
+the inputs padded with zeros to it by `build` (none on Mosaic GPU when seq is whole 8-row
+groups: its last blocks run past the end, where TMA reads zeros and drops the writes). The keys
+past seq are masked (`key_mask`, `ragged_keys`) where no causal mask hides them, and the K/V
+loops stop at the last block holding keys (`kv_blocks`).
+
 Files by job: `kernels.attention_config` (one typed config per target: knob defaults,
 legality, footprint, default config), `kernels.attention_tpu` and `kernels.attention_mgpu`
 (the TPU and Mosaic GPU kernels); this module holds the reference, the dispatch and the
