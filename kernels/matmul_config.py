@@ -86,10 +86,12 @@ class Problem:
 
 
 def fit(dim: int, preferred: int, align: int) -> int:
-    """The largest of preferred, preferred/2, ... (at least align) dividing dim; if none does,
-    preferred, or dim rounded up to align when that is smaller (the last tile is ragged)."""
+    """The largest of preferred, preferred/2, ... (down to preferred/8, at least align) dividing
+    dim; if none does, preferred, or dim rounded up to align when that is smaller: a ragged last
+    tile (padded, or run part-empty) costs less than tiles too small to use the chip (3000 rows
+    on TPU: 256-row tiles over 3072, not 8-row tiles)."""
     block = preferred
-    while block >= align:
+    while block >= max(align, preferred // 8):
         if dim % block == 0:
             return block
         block //= 2

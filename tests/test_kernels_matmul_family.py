@@ -394,7 +394,7 @@ def test_default_configs_and_the_search_cover_shapes_no_tile_divides(shape):
         for target in ("gpu-mosaic", "gpu-triton", "tpu"):
             config = module.default_config(shape, target)
             assert module.check_config(config, shape, "bfloat16", target) is None, (name, target, config)
-            assert config["block_m"] <= 256  # a tile, not the whole ragged dimension
+            assert 64 <= config["block_m"] <= 256  # a tile: not the whole ragged dimension, nor 8 rows
         found = ValidSet.enumerate(space.params_for("gpu-mosaic"), space.leaf_check(shape, "bfloat16", "gpu-mosaic"),
                                    space.prefix_checks(shape, "bfloat16", "gpu-mosaic"))
         assert found is not None and len(found) > 1000, name
