@@ -14,7 +14,8 @@ a matmul's m, n and k and 24 off attention's sequence, keeping rows in groups of
 in 64s, which the Mosaic GPU kernels take as they are (TMA fills and clips the edge tiles);
 "odd" takes 23, 63 and 63 (attention: 23), which every target pads (`MatmulConfig.padded`,
 `AttentionConfig.padded_seq`). A config the kernel refuses at such a shape is a row marked
-"refused", not a failure.
+"refused", not a failure. With --interpret the gpu-mosaic rows are left out: Pallas's GPU
+interpreter cannot read past an array's edge as TMA does.
 The gpu-mosaic kernels have only been interpreted and lowered on a CPU so far: this is their
 first real run.
 """
@@ -179,7 +180,7 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the checks and print the table; exit status 1 if any kernel is wrong."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="kernel names to check")
@@ -189,13 +190,15 @@ def main() -> int:
     parser.add_argument("--interpret", action="store_true", help="no GPU: tiny shapes, interpreters")
     parser.add_argument("--ragged", choices=sorted(RAGGED), help="the matmul family at shapes no tile divides")
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}", flush=True)
     rows, timed = [], set()
     for name, target, config, check_shape, seed_shape, tiny in cases():
         if (args.only and name not in args.only) or (args.target and target != args.target):
             continue
         if args.ragged:
+            if args.interpret and target == "gpu-mosaic":
+                continue  # Pallas's GPU interpreter cannot read past an array's edge as TMA does
             check_shape, seed_shape, tiny = (ragged(name, s, args.ragged) for s in (check_shape, seed_shape, tiny))
         shape = tiny if args.interpret else check_shape
         time_shape = None if args.no_time or args.interpret else (seed_shape if args.seed_shapes else check_shape)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 import kernels
-from bench import baselines, oom_probe, seed_table
+from bench import baselines, check_gpu_kernels, oom_probe, seed_table
 from farm.measure import outcomes
 from farm.search import spaces
 
@@ -393,3 +393,13 @@ def test_ncu_summary_gives_a_line_per_launch_and_its_largest_stalls(tmp_path):
     assert out[1] == "      stalls: long_scoreboard=3.05 barrier=0.36"
     assert out[2].startswith("  1 triton_red_fused_native_layer_norm"[:37]) and "time=255,360ns" in out[2]
     assert len(out) == 3  # no stall metrics for launch 1: no stall line
+
+
+def test_gpu_check_takes_shapes_no_tile_divides(tmp_path):
+    # In Pallas's interpreter on the CPU: Triton's matmul and attention at shapes cut off the tiles
+    out = tmp_path / "ragged.json"
+    assert check_gpu_kernels.main(["--interpret", "--ragged", "odd", "--target", "gpu-triton",
+                                   "--only", "matmul", "flash_attention", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["kernel"] for r in rows} == {"matmul", "flash_attention"} and all(r["ok"] for r in rows)
+    assert {r["shape"] for r in rows} == {"1001x193x65", "1x1x233x32"}
