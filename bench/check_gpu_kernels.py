@@ -63,9 +63,13 @@ MATMUL_CONFIGS = [
 RAGGED = {"units": (24, 64, 64), "odd": (23, 63, 63)}
 ATTENTION_CONFIGS = {  # by head_dim
     256: [("gpu-mosaic", {"block_q": 64, "block_kv": 64, "max_concurrent_steps": 2, **WS}),
+          ("gpu-mosaic", {"block_q": 64, "block_kv": 64, "max_concurrent_steps": 2, "ws_schedule": "intra_overlap",
+                          **WS}),
           ("gpu-mosaic", {"block_q": 64, "block_kv": 64, "max_concurrent_steps": 2, **PIPE}),
           ("gpu-triton", {"block_q": 64, "block_kv": 32, "num_warps": 8, "num_stages": 2})],
     128: [("gpu-mosaic", {"block_q": 64, "block_kv": 128, "max_concurrent_steps": 2, **WS}),
+          ("gpu-mosaic", {"block_q": 64, "block_kv": 128, "max_concurrent_steps": 2, "ws_schedule": "intra_overlap",
+                          **WS}),
           ("gpu-mosaic", {"block_q": 128, "block_kv": 64, "max_concurrent_steps": 3, **PIPE}),
           ("gpu-triton", {"block_q": 128, "block_kv": 64, "num_warps": 8, "num_stages": 2})],
 }
