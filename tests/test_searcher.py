@@ -304,7 +304,7 @@ def test_a_converged_sampler_does_not_spend_the_budget_on_repeats(rejection_samp
         monkeypatch.setattr("farm.search.searcher.REPEAT_STREAK", 10**9)
     wide = {name: {"pow2": [8, 512]} for name in ("block_m", "block_n", "block_k")} | {"group_m": {"values": [1]}}
     # the shipped spaces' preference: tiles under twice their dimension (any tile is legal, padded)
-    tiles = ["block_m < 2 * m and block_n < 2 * n and block_k < 2 * k"]
+    tiles = ["block_m < max(2 * m, 128) and block_n < max(2 * n, 128) and block_k < max(2 * k, 128)"]
     searcher, answered = _searcher(_planned(wide, trials=80, constraints=tiles))
     proposals = []
     while (p := searcher.ask()) is not None:

@@ -149,7 +149,7 @@ def test_sweep_of_a_tasks_file_tunes_exactly_its_tasks_into_a_url(ray_local, sig
                   {"kernel": "softmax", "shape": [32, 128], "dtype": "float32", "target": "interpret",
                    "rule": "default", "distance": None},
                   {"kernel": "softmax", "shape": [16, 256], "dtype": "float32", "target": "tpu"},
-                  {"kernel": "matmul", "shape": [64, 64, 64], "dtype": "float32", "target": "interpret"},
+                  {"kernel": "matmul", "shape": [50, 72, 40], "dtype": "float32", "target": "interpret"},
                   {"kernel": "softmax", "shape": [32, 128], "dtype": "float32", "target": "interpret"})
     url = f"file://{tmp_path}/published/run-1"
     monkeypatch.chdir(tmp_path)           # the run is staged in ./artifacts
@@ -158,7 +158,10 @@ def test_sweep_of_a_tasks_file_tunes_exactly_its_tasks_into_a_url(ray_local, sig
     published = tmp_path / "published" / "run-1"
     trust.verify(published / "bundle", trust.load_trust([signing_key[1]]))
     # --target interpret drops the tpu line; the cross product (softmax 16x256 interpret) is not tuned
-    assert _task_keys(published) == ["matmul/64x64x64/float32/interpret", "softmax/32x128/float32/interpret"]
+    assert _task_keys(published) == ["matmul/50x72x40/float32/interpret", "softmax/32x128/float32/interpret"]
+    # a user's shape no tile divides is tuned like any other (its edge tiles padded)
+    rows = pq.read_table(published / "bundle" / "configs.parquet").to_pylist()
+    assert {r["task_key"]: r["status"] for r in rows}["matmul/50x72x40/float32/interpret"] == "ok"
     staged = list((tmp_path / "artifacts").iterdir())
     assert len(staged) == 1 and (staged[0] / "trials.jsonl").read_text() == (published / "trials.jsonl").read_text()
     # the URL is taken now: a second sweep to it is refused before anything runs
