@@ -2,7 +2,7 @@
 
     python bench/check_gpu_kernels.py [--only NAME ...] [--target gpu-mosaic] [--seed-shapes] [--no-time]
     python bench/check_gpu_kernels.py --interpret     # no GPU: tiny shapes in Pallas's interpreters
-    python bench/check_gpu_kernels.py --ragged units  # the matmul family at shapes no tile divides
+    python bench/check_gpu_kernels.py --ragged units  # the matmul family and attention at shapes no tile divides
 
 Every row builds one config with poisoned outputs (unwritten elements are NaN), compares it with
 the kernel's float32 reference (farm.measure.validate) at a check shape (the seed shape with fewer batch
@@ -16,8 +16,6 @@ in 64s, which the Mosaic GPU kernels take as they are (TMA fills and clips the e
 `AttentionConfig.padded_seq`). A config the kernel refuses at such a shape is a row marked
 "refused", not a failure. With --interpret the gpu-mosaic rows are left out: Pallas's GPU
 interpreter cannot read past an array's edge as TMA does.
-The gpu-mosaic kernels have only been interpreted and lowered on a CPU so far: this is their
-first real run.
 """
 from __future__ import annotations
 
@@ -192,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed-shapes", action="store_true", help="time at the seed shapes")
     parser.add_argument("--no-time", action="store_true", help="numerics only")
     parser.add_argument("--interpret", action="store_true", help="no GPU: tiny shapes, interpreters")
-    parser.add_argument("--ragged", choices=sorted(RAGGED), help="the matmul family at shapes no tile divides")
+    parser.add_argument("--ragged", choices=sorted(RAGGED), help="shapes no tile divides: on the 8-row, 64-column grid (units) or off it (odd)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}", flush=True)
