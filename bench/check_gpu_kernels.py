@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed-shapes", action="store_true", help="time at the seed shapes")
     parser.add_argument("--no-time", action="store_true", help="numerics only")
     parser.add_argument("--interpret", action="store_true", help="no GPU: tiny shapes, interpreters")
-    parser.add_argument("--ragged", choices=sorted(RAGGED), help="shapes no tile divides: on the 8-row, 64-column grid (units) or off it (odd)")
+    parser.add_argument("--ragged", choices=sorted(RAGGED),
+                        help="shapes no tile divides: on the 8-row, 64-column grid (units) or off it (odd)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}", flush=True)
