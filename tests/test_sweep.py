@@ -108,12 +108,12 @@ def test_wrong_config_is_recorded_and_never_wins(ray_local, tmp_path, signing_ke
 
 
 def test_failures_do_not_stop_the_sweep(ray_local, tmp_path, signing_key):
-    _, trials = run_sweep(tmp_path, signing_key, space("matmul", [[64, 64, 64]], trials=3, block_m=[32, 48, 64],
-                                                       block_n=[64], block_k=[64]))
-    # block_m = 48 does not divide m: the kernel's check_config refuses it, so it is never drawn
+    _, trials = run_sweep(tmp_path, signing_key, space("matmul", [[64, 64, 64]], trials=3, block_m=[64],
+                                                       block_n=[64], block_k=[64], epi_n=[32, 48, 64]))
+    # epi_n = 48 does not divide block_n: the kernel's check_config refuses it, so it is never drawn
     # (the task's valid set holds the two legal configs) and never compiled.
     assert Counter(t["outcome"] for t in trials) == {outcomes.OK: 2}
-    assert sorted(json.loads(t["config"])["block_m"] for t in trials) == [32, 64]
+    assert sorted(json.loads(t["config"])["epi_n"] for t in trials) == [32, 64]
 
 
 def test_a_compile_error_is_data_and_the_sweep_goes_on(ray_local, tmp_path, signing_key):

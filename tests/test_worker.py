@@ -46,7 +46,7 @@ def test_poisoned_output_starts_as_nan():
 
 def test_build_failure_is_compile_error():
     task = TuningTask("matmul", (64, 64, 64), "float32", "interpret")
-    m = measure(task, {"block_m": 48, "block_n": 64, "block_k": 64}, interpret=True)
+    m = measure(task, {"block_m": 64, "block_n": 64, "block_k": 64, "epi_n": 48}, interpret=True)
     assert m.outcome == outcomes.COMPILE_ERROR and "must divide" in m.error
 
 
