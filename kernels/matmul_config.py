@@ -354,6 +354,22 @@ class MosaicGpuMatmulConfig(MatmulConfig):
             n=max(round_up(problem.n, MGPU_COL_BYTES // min(item, out_item)), t.cta_n),
             k=max(round_up(problem.k, MGPU_COL_BYTES // item), t.bk))
 
+    def writes(self, problem: Problem, dtype: Any) -> Problem:
+        """The product the kernel writes. TMA stores whole units only, so where `padded` pads m or
+        n, the kernel stores the product's own (m, n) from registers instead, each thread its own
+        elements (`kernels.mgpu_store`), and nothing is sliced back; the operands are still padded.
+        Row statistics keep TMA and the padded product (they refuse padded n anyway)."""
+        runs = self.padded(problem, dtype)
+        if problem.epilogue.row_stats or (runs.m, runs.n) == (problem.m, problem.n):
+            return runs
+        return dataclasses.replace(runs, m=problem.m, n=problem.n)
+
+    def stores_direct(self, problem: Problem, dtype: Any) -> bool:
+        """Whether the product is stored from registers rather than by TMA (see `writes`)."""
+        written = self.writes(problem, dtype)
+        runs = self.padded(problem, dtype)
+        return (written.m, written.n) != (runs.m, runs.n)
+
     def check(self, problem: Problem, dtype: Any) -> None:
         """The common checks, and what WGMMA and this kernel support."""
         super().check(problem, dtype)
@@ -374,13 +390,14 @@ class MosaicGpuMatmulConfig(MatmulConfig):
             raise Unsupported("gpu-mosaic: epi_m (a multiple of 64) and epi_n must divide the tile")
 
     def footprint(self, problem: Problem, dtype: Any) -> int:
-        """Shared memory: the pipeline's operand slots, each compute warpgroup's output staging slots,
-        vector tiles and row statistics, plus MGPU_SMEM_OVERHEAD for barriers and alignment (at
-        least what Mosaic GPU itself counts: tests/test_kernels_matmul_family.py)."""
+        """Shared memory: the pipeline's operand slots, each compute warpgroup's output staging slots
+        (none when the product is stored from registers: `stores_direct`), vector tiles and row
+        statistics, plus MGPU_SMEM_OVERHEAD for barriers and alignment (at least what Mosaic GPU
+        itself counts: tests/test_kernels_matmul_family.py)."""
         t = self.tiles()
         item, out_item = _sizes(problem, dtype)
         operands = t.steps * (t.cta_m * t.bk + t.bk * t.cta_n) * item
-        staging = t.wgs * t.slots * t.epi_m * t.epi_n * out_item
+        staging = 0 if self.stores_direct(problem, dtype) else t.wgs * t.slots * t.epi_m * t.epi_n * out_item
         vectors = t.wgs * problem.epilogue.vectors * t.bn * item
         stats = t.wgs * 2 * t.bm * 4 if problem.epilogue.row_stats else 0
         return operands + staging + vectors + stats + MGPU_SMEM_OVERHEAD

@@ -11,8 +11,10 @@ Any m, n and k, whether or not a tile divides them (a prefill of 3000 tokens, a 
 `build` pads the inputs with zeros to it and slices the product back. The Triton, plain and TPU
 kernels run whole tiles, so every ragged dimension is padded; the Mosaic GPU kernels take part
 tiles at the edges as they are (TMA fills reads past an edge with zeros and drops writes past it),
-with no copies, for rows in groups of 8 and columns in 128-byte units; only dimensions off that
-grid are padded. Epilogues that need whole rows keep n whole, and row statistics refuse part tiles.
+with no copies, for rows in groups of 8 and columns in 128-byte units; only operands off that
+grid are padded, and a product off it is stored from registers at its own size
+(`kernels.mgpu_store`), not sliced back. Epilogues that need whole rows keep n whole, and row
+statistics refuse part tiles.
 
 Files by job: `kernels.matmul_config` (the problem and one typed config per target: knob
 defaults, legality, footprint, default config), `kernels.matmul_tpu` and `kernels.matmul_mgpu`
@@ -123,7 +125,10 @@ def build(problem: Problem, config: AnyConfig, dtype: Any, platform: Platform) -
     elif platform.target == "gpu-mosaic":
         from kernels import matmul_mgpu
 
-        kernel = matmul_mgpu.build(runs, typed, dtype, platform)
+        # Pallas's GPU interpreter cannot run the register stores (inlined Mosaic GPU code): it
+        # writes the padded product, which is sliced back.
+        writes = runs if platform.interpret else typed.writes(problem, dtype)
+        kernel = matmul_mgpu.build(runs, typed, dtype, platform, writes=writes)
     else:
         kernel = _generic_matmul(runs, typed, dtype, platform)
     return kernel if runs == problem else padded_to(problem, runs, kernel)
@@ -131,7 +136,8 @@ def build(problem: Problem, config: AnyConfig, dtype: Any, platform: Platform) -
 
 def padded_to(problem: Problem, runs: Problem, kernel: Callable[..., Any]) -> Callable[..., Any]:
     """`kernel` (of the larger problem `runs`) as a function of `problem`'s inputs: A, B and the
-    vectors padded with zeros to `runs`, the product (and any row statistics) sliced back."""
+    vectors padded with zeros to `runs`, the product (and any row statistics) sliced back unless
+    the kernel wrote it at `problem`'s own size (`MosaicGpuMatmulConfig.writes`)."""
     def pad(x: jax.Array, *sizes: int) -> jax.Array:  # the last len(sizes) axes to `sizes`
         lead = x.ndim - len(sizes)
         widths = [(0, 0)] * lead + [(0, size - have) for size, have in zip(sizes, x.shape[lead:])]
@@ -142,6 +148,8 @@ def padded_to(problem: Problem, runs: Problem, kernel: Callable[..., Any]) -> Ca
         if problem.epilogue.row_stats:  # (product, (2, tiles, m) statistics); n is never padded
             product, stats = out
             return product[..., :problem.m, :problem.n], stats[..., :problem.m]
+        if out.shape[-2:] == (problem.m, problem.n):
+            return out
         return out[..., :problem.m, :problem.n]
 
     return run

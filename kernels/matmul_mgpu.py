@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,11 +23,14 @@ from kernels.matmul_config import MosaicGpuMatmulConfig, Problem
 
 
 def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
-          platform: Platform) -> Callable[..., jax.Array]:
-    """The Mosaic GPU kernel for a checked config: a function of (a, b, *vectors)."""
+          platform: Platform, writes: Problem | None = None) -> Callable[..., jax.Array]:
+    """The Mosaic GPU kernel for a checked config: a function of (a, b, *vectors) of `problem`'s
+    shapes. writes: the product's (m, n) when smaller than `problem`'s (operands padded to whole
+    TMA units, product not): it is then stored from registers (`kernels.mgpu_store`), not by TMA."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from kernels.mgpu_launch import mosaic_kernel, num_sms
+    from kernels.mgpu_store import store_tile
 
     t = config.tiles()
     bm, bn, bk, epi_m, epi_n, steps = t.bm, t.bn, t.bk, t.epi_m, t.epi_n, t.steps
@@ -37,6 +40,10 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
     # edge with zeros and skips the output's (see MosaicGpuMatmulConfig.padded).
     m_iters, n_iters, k_iters = pl.cdiv(problem.m, t.cta_m), pl.cdiv(problem.n, t.cta_n), pl.cdiv(problem.k, bk)
     batches, n_vec, epilogue = max(problem.batch, 1), problem.epilogue.vectors, problem.epilogue
+    writes = writes or problem
+    direct = (writes.m, writes.n) != (problem.m, problem.n)
+    if direct and epilogue.row_stats:
+        raise ValueError("row statistics are stored by TMA: the product must be written whole tiles")
 
     def transforms(minor_elems: int, itemsize: int) -> tuple[Any, ...]:
         swizzle = plgpu.find_swizzle(minor_elems * itemsize * 8)
@@ -45,13 +52,26 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
     in_transforms = transforms(bk, item)
     out_transforms = transforms(epi_n, out_dtype.itemsize)
 
+    class OutTile(NamedTuple):
+        """Where a tile of the product goes: a TMA view of it, or (direct) the whole 2-D output
+        and the tile's first row and column."""
+        ref: Any
+        row0: Any = 0
+        col0: Any = 0
+
+        def part(self, rows: Any, cols: Any, row_off: Any, col_off: Any) -> OutTile:
+            if direct:
+                return OutTile(self.ref, self.row0 + row_off, self.col0 + col_off)
+            return OutTile(self.ref.at[rows, cols])
+
     def views(a_gmem, b_gmem, out_gmem, bi, m_idx, n_idx):
         if problem.batch:
             a_gmem, out_gmem = a_gmem.at[bi], out_gmem.at[bi]
         if problem.batched_b:
             b_gmem = b_gmem.at[bi]
         rows, cols = pl.ds(m_idx * t.cta_m, t.cta_m), pl.ds(n_idx * t.cta_n, t.cta_n)
-        return a_gmem.at[rows, :], b_gmem.at[:, cols], out_gmem.at[rows, cols], cols
+        out = OutTile(out_gmem, m_idx * t.cta_m, n_idx * t.cta_n) if direct else OutTile(out_gmem.at[rows, cols])
+        return a_gmem.at[rows, :], b_gmem.at[:, cols], out, cols
 
     row_stats = epilogue.row_stats
 
@@ -66,28 +86,34 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
         for i in range(2):
             plgpu.copy_smem_to_gmem(stats_smem.at[i], stats_gmem.at[i, col_tile, rows])
 
-    def epilogue_store(acc, vec_smem, out_smem, out_tile):
+    def epilogue_store(acc, vec_smem, out_smem, out_tile: OutTile):
         # acc: this warpgroup's (bm, bn) f32 tile; stored one (epi_m, epi_n) sub-tile at a time
-        # through two SMEM slots, so the TMA store of one overlaps the math of the next.
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        # through two SMEM slots, so the TMA store of one overlaps the math of the next; or, when
+        # TMA cannot address the output, from registers (store_tile).
+        if not direct:
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         per_row = bn // epi_n
         for r in range(bm // epi_m):
             for c in range(per_row):
                 sub = acc[r * epi_m:(r + 1) * epi_m, c * epi_n:(c + 1) * epi_n]
                 vecs = [lax.broadcast_in_dim(vec_smem[v, pl.ds(c * epi_n, epi_n)].astype(jnp.float32),
                                              (epi_m, epi_n), [1]) for v in range(n_vec)]
+                if direct:
+                    store_tile(epilogue.fn(sub, *vecs).astype(out_dtype), out_tile.ref,
+                               out_tile.row0 + r * epi_m, out_tile.col0 + c * epi_n)
+                    continue
                 slot = (r * per_row + c) % t.slots
                 plgpu.wait_smem_to_gmem(t.slots - 1, wait_read_only=True)
                 out_smem[slot] = epilogue.fn(sub, *vecs).astype(out_dtype)
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out_smem.at[slot], out_tile.at[pl.ds(r * epi_m, epi_m),
-                                                                      pl.ds(c * epi_n, epi_n)])
+                plgpu.copy_smem_to_gmem(out_smem.at[slot], out_tile.ref.at[pl.ds(r * epi_m, epi_m),
+                                                                          pl.ds(c * epi_n, epi_n)])
 
     def load_vectors(vec_gmem, vec_smem, vec_barrier, cols):
         for v, ref in enumerate(vec_gmem):
             plgpu.copy_gmem_to_smem(ref.at[cols], vec_smem.at[v], vec_barrier)
 
-    out_shape = (problem.out_shape(dtype),)
+    out_shape = (writes.out_shape(dtype),)
     if row_stats:
         out_shape += (jax.ShapeDtypeStruct((2, problem.n // bn, problem.m), jnp.float32),)
     # Shared memory only for what the epilogue uses: at the largest tiles and depths, 512 bytes of
@@ -125,9 +151,11 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
                         store_row_stats(acc, stats_smem, refs[n_vec + 1], pl.ds(m_idx * bm, bm), n_idx)
 
                 pl.run_scoped(with_acc, plgpu.ACC((bm, bn), jnp.float32))
-                plgpu.wait_smem_to_gmem(0)
+                if not direct:
+                    plgpu.wait_smem_to_gmem(0)
 
-            pl.run_scoped(scoped, plgpu.SMEM((t.slots, epi_m, epi_n), out_dtype, transforms=out_transforms),
+            pl.run_scoped(scoped, None if direct else plgpu.SMEM((t.slots, epi_m, epi_n), out_dtype,
+                                                                 transforms=out_transforms),
                           vec_scratch, vec_barrier, stats_scratch)
 
         call = mosaic_kernel(
@@ -167,7 +195,8 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
         @functools.partial(
             pl.run_scoped,
             allocations=pipeline(ignore, ignore).get_allocations(a0, b0),
-            out_smem=plgpu.SMEM((2, t.slots, epi_m, epi_n), out_dtype, transforms=out_transforms),
+            out_smem=None if direct else plgpu.SMEM((2, t.slots, epi_m, epi_n), out_dtype,
+                                                    transforms=out_transforms),
             vec_smem=plgpu.SMEM((2, n_vec, bn), dtype) if n_vec else None,
             vec_barriers=plgpu.Barrier(num_arrivals=n_vec, num_barriers=2) if n_vec else None,
             stats_smem=plgpu.SMEM((2, 2, bm), jnp.float32) if row_stats else None,
@@ -187,12 +216,12 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
                 a_view, b_view, out_tile, cols = views(a_gmem, b_gmem, out_gmem, bi, m_idx, n_idx)
                 if split == "m":
                     wg_rows, wg_cols = pl.ds(wg * bm, bm), slice(None)
-                    wg_out = out_tile.at[wg_rows, :]
+                    wg_out = out_tile.part(wg_rows, slice(None), wg * bm, 0)
                     wg_vec_cols = cols
                     stats_rows, stats_tile = pl.ds(m_idx * t.cta_m + wg * bm, bm), n_idx
                 else:
                     wg_rows, wg_cols = slice(None), pl.ds(wg * bn, bn)
-                    wg_out = out_tile.at[:, wg_cols]
+                    wg_out = out_tile.part(slice(None), wg_cols, 0, wg * bn)
                     wg_vec_cols = pl.ds(n_idx * t.cta_n + wg * bn, bn)
                     stats_rows, stats_tile = pl.ds(m_idx * t.cta_m, bm), n_idx * 2 + wg
 
@@ -205,7 +234,8 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
                         acc = acc_ref[...]
                         if n_vec:
                             plgpu.barrier_wait(vec_barriers.at[wg])
-                        epilogue_store(acc, vec_smem.at[wg] if n_vec else None, out_smem.at[wg], wg_out)
+                        epilogue_store(acc, vec_smem.at[wg] if n_vec else None,
+                                       None if direct else out_smem.at[wg], wg_out)
                         if row_stats:
                             store_row_stats(acc, stats_smem.at[wg], refs[n_vec + 1], stats_rows, stats_tile)
 
@@ -218,7 +248,8 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
 
                 pipeline(mma, compute_context)(a_view, b_view, allocations=allocations)
 
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        if not direct:
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     def launch(*args):
         call = mosaic_kernel(
