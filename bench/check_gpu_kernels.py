@@ -13,7 +13,8 @@ fast on an H100/H200; an "xla" row times `jax.jit(reference)` on the same bf16 i
 a matmul's m, n and k and 24 off attention's sequence, keeping rows in groups of 8 and columns
 in 64s, which the Mosaic GPU kernels take as they are (TMA fills and clips the edge tiles);
 "odd" takes 23, 63 and 63 (attention: 23), which every target pads (`MatmulConfig.padded`,
-`AttentionConfig.padded_seq`). A config the kernel refuses at such a shape is a row marked
+`AttentionConfig.padded_seq`); there each Mosaic GPU matmul-family row also runs with store
+"threads" (the product stored at its own size, `kernels.mgpu_store`). A config the kernel refuses at such a shape is a row marked
 "refused", not a failure. With --interpret the gpu-mosaic rows are left out: Pallas's GPU
 interpreter cannot read past an array's edge as TMA does.
 """
@@ -120,6 +121,14 @@ def ragged(name: str, shape: tuple, kind: str) -> tuple:
     return shape[:-3] + tuple(d - cut for d, cut in zip(shape[-3:], RAGGED[kind]))
 
 
+def store_variants(name: str, target: str, config: dict, kind: str | None) -> list[dict]:
+    """The config, and at shapes off the grid (--ragged odd) its twin whose threads store the
+    product (the Mosaic GPU matmul family's store knob; row statistics keep TMA)."""
+    if kind == "odd" and target == "gpu-mosaic" and "attention" not in name and name != "matmul_layernorm":
+        return [config, {**config, "store": "threads"}]
+    return [config]
+
+
 def check(name: str, target: str, config: dict, shape: tuple, time_shape: tuple | None,
           interpret: bool) -> dict:
     """One row: relative error at `shape`, then the median time at `time_shape` (None: skip)."""
@@ -205,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
             check_shape, seed_shape, tiny = (ragged(name, s, args.ragged) for s in (check_shape, seed_shape, tiny))
         shape = tiny if args.interpret else check_shape
         time_shape = None if args.no_time or args.interpret else (seed_shape if args.seed_shapes else check_shape)
-        rows.append(check(name, target, config, shape, time_shape, args.interpret))
-        verdict = {True: "ok", False: "FAILED", None: "refused"}[rows[-1]["ok"]]
-        print(f"  {name} {target} {rows[-1]['config']}: {verdict}", flush=True)
+        for variant in store_variants(name, target, config, args.ragged):
+            rows.append(check(name, target, variant, shape, time_shape, args.interpret))
+            verdict = {True: "ok", False: "FAILED", None: "refused"}[rows[-1]["ok"]]
+            print(f"  {name} {target} {rows[-1]['config']}: {verdict}", flush=True)
         if time_shape is not None and (name, time_shape) not in timed and "attention" not in name:
             timed.add((name, time_shape))
             rows.append(xla_row(name, time_shape))

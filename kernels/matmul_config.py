@@ -286,6 +286,11 @@ class MosaicGpuMatmulConfig(MatmulConfig):
     multicast by TMA to both blocks' shared memory, halving its L2 traffic. delay_release (0 | 1,
     warp-specialized only): WGMMAs left in flight when a K step ends; with 1, a step's operand
     slots are released one step late, so the tensor cores never wait for the issuing warpgroup.
+    store ("tma" | "threads"): how a product off the TMA grid (`padded` pads its m or n) is
+    written: "tma" writes it padded and slices it back (a copy of the product); "threads" has the
+    warpgroups' threads store it at its own size from a tile staged in shared memory
+    (`kernels.mgpu_store`), no slice, but more store instructions. Refused for products on the
+    grid, which TMA writes whole.
     """
 
     mgpu_pipeline: Literal["warp_specialized", "pipelined"] = "pipelined"
@@ -296,6 +301,7 @@ class MosaicGpuMatmulConfig(MatmulConfig):
     epi_m: int | None = None
     cluster: Literal["none", "m", "n"] = "none"
     delay_release: int = 0
+    store: Literal["tma", "threads"] = "tma"
 
     ROW_STATS = True
 
@@ -311,6 +317,8 @@ class MosaicGpuMatmulConfig(MatmulConfig):
             raise Unsupported("gpu-mosaic: cluster applies to the warp_specialized pipeline only")
         if self.delay_release not in (0, 1) or (self.delay_release and not self.warp_specialized):
             raise Unsupported(f"gpu-mosaic: delay_release is 0, or 1 with warp_specialized; got {self.delay_release}")
+        if self.store not in ("tma", "threads"):
+            raise ConfigError(f"store must be 'tma' or 'threads', got {self.store!r}")
 
     @property
     def cluster_size(self) -> int:
@@ -355,20 +363,15 @@ class MosaicGpuMatmulConfig(MatmulConfig):
             k=max(round_up(problem.k, MGPU_COL_BYTES // item), t.bk))
 
     def writes(self, problem: Problem, dtype: Any) -> Problem:
-        """The product the kernel writes. TMA stores whole units only, so where `padded` pads m or
-        n, the kernel stores the product's own (m, n) from registers instead, each thread its own
-        elements (`kernels.mgpu_store`), and nothing is sliced back; the operands are still padded.
-        Row statistics keep TMA and the padded product (they refuse padded n anyway)."""
+        """The product the kernel writes: `padded(problem)`'s, sliced back afterwards, or with
+        store "threads" the product's own (m, n); the operands are padded either way."""
         runs = self.padded(problem, dtype)
-        if problem.epilogue.row_stats or (runs.m, runs.n) == (problem.m, problem.n):
-            return runs
-        return dataclasses.replace(runs, m=problem.m, n=problem.n)
+        return dataclasses.replace(runs, m=problem.m, n=problem.n) if self.stores_direct else runs
 
-    def stores_direct(self, problem: Problem, dtype: Any) -> bool:
-        """Whether the product is stored from registers rather than by TMA (see `writes`)."""
-        written = self.writes(problem, dtype)
-        runs = self.padded(problem, dtype)
-        return (written.m, written.n) != (runs.m, runs.n)
+    @property
+    def stores_direct(self) -> bool:
+        """Whether the threads store the product rather than TMA (the store knob)."""
+        return self.store == "threads"
 
     def check(self, problem: Problem, dtype: Any) -> None:
         """The common checks, and what WGMMA and this kernel support."""
@@ -388,16 +391,22 @@ class MosaicGpuMatmulConfig(MatmulConfig):
             raise Unsupported("gpu-mosaic: block_m, block_n, block_k must be multiples of 64, block_n <= 256")
         if t.bm % t.epi_m or t.bn % t.epi_n or t.epi_m % 64:
             raise Unsupported("gpu-mosaic: epi_m (a multiple of 64) and epi_n must divide the tile")
+        if self.stores_direct and problem.epilogue.row_stats:
+            raise Unsupported("gpu-mosaic: store 'threads' does not write row statistics (TMA does)")
+        if self.stores_direct and (runs.m, runs.n) == (problem.m, problem.n):
+            raise Unsupported(f"gpu-mosaic: store 'threads' is for products off the TMA grid; ({problem.m}, "
+                              f"{problem.n}) with these tiles is on it, and TMA writes it whole")
 
     def footprint(self, problem: Problem, dtype: Any) -> int:
         """Shared memory: the pipeline's operand slots, each compute warpgroup's output staging slots
-        (none when the product is stored from registers: `stores_direct`), vector tiles and row
+        (one when the threads store the product: store "threads"), vector tiles and row
         statistics, plus MGPU_SMEM_OVERHEAD for barriers and alignment (at least what Mosaic GPU
         itself counts: tests/test_kernels_matmul_family.py)."""
         t = self.tiles()
         item, out_item = _sizes(problem, dtype)
         operands = t.steps * (t.cta_m * t.bk + t.bk * t.cta_n) * item
-        staging = 0 if self.stores_direct(problem, dtype) else t.wgs * t.slots * t.epi_m * t.epi_n * out_item
+        slots = 1 if self.stores_direct else t.slots
+        staging = t.wgs * slots * t.epi_m * t.epi_n * out_item
         vectors = t.wgs * problem.epilogue.vectors * t.bn * item
         stats = t.wgs * 2 * t.bm * 4 if problem.epilogue.row_stats else 0
         return operands + staging + vectors + stats + MGPU_SMEM_OVERHEAD

@@ -12,7 +12,7 @@ Any m, n and k, whether or not a tile divides them (a prefill of 3000 tokens, a 
 kernels run whole tiles, so every ragged dimension is padded; the Mosaic GPU kernels take part
 tiles at the edges as they are (TMA fills reads past an edge with zeros and drops writes past it),
 with no copies, for rows in groups of 8 and columns in 128-byte units; only operands off that
-grid are padded, and a product off it is stored from registers at its own size
+grid are padded, and a product off it is stored by the threads at its own size
 (`kernels.mgpu_store`), not sliced back. Epilogues that need whole rows keep n whole, and row
 statistics refuse part tiles.
 

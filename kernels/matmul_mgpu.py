@@ -26,7 +26,7 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
           platform: Platform, writes: Problem | None = None) -> Callable[..., jax.Array]:
     """The Mosaic GPU kernel for a checked config: a function of (a, b, *vectors) of `problem`'s
     shapes. writes: the product's (m, n) when smaller than `problem`'s (operands padded to whole
-    TMA units, product not): it is then stored from registers (`kernels.mgpu_store`), not by TMA."""
+    TMA units, product not): it is then stored by the threads (`kernels.mgpu_store`), not by TMA."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from kernels.mgpu_launch import mosaic_kernel, num_sms
@@ -89,7 +89,8 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
     def epilogue_store(acc, vec_smem, out_smem, out_tile: OutTile):
         # acc: this warpgroup's (bm, bn) f32 tile; stored one (epi_m, epi_n) sub-tile at a time
         # through two SMEM slots, so the TMA store of one overlaps the math of the next; or, when
-        # TMA cannot address the output, from registers (store_tile).
+        # TMA cannot address the output, through one plain SMEM tile by the threads' own stores
+        # (store_tile).
         if not direct:
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         per_row = bn // epi_n
@@ -98,9 +99,9 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
                 sub = acc[r * epi_m:(r + 1) * epi_m, c * epi_n:(c + 1) * epi_n]
                 vecs = [lax.broadcast_in_dim(vec_smem[v, pl.ds(c * epi_n, epi_n)].astype(jnp.float32),
                                              (epi_m, epi_n), [1]) for v in range(n_vec)]
-                if direct:
-                    store_tile(epilogue.fn(sub, *vecs).astype(out_dtype), out_tile.ref,
-                               out_tile.row0 + r * epi_m, out_tile.col0 + c * epi_n)
+                if direct:  # out_smem: one plain (epi_m, epi_n) tile
+                    out_smem[...] = epilogue.fn(sub, *vecs).astype(out_dtype)
+                    store_tile(out_smem, out_tile.ref, out_tile.row0 + r * epi_m, out_tile.col0 + c * epi_n)
                     continue
                 slot = (r * per_row + c) % t.slots
                 plgpu.wait_smem_to_gmem(t.slots - 1, wait_read_only=True)
@@ -154,8 +155,8 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
                 if not direct:
                     plgpu.wait_smem_to_gmem(0)
 
-            pl.run_scoped(scoped, None if direct else plgpu.SMEM((t.slots, epi_m, epi_n), out_dtype,
-                                                                 transforms=out_transforms),
+            pl.run_scoped(scoped, plgpu.SMEM((epi_m, epi_n), out_dtype) if direct else plgpu.SMEM(
+                              (t.slots, epi_m, epi_n), out_dtype, transforms=out_transforms),
                           vec_scratch, vec_barrier, stats_scratch)
 
         call = mosaic_kernel(
@@ -195,8 +196,8 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
         @functools.partial(
             pl.run_scoped,
             allocations=pipeline(ignore, ignore).get_allocations(a0, b0),
-            out_smem=None if direct else plgpu.SMEM((2, t.slots, epi_m, epi_n), out_dtype,
-                                                    transforms=out_transforms),
+            out_smem=plgpu.SMEM((2, epi_m, epi_n), out_dtype) if direct else plgpu.SMEM(
+                (2, t.slots, epi_m, epi_n), out_dtype, transforms=out_transforms),
             vec_smem=plgpu.SMEM((2, n_vec, bn), dtype) if n_vec else None,
             vec_barriers=plgpu.Barrier(num_arrivals=n_vec, num_barriers=2) if n_vec else None,
             stats_smem=plgpu.SMEM((2, 2, bm), jnp.float32) if row_stats else None,
@@ -234,8 +235,7 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
                         acc = acc_ref[...]
                         if n_vec:
                             plgpu.barrier_wait(vec_barriers.at[wg])
-                        epilogue_store(acc, vec_smem.at[wg] if n_vec else None,
-                                       None if direct else out_smem.at[wg], wg_out)
+                        epilogue_store(acc, vec_smem.at[wg] if n_vec else None, out_smem.at[wg], wg_out)
                         if row_stats:
                             store_row_stats(acc, stats_smem.at[wg], refs[n_vec + 1], stats_rows, stats_tile)
 

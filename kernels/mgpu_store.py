@@ -1,15 +1,18 @@
-"""Masked stores from registers to global memory, for outputs that TMA cannot address (Mosaic GPU).
+"""Masked stores to global memory, for outputs that TMA cannot address (Mosaic GPU).
 
 TMA writes an output only when its rows are whole 16-byte units and, through the kernels' swizzled
 tiles, whole groups of 8 rows and 128-byte column units. A vocabulary of 50257 columns (rows of
 100514 bytes) or 1001 tokens is neither, so such outputs used to be written padded and sliced back:
-a copy of the whole product (412 MB at 4096 x 50257). `store_tile` writes a warpgroup's tile from
-its registers straight into the unpadded output instead, each thread its own elements, skipping
-those past the output's edge: a thread's two neighbouring elements in one 4-byte store when the
-row width is even, one 2-byte store each when it is odd (an odd row's start is 2-byte aligned).
+a copy of the whole product (412 MB at 4096 x 50257). `store_tile` writes a warpgroup's tile,
+staged in shared memory, straight into the unpadded output instead: each warp writes consecutive
+elements of a row, skipping those past the output's edge, in stores as wide as the row width
+allows (2 bytes at an odd width, 16 at a multiple of 8: a row's start is aligned to no more).
 
-Lane-level Mosaic GPU code inlined into a Pallas kernel (`plgpu.inline_mgpu`); the value must be in
-the WGMMA register layout (an accumulator tile, sliced along 64-row and 8-column boundaries).
+Stores straight from the WGMMA registers were built first and lost (BENCHMARKS.md): a warp's
+store there touches 8 rows, 4 bytes each, and at 4096 x 50257 the kernel took 1.6x the time of
+the padded one and its slice.
+
+Lane-level Mosaic GPU code inlined into a Pallas kernel (`plgpu.inline_mgpu`).
 """
 from __future__ import annotations
 
@@ -18,70 +21,75 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-
-def vector_width(n: int) -> int:
-    """Elements per store: the WGMMA layout's 2 neighbouring elements of a thread when a row of n
-    holds whole pairs (each pair then lies wholly inside or past the row's end, and is aligned to
-    its size), else 1."""
-    return 2 if n % 2 == 0 else 1
+WARPGROUP = 128  # threads
 
 
-def store_tile(value: jax.Array, out_ref: Any, row0: jax.Array, col0: jax.Array) -> None:
-    """Store `value`, an (r, c) tile in the WGMMA layout, at out_ref[row0:row0 + r, col0:col0 + c],
-    skipping elements at or past out_ref's last row or column. out_ref: a 2-D global memory ref
-    (index a batch away first); row0, col0: int32 scalars."""
+def vector_width(n: int, itemsize: int) -> int:
+    """Elements per store: the most (up to 16 bytes) that a row of n elements holds a whole number
+    of, so that each store lies wholly inside or past the row's end and is aligned to its size."""
+    width = 16 // itemsize
+    while n % width:
+        width //= 2
+    return width
+
+
+def store_tile(stage: Any, out_ref: Any, row0: jax.Array, col0: jax.Array) -> None:
+    """Store `stage`, an (r, c) shared memory tile (no transforms) that the warpgroup has just
+    written, at out_ref[row0:row0 + r, col0:col0 + c], skipping elements at or past out_ref's last
+    row or column. Each warp writes consecutive elements of a row, so its stores coalesce. out_ref:
+    a 2-D global memory ref (index a batch away first); row0, col0: int32 scalars."""
     from jax.experimental.mosaic.gpu import utils as mu
     from jax.experimental.pallas import mosaic_gpu as plgpu
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import arith, memref, scf, vector
 
     rows, cols = out_ref.shape
-    width = vector_width(cols)
+    tile_rows, tile_cols = stage.shape
+    width = vector_width(cols, jnp.dtype(stage.dtype).itemsize)
+    if (tile_rows * tile_cols) % (WARPGROUP * width) or tile_cols % width:
+        raise ValueError(f"a ({tile_rows}, {tile_cols}) tile does not split into {WARPGROUP} threads' "
+                         f"stores of {width}")
 
-    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(), plgpu.Layout.WG_SPLAT,
+    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(), plgpu.Layout.WG_SPLAT,
                                   plgpu.Layout.WG_SPLAT))
-    def store(_ctx: Any, tile: Any, dst: Any, top: Any, left: Any) -> None:
+    def store(_ctx: Any, src: Any, dst: Any, top: Any, left: Any) -> None:
         index = ir.IndexType.get()
         top = arith.index_cast(index, top.registers.item())
         left = arith.index_cast(index, left.registers.item())
         last_row, last_col = mu.c(rows, index), mu.c(cols, index)
-        element = ir.VectorType(tile.registers.flat[0].type).element_type
-        places = [(reg, arith.addi(top, r), arith.addi(left, c))
-                  for reg, (r, c) in zip(tile.registers.flat, tile.layout.thread_idxs(tile.shape), strict=True)]
+        element = ir.MemRefType(src.type).element_type
+        thread = arith.index_cast(index, arith.remui(mu.thread_idx(), mu.c(WARPGROUP, ir.IntegerType.get_signless(32))))
+        places = []  # (row in the tile, column in the tile) of each of this thread's stores
+        for step in range(tile_rows * tile_cols // (WARPGROUP * width)):
+            flat = arith.muli(arith.addi(thread, mu.c(step * WARPGROUP, index)), mu.c(width, index))
+            places.append((arith.divui(flat, mu.c(tile_cols, index)), arith.remui(flat, mu.c(tile_cols, index))))
 
-        def pieces(reg: Any, col: Any) -> list[tuple[Any, Any]]:  # (value, column) of each store
-            count = ir.VectorType(reg.type).shape[0] // width
-            if count == 1:
-                return [(reg, col)]
-            return [(vector.extract(reg, [], [p]) if width == 1 else vector.extract_strided_slice(
-                ir.VectorType.get([width], element), reg, [p * width], [width], [1]),
-                arith.addi(col, mu.c(p * width, index))) for p in range(count)]
-
-        def put(part: Any, row: Any, col: Any) -> None:
+        def move(r: Any, c: Any, row: Any, col: Any) -> None:
             if width == 1:
-                memref.store(part, dst, [row, col])
+                memref.store(memref.load(src, [r, c]), dst, [row, col])
             else:
+                part = vector.load(ir.VectorType.get([width], element), src, [r, c])
                 vector.store(part, dst, [row, col])
 
+        mu.warpgroup_barrier()  # every thread's part of the tile is in shared memory
         # Interior tiles (all but the last row and column of tiles) store unmasked; the warpgroup
         # takes one branch or the other, so the test costs one comparison per tile.
-        tile_rows, tile_cols = tile.shape
         interior = arith.andi(
             arith.cmpi(arith.CmpIPredicate.ule, arith.addi(top, mu.c(tile_rows, index)), last_row),
             arith.cmpi(arith.CmpIPredicate.ule, arith.addi(left, mu.c(tile_cols, index)), last_col))
         branch = scf.IfOp(interior, has_else=True)
         with ir.InsertionPoint(branch.then_block):
-            for reg, row, col in places:
-                for part, at in pieces(reg, col):
-                    put(part, row, at)
+            for r, c in places:
+                move(r, c, arith.addi(top, r), arith.addi(left, c))
             scf.yield_([])
         with ir.InsertionPoint(branch.else_block):
-            for reg, row, col in places:
-                in_rows = arith.cmpi(arith.CmpIPredicate.ult, row, last_row)
-                for part, at in pieces(reg, col):
-                    with mu.when(arith.andi(in_rows, arith.cmpi(arith.CmpIPredicate.ult, at, last_col))):
-                        put(part, row, at)
+            for r, c in places:
+                row, col = arith.addi(top, r), arith.addi(left, c)
+                inside = arith.andi(arith.cmpi(arith.CmpIPredicate.ult, row, last_row),
+                                    arith.cmpi(arith.CmpIPredicate.ult, col, last_col))
+                with mu.when(inside):
+                    move(r, c, row, col)
             scf.yield_([])
+        mu.warpgroup_barrier()  # every thread has read the tile: the warpgroup may write it again
 
-    store(value, out_ref, row0.astype(jnp.int32), col0.astype(jnp.int32))
-
+    store(stage, out_ref, row0.astype(jnp.int32), col0.astype(jnp.int32))

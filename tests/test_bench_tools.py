@@ -403,3 +403,12 @@ def test_gpu_check_takes_shapes_no_tile_divides(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert {r["kernel"] for r in rows} == {"matmul", "flash_attention"} and all(r["ok"] for r in rows)
     assert {r["shape"] for r in rows} == {"1001x193x65", "1x1x233x32"}
+
+
+def test_gpu_check_runs_thread_stores_off_the_grid_only():
+    config = {"block_m": 128, "block_n": 128, "block_k": 64}
+    assert check_gpu_kernels.store_variants("matmul", "gpu-mosaic", config, "odd") == [
+        config, {**config, "store": "threads"}]
+    assert check_gpu_kernels.store_variants("matmul", "gpu-mosaic", config, "units") == [config]
+    assert check_gpu_kernels.store_variants("matmul", "gpu-triton", config, "odd") == [config]
+    assert check_gpu_kernels.store_variants("flash_attention", "gpu-mosaic", config, "odd") == [config]

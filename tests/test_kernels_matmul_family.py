@@ -365,54 +365,62 @@ def test_mosaic_gpu_takes_ragged_edge_tiles_without_copies():
     assert "mosaic_gpu" in on_grid and "stablehlo.pad" not in on_grid and "stablehlo.slice" not in on_grid
     assert "stablehlo.pad" not in _lower("bmm", config, "gpu-mosaic", shape=(3, 200, 192, 192))
     # 201 rows, 200 columns: off the 8-row and 64-column grid, so the operands are padded to it; the
-    # product, which TMA cannot store, is stored from registers at its own size: nothing is sliced
+    # product, which TMA cannot store at its size, is padded and sliced back, or (store "threads")
+    # stored by the threads at its own size
     problem = matmul_core.Problem(201, 200, 192)
     typed = matmul_core.check(problem, config, jnp.bfloat16, "gpu-mosaic")
     runs = typed.padded(problem, jnp.bfloat16)
     assert (runs.m, runs.n, runs.k) == (208, 256, 192)
-    assert typed.writes(problem, jnp.bfloat16) == dataclasses.replace(runs, m=201, n=200)
+    assert typed.writes(problem, jnp.bfloat16) == runs
     off_grid = _lower("matmul", config, "gpu-mosaic", shape=(201, 200, 192))
+    assert "stablehlo.pad" in off_grid and "stablehlo.slice" in off_grid
+    threads = matmul_core.check(problem, {**config, "store": "threads"}, jnp.bfloat16, "gpu-mosaic")
+    assert threads.writes(problem, jnp.bfloat16) == dataclasses.replace(runs, m=201, n=200)
+    off_grid = _lower("matmul", {**config, "store": "threads"}, "gpu-mosaic", shape=(201, 200, 192))
     assert "stablehlo.pad" in off_grid and "stablehlo.slice" not in off_grid
 
 
-# Shapes off the grid, each kernel and pipeline: the product is stored from registers (`mgpu_store`).
+# Shapes off the grid, each kernel and pipeline: the threads store the product (`mgpu_store`).
 DIRECT = [
     ("matmul", (4096, 50257, 768), _blocks(128, 128, 128, mgpu_pipeline="warp_specialized", wg_split="m",
-                                            max_concurrent_steps=2)),
+                                            max_concurrent_steps=2, store="threads")),
     ("matmul", (1001, 4096, 512), _blocks(128, 128, 64, mgpu_pipeline="warp_specialized", wg_split="n",
-                                           cluster="n", delay_release=1)),
-    ("matmul", (300, 1001, 128), _blocks(128, 128, 64)),
-    ("bmm", (2, 1001, 130, 64), _blocks(128, 128, 64)),
-    ("broadcast_matmul", (3, 50, 72, 64), _blocks(64, 64, 64, fold_batch=False)),
-    ("matmul_subtiled_epilogue", (1001, 1002, 128), _blocks(128, 128, 64, epi_n=32)),
+                                           cluster="n", delay_release=1, store="threads")),
+    ("matmul", (300, 1001, 128), _blocks(128, 128, 64, store="threads")),
+    ("bmm", (2, 1001, 130, 64), _blocks(128, 128, 64, store="threads")),
+    ("broadcast_matmul", (3, 50, 72, 64), _blocks(64, 64, 64, fold_batch=False, store="threads")),
+    ("matmul_subtiled_epilogue", (1001, 1002, 128), _blocks(128, 128, 64, epi_n=32, store="threads")),
 ]
 
 
 @pytest.mark.parametrize("name,shape,config", DIRECT, ids=lambda v: "x".join(map(str, v))
                          if isinstance(v, tuple) else v if isinstance(v, str) else None)
-def test_mosaic_gpu_stores_products_off_the_grid_from_registers_without_slicing(name, shape, config):
+def test_mosaic_gpu_threads_store_products_off_the_grid_without_slicing(name, shape, config):
     text = _lower(name, config, "gpu-mosaic", shape=shape)
     assert "mosaic_gpu" in text and "stablehlo.pad" in text and "stablehlo.slice" not in text
 
 
-def test_register_stores_free_the_staging_slots_and_leave_row_statistics_and_the_interpreter_padded():
-    config = matmul_core.as_config(_blocks(128, 128, 64, mgpu_pipeline="warp_specialized"), "gpu-mosaic")
+def test_thread_stores_stage_one_slot_and_are_refused_on_the_grid_and_with_row_statistics():
+    config = _blocks(128, 128, 64, mgpu_pipeline="warp_specialized")
+    threads = {**config, "store": "threads"}
     on_grid, off_grid = matmul_core.Problem(4096, 4096, 768), matmul_core.Problem(4096, 4033, 768)
-    assert not config.stores_direct(on_grid, jnp.bfloat16) and config.stores_direct(off_grid, jnp.bfloat16)
-    t = config.tiles()
-    staging = t.wgs * t.slots * t.epi_m * t.epi_n * 2
-    assert config.footprint(on_grid, jnp.bfloat16) - config.footprint(off_grid, jnp.bfloat16) == staging
-    stats = dataclasses.replace(off_grid, m=4001, n=4096, epilogue=matmul_core.Epilogue(row_stats=True))
-    assert config.writes(stats, jnp.bfloat16) == config.padded(stats, jnp.bfloat16)  # TMA, sliced back
+    assert "on it" in matmul_core.check_config(on_grid, threads, jnp.bfloat16, "gpu-mosaic")
+    assert matmul_core.check_config(off_grid, threads, jnp.bfloat16, "gpu-mosaic") is None
+    t = matmul_core.as_config(config, "gpu-mosaic").tiles()
+    assert matmul_core.footprint(off_grid, config, jnp.bfloat16, "gpu-mosaic") - matmul_core.footprint(
+        off_grid, threads, jnp.bfloat16, "gpu-mosaic") == t.wgs * (t.slots - 1) * t.epi_m * t.epi_n * 2
+    stats = matmul_core.Problem(4001, 4096, 768, epilogue=matmul_core.Epilogue(row_stats=True))
+    assert "row statistics" in matmul_core.check_config(stats, threads, jnp.bfloat16, "gpu-mosaic")
     # the interpreter cannot run inlined Mosaic GPU code: it writes the padded product
-    assert _run("matmul", _blocks(64, 128, 64), "gpu-mosaic", jnp.bfloat16, (128, 200, 128)) <= \
-        validate.tolerance("bfloat16", kernels.load("matmul"))
+    assert _run("matmul", {**_blocks(64, 128, 64), "store": "threads"}, "gpu-mosaic", jnp.bfloat16,
+                (128, 200, 128)) <= validate.tolerance("bfloat16", kernels.load("matmul"))
 
 
-def test_register_stores_pair_elements_only_where_pairs_stay_aligned():
+def test_thread_stores_are_as_wide_as_the_row_width_keeps_them_aligned():
     from kernels.mgpu_store import vector_width
 
-    assert [vector_width(n) for n in (50257, 50258, 4033, 200)] == [1, 2, 1, 2]
+    assert [vector_width(n, 2) for n in (50257, 50258, 4036, 4096, 200)] == [1, 2, 4, 8, 8]
+    assert [vector_width(n, 4) for n in (50257, 4096)] == [1, 4]
 
 
 def test_row_statistics_take_ragged_rows_but_refuse_ragged_columns():
