@@ -15,8 +15,8 @@ in 64s, which the Mosaic GPU kernels take as they are (TMA fills and clips the e
 "odd" takes 23, 63 and 63 (attention: 23), which every target pads (`MatmulConfig.padded`,
 `AttentionConfig.padded_seq`); there each Mosaic GPU matmul-family row also runs with store
 "threads" (the product stored at its own size, `kernels.mgpu_store`). A config the kernel
-refuses at such a shape is a row marked "refused", not a failure. With --interpret the gpu-mosaic rows are left out: Pallas's GPU
-interpreter cannot read past an array's edge as TMA does.
+refuses at such a shape is a row marked "refused", not a failure. With --interpret the gpu-mosaic
+rows are left out: Pallas's GPU interpreter cannot read past an array's edge as TMA does.
 """
 from __future__ import annotations
 
