@@ -12,8 +12,8 @@ Any m, n and k, whether or not a tile divides them (a prefill of 3000 tokens, a 
 kernels run whole tiles, so every ragged dimension is padded; the Mosaic GPU kernels take part
 tiles at the edges as they are (TMA fills reads past an edge with zeros and drops writes past it),
 with no copies, for rows in groups of 8 and columns in 128-byte units; only operands off that
-grid are padded, and a product off it is stored by the threads at its own size
-(`kernels.mgpu_store`), not sliced back. Epilogues that need whole rows keep n whole, and row
+grid are padded, and a product off it is sliced back or (the store knob) stored by the threads
+at its own size (`kernels.mgpu_store`). Epilogues that need whole rows keep n whole, and row
 statistics refuse part tiles.
 
 Files by job: `kernels.matmul_config` (the problem and one typed config per target: knob
@@ -48,7 +48,9 @@ sub-tiles of epi_n output columns, each loaded, transformed, cast and stored on 
               grid_tile_width: the persistent kernel's tile order (`plgpu.planar_snake`);
               cluster ("none" | "m" | "n", warp-specialized only): blocks run in 2-block
               clusters side by side along m or n, and TMA multicasts the operand both read;
-              delay_release (0 | 1, warp-specialized only): WGMMAs left in flight per K step.
+              delay_release (0 | 1, warp-specialized only): WGMMAs left in flight per K step;
+              store ("tma" | "threads"): a product off the TMA grid padded and sliced back, or
+              stored by the threads from a shared-memory tile at its own size (`kernels.mgpu_store`).
 """
 from __future__ import annotations
 
