@@ -8,9 +8,14 @@ staged in shared memory, straight into the unpadded output instead: each warp wr
 elements of a row, skipping those past the output's edge, in stores as wide as the row width
 allows (2 bytes at an odd width, 16 at a multiple of 8: a row's start is aligned to no more).
 
-Stores straight from the WGMMA registers were built first and lost (BENCHMARKS.md): a warp's
-store there touches 8 rows, 4 bytes each, and at 4096 x 50257 the kernel took 1.6x the time of
-the padded one and its slice.
+Measured on the H200 (BENCHMARKS.md) and not kept:
+- stores straight from the WGMMA registers: a warp's store touches 8 rows, 4 bytes each; 1.6x
+  the time of the padded kernel and its slice at 4096 x 50257;
+- 1-D TMA copies of each tile row into the product as a flat array: they fault (illegal
+  instruction), since a TMA copy's innermost coordinate must be a multiple of 16 bytes;
+- at odd widths, 16-byte units gathered at each row's offset (funnel shifts) and 4-byte pairs:
+  15% and 35% slower than one element at a time. The stores run while the tensor cores wait,
+  and their address arithmetic costs more than the wider stores save.
 
 Lane-level Mosaic GPU code inlined into a Pallas kernel (`plgpu.inline_mgpu`).
 """
@@ -41,11 +46,12 @@ def store_tile(stage: Any, out_ref: Any, row0: jax.Array, col0: jax.Array) -> No
     from jax.experimental.mosaic.gpu import utils as mu
     from jax.experimental.pallas import mosaic_gpu as plgpu
     from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith, memref, scf, vector
+    from jaxlib.mlir.dialects import arith, llvm, memref, scf
 
     rows, cols = out_ref.shape
     tile_rows, tile_cols = stage.shape
-    width = vector_width(cols, jnp.dtype(stage.dtype).itemsize)
+    itemsize = jnp.dtype(stage.dtype).itemsize
+    width = vector_width(cols, itemsize)
     if (tile_rows * tile_cols) % (WARPGROUP * width) or tile_cols % width:
         raise ValueError(f"a ({tile_rows}, {tile_cols}) tile does not split into {WARPGROUP} threads' "
                          f"stores of {width}")
@@ -64,12 +70,23 @@ def store_tile(stage: Any, out_ref: Any, row0: jax.Array, col0: jax.Array) -> No
             flat = arith.muli(arith.addi(thread, mu.c(step * WARPGROUP, index)), mu.c(width, index))
             places.append((arith.divui(flat, mu.c(tile_cols, index)), arith.remui(flat, mu.c(tile_cols, index))))
 
+        i8, i32, i64 = (ir.IntegerType.get_signless(bits) for bits in (8, 32, 64))
+        src_ptr, dst_ptr = mu.memref_ptr(src), mu.memref_ptr(dst)
+
+        def at(ptr: Any, offset: Any, as_int: Any) -> Any:  # element `offset` past ptr
+            return mu.getelementptr(ptr, [arith.index_cast(as_int, arith.muli(offset, mu.c(itemsize, index)))], i8)
+
         def move(r: Any, c: Any, row: Any, col: Any) -> None:
             if width == 1:
                 memref.store(memref.load(src, [r, c]), dst, [row, col])
-            else:
-                part = vector.load(ir.VectorType.get([width], element), src, [r, c])
-                vector.store(part, dst, [row, col])
+                return
+            # Vectors through pointers that state their alignment (width elements): 1.8x faster
+            # at 4096 x 50264 than vector.load/vector.store, whose lowering does not state it.
+            part = llvm.load(ir.VectorType.get([width], element),
+                             at(src_ptr, arith.addi(arith.muli(r, mu.c(tile_cols, index)), c), i32),
+                             alignment=width * itemsize)
+            llvm.store(part, at(dst_ptr, arith.addi(arith.muli(row, mu.c(cols, index)), col), i64),
+                       alignment=width * itemsize)
 
         mu.warpgroup_barrier()  # every thread's part of the tile is in shared memory
         # Interior tiles (all but the last row and column of tiles) store unmasked; the warpgroup
