@@ -94,12 +94,25 @@ class Prepared:
         out = self.fn(*self.inputs[i % len(self.inputs)])
         return out if self.framework == "jax" else _TorchPending(out, self.sync)
 
+    def raw_output(self, i: int = 0) -> Any:
+        """One call's result, waited for, as the column returns it (torch tensors for torch)."""
+        out = jax.block_until_ready(self.call(i))
+        return out.value if isinstance(out, _TorchPending) else out
+
     def output(self, i: int = 0) -> Any:
         """One call's result, waited for, in the reference's layout (JAX arrays)."""
-        out = jax.block_until_ready(self.call(i))
-        if isinstance(out, _TorchPending):
-            out = out.value
-        return self.to_reference(out)
+        return self.to_reference(self.raw_output(i))
+
+
+def strided_layout(out: Any) -> str | None:
+    """How a column's raw output (a tensor or a tuple of them) falls short of a dense array, or None.
+    torch may return a view of a larger buffer: torch.compile pads a product of 50257 columns to
+    50264 and returns (4096, 50257) with strides (50264, 1) (H200, BENCHMARKS.md). The column's
+    time then leaves out the compaction that a dense result, as every JAX array is, needs."""
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if callable(getattr(t, "is_contiguous", None)) and not t.is_contiguous():
+            return f"a strided view, shape {tuple(t.shape)}, strides {tuple(t.stride())} (not compacted)"
+    return None
 
 
 Factory = Callable[[Case], Prepared]

@@ -84,3 +84,12 @@ def test_seed_table_dry_run(tmp_path: Path) -> None:
     assert statuses == {"farm:interpret": "ok", "xla": "ok", "torch": "ok", "pallas_ops_triton": "ok"}
     assert row["speedup_vs_xla"] > 0 and report["geomean"]["rows_with_farm"] == 1
     assert "| rms_norm | 32x512 | float32 |" in (tmp_path / "seed_table.md").read_text()
+
+
+def test_a_strided_torch_result_is_described_and_a_dense_one_is_not() -> None:
+    padded = torch.zeros(4, 16)
+    view = "a strided view, shape (4, 13), strides (16, 1) (not compacted)"
+    assert baselines.strided_layout(padded[:, :13]) == view
+    assert baselines.strided_layout((padded, padded[:, :13])).startswith("a strided view")
+    assert baselines.strided_layout(padded) is None
+    assert baselines.strided_layout((padded, padded.T.contiguous())) is None

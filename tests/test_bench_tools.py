@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import jax.numpy as jnp
 import pytest
 
 import kernels
@@ -156,6 +157,22 @@ def test_seed_table_compares_host_bound_rows_on_device_time():
     text = seed_table.markdown(report)
     assert "## On device time" in text and "| 1.03x | farm:gpu-triton, xla | torch_compile |" in text
     assert "| -16.7% |" in text     # torch.compile's table figure against its device clock
+
+
+def test_seed_table_marks_a_column_whose_result_is_a_strided_view():
+    # H200, 2026-12-03: torch.compile's product at 4096x50257x768 is a view of a 4096 x 50264 one
+    layout = "a strided view, shape (4096, 50257), strides (50264, 1) (not compacted)"
+    result = {"kernel": "matmul", "space": "matmul", "shape": [4096, 50257, 768], "dtype": "bfloat16",
+              "best_other": "torch_compile", "speedup_vs_best_other": 0.69,
+              "columns": {"farm:gpu-mosaic": {"status": "ok", "median_s": 6.9e-4},
+                          "torch_compile": {"status": "ok", "median_s": 4.75e-4, "layout": layout},
+                          "xla": {"status": "ok", "median_s": 1.5e-3}}}
+    text = seed_table.markdown({"device": "H200", "date": "today", "versions": {}, "results": [result],
+                                "geomean": {}, "method": "m"})
+    assert "| torch_compile (0.475, strided view) |" in text
+    assert f"torch_compile: returns {layout}: its time leaves out the compaction" in text
+    assert "xla: returns" not in text
+    assert baselines.strided_layout(jnp.zeros((4, 8))) is None      # JAX arrays are dense
 
 
 def test_seed_table_explains_figures_over_their_measured_ceiling_by_what_bounds_them():
