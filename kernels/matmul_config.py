@@ -368,6 +368,11 @@ class MosaicGpuMatmulConfig(MatmulConfig):
         runs = self.padded(problem, dtype)
         return dataclasses.replace(runs, m=problem.m, n=problem.n) if self.stores_direct else runs
 
+    def off_grid(self, problem: Problem, dtype: Any) -> bool:
+        """Whether `padded` pads the product's m or n: TMA cannot write it at its own size."""
+        runs = self.padded(problem, dtype)
+        return (runs.m, runs.n) != (problem.m, problem.n)
+
     @property
     def stores_direct(self) -> bool:
         """Whether the threads store the product rather than TMA (the store knob)."""
@@ -393,7 +398,7 @@ class MosaicGpuMatmulConfig(MatmulConfig):
             raise Unsupported("gpu-mosaic: epi_m (a multiple of 64) and epi_n must divide the tile")
         if self.stores_direct and problem.epilogue.row_stats:
             raise Unsupported("gpu-mosaic: store 'threads' does not write row statistics (TMA does)")
-        if self.stores_direct and (runs.m, runs.n) == (problem.m, problem.n):
+        if self.stores_direct and not self.off_grid(problem, dtype):
             raise Unsupported(f"gpu-mosaic: store 'threads' is for products off the TMA grid; ({problem.m}, "
                               f"{problem.n}) with these tiles is on it, and TMA writes it whole")
 
@@ -417,9 +422,8 @@ class MosaicGpuMatmulConfig(MatmulConfig):
         a product off the TMA grid stored by the threads (measured faster than the slice on the
         H200 at 4096 x 50257 and 1001 rows: BENCHMARKS.md, twenty-fourth session)."""
         config = cls(fit(problem.m, 128, 64), fit(problem.n, 128, 64), 64)
-        runs = config.padded(problem, jnp.bfloat16)
-        off_grid = (runs.m, runs.n) != (problem.m, problem.n) and not problem.epilogue.row_stats
-        return dataclasses.replace(config, store="threads") if off_grid else config
+        threads = config.off_grid(problem, jnp.bfloat16) and not problem.epilogue.row_stats
+        return dataclasses.replace(config, store="threads") if threads else config
 
 
 CONFIGS: dict[str, type[MatmulConfig]] = {
