@@ -209,31 +209,62 @@ class TpuMatmulConfig(MatmulConfig):
 
 @dataclasses.dataclass(frozen=True)
 class InterpretMatmulConfig(MatmulConfig):
-    """Plain Pallas (the Triton kernel without compiler params): group_m row tiles per column sweep."""
+    """Plain Pallas (the Triton kernel without compiler params): group_m row tiles per column
+    sweep; split_k (None: 1) programs per output tile, each summing one run of K into a float32
+    partial product that a reduction adds up before the epilogue (few rows, long K: a decode
+    step's down projection has too few output tiles to keep every SM streaming B)."""
 
     group_m: int = 1
+    split_k: int | None = None
 
     # The default: small tiles, up to 64 x 64 x 32.
     DEFAULT_TILES = ((64, 16), (64, 16), (32, 16))
+    MAX_SPLIT_K = 64
+    # The float32 partial products of a split K, at most (a bound, not a tuning preference).
+    MAX_PARTIAL_BYTES = 1 << 30
+
+    @property
+    def splits(self) -> int:
+        """How many runs K is split into (1: not split)."""
+        return self.split_k or 1
 
     def validate(self) -> None:
-        """group_m is positive."""
+        """group_m is positive; split_k within 1 to MAX_SPLIT_K."""
         super().validate()
         if self.group_m < 1:
             raise ConfigError(f"group_m must be positive, got {self.group_m}")
+        if self.split_k is not None and not 1 <= self.split_k <= self.MAX_SPLIT_K:
+            raise ConfigError(f"split_k must be in 1..{self.MAX_SPLIT_K}, got {self.split_k}")
+
+    def padded(self, problem: Problem, dtype: Any) -> Problem:
+        """As `MatmulConfig.padded`, with k a whole number of block_k steps in each of the splits."""
+        runs = super().padded(problem, dtype)
+        return dataclasses.replace(runs, k=round_up(problem.k, self.block_k * self.splits))
+
+    def partial_bytes(self, problem: Problem, dtype: Any) -> int:
+        """Bytes of the float32 partial products a split K writes (0 when K is not split)."""
+        if self.splits == 1:
+            return 0
+        runs = self.padded(problem, dtype)
+        return self.splits * max(problem.batch, 1) * runs.m * runs.n * 4
 
     def check(self, problem: Problem, dtype: Any) -> None:
-        """The common checks, and group_m dividing the row tiles."""
+        """The common checks, group_m dividing the row tiles, and a split K's partial products
+        within MAX_PARTIAL_BYTES."""
         super().check(problem, dtype)
         tiles_m = pl.cdiv(problem.m, self.block_m)
         if tiles_m % self.group_m:
             raise ConfigError(f"group_m = {self.group_m} must divide the {tiles_m} row tiles")
+        if self.partial_bytes(problem, dtype) > self.MAX_PARTIAL_BYTES:
+            raise Unsupported(f"split_k = {self.split_k}: its float32 partial products would take "
+                              f"{self.partial_bytes(problem, dtype) / 2**20:.0f} MiB, over the "
+                              f"{self.MAX_PARTIAL_BYTES >> 20} MiB bound")
 
     def footprint(self, problem: Problem, dtype: Any) -> int:
-        """The A and B panels of a program and its f32 accumulator."""
+        """The A and B panels of a program (its run of K) and its f32 accumulator."""
         item = jnp.dtype(dtype).itemsize
-        bm, bn = self.block_m, self.block_n
-        return (bm * problem.k + problem.k * bn) * item + bm * bn * 4
+        bm, bn, depth = self.block_m, self.block_n, self.padded(problem, dtype).k // self.splits
+        return (bm * depth + depth * bn) * item + bm * bn * 4
 
 
 

@@ -33,7 +33,10 @@ sub-tiles of epi_n output columns, each loaded, transformed, cast and stored on 
                           pipeline allows no more), 2 or 3 for emit_pipeline.
               epi_m       epilogue sub-tile rows (divides block_m).
   gpu-triton  num_warps, num_stages; group_m (program order: group_m row tiles per column
-              sweep, for L2 reuse); epi_n gives each sub-tile its own accumulator.
+              sweep, for L2 reuse); epi_n gives each sub-tile its own accumulator; split_k
+              (None: 1): programs per output tile, each summing one run of K into a float32
+              partial product, added up (and the epilogue applied) by XLA after the kernel: a
+              decode step's few rows give too few output tiles to keep every SM reading B.
   interpret   as gpu-triton, without compiler params.
   gpu-mosaic  mgpu_pipeline  "warp_specialized": a persistent kernel (one block per SM) in
                              which a memory warpgroup issues TMA copies and two compute
@@ -201,31 +204,44 @@ def tile_order(l: jax.Array, tiles_m: int, tiles_n: int, group_m: int) -> tuple[
 
 def _generic_matmul(problem: Problem, config: InterpretMatmulConfig, dtype: Any,
                     platform: Platform) -> Callable[..., jax.Array]:
-    """The Triton (and plain interpret) kernel for a checked config: a function of (a, b, *vectors)."""
+    """The Triton (and plain interpret) kernel for a checked config: a function of (a, b, *vectors).
+
+    With split_k S > 1 the grid gains an axis of S runs of K: each program writes its run's f32
+    sum of one output tile into an (S, [batch,] m, n) array, and XLA adds the runs and applies the
+    epilogue (one fusion: the partials are S x m x n x 4 bytes, small beside B where splitting
+    pays, few rows and long K). Atomic adds into one zeroed product instead ran 3-11 us slower on
+    the H200 at every decode shape measured (BENCHMARKS.md)."""
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     m, n, k = problem.m, problem.n, problem.k
     epi_n = bn if config.epi_n is None else config.epi_n
     group_m = config.group_m
+    splits = config.splits
+    run_k = k // splits  # each program's run of K (padded: whole block_k steps)
     tiles_m, tiles_n = m // bm, n // bn
     nb = 1 if problem.batch else 0
+    ns = 1 if splits > 1 else 0  # a grid axis of runs of K, an output axis of partial products
     sq = (pl.squeezed,) * nb
     sqb = (pl.squeezed,) if problem.batched_b else ()
-    epilogue, n_vec = problem.epilogue, problem.epilogue.vectors
+    epilogue = problem.epilogue
+    n_vec = 0 if splits > 1 else epilogue.vectors  # split: the epilogue runs after the sum
 
     def ij(g):
         return tile_order(g[-1], tiles_m, tiles_n, group_m)
 
+    def run_of(g):
+        return g[nb] if ns else 0
+
     def a_map(*g):
-        return tuple(g[:nb]) + (ij(g)[0], 0)
+        return tuple(g[:nb]) + (ij(g)[0], run_of(g))
 
     def b_map(*g):
-        return (tuple(g[:nb]) if problem.batched_b else ()) + (0, ij(g)[1])
+        return (tuple(g[:nb]) if problem.batched_b else ()) + (run_of(g), ij(g)[1])
 
     def vec_map(*g):
         return 0, ij(g)[1]
 
     def out_map(*g):
-        return tuple(g[:nb]) + ij(g)
+        return tuple(g[nb:nb + ns]) + tuple(g[:nb]) + ij(g)
 
     def body(a_ref, b_ref, *refs):
         vec_refs, o_ref = refs[:n_vec], refs[n_vec]
@@ -239,17 +255,33 @@ def _generic_matmul(problem: Problem, config: InterpretMatmulConfig, dtype: Any,
                          for t, acc in enumerate(accs))
 
         accs = tuple(jnp.zeros((bm, epi_n), jnp.float32) for _ in range(subs))
-        accs = lax.fori_loop(0, k // bk, step, accs)
+        accs = lax.fori_loop(0, run_k // bk, step, accs)
         for t, acc in enumerate(accs):
             cols = pl.ds(t * epi_n, epi_n)
+            if splits > 1:  # a partial sum: the epilogue waits for the whole of K
+                o_ref[:, cols] = acc
+                continue
             vecs = [jnp.broadcast_to(v[:, cols].astype(jnp.float32), (bm, epi_n)) for v in vec_refs]
             o_ref[:, cols] = epilogue.fn(acc, *vecs).astype(o_ref.dtype)
 
-    grid = (problem.batch,) * nb + (tiles_m * tiles_n,)
+    out = problem.out_shape(dtype)
+    if splits > 1:
+        out = jax.ShapeDtypeStruct((splits,) + out.shape, jnp.float32)
+    grid = (problem.batch,) * nb + (splits,) * ns + (tiles_m * tiles_n,)
     call = pallas_call(
-        body, platform=platform, config=config.to_dict(), out_shape=problem.out_shape(dtype), grid=grid,
-        in_specs=[pl.BlockSpec(sq + (bm, k), a_map), pl.BlockSpec(sqb + (k, bn), b_map),
+        body, platform=platform, config=config.to_dict(), out_shape=out, grid=grid,
+        in_specs=[pl.BlockSpec(sq + (bm, run_k), a_map), pl.BlockSpec(sqb + (run_k, bn), b_map),
                   *[pl.BlockSpec((1, bn), vec_map)] * n_vec],
-        out_specs=pl.BlockSpec(sq + (bm, bn), out_map), name="matmul",
+        out_specs=pl.BlockSpec((pl.squeezed,) * ns + sq + (bm, bn), out_map), name="matmul",
     )
-    return lambda a, b, *vectors: call(a, b, *as_rows(vectors))
+    if splits == 1:
+        return lambda a, b, *vectors: call(a, b, *as_rows(vectors))
+
+    out_dtype = problem.out_shape(dtype).dtype
+
+    def summed(a: jax.Array, b: jax.Array, *vectors: jax.Array) -> jax.Array:
+        total = jnp.sum(call(a, b), axis=0)
+        return epilogue.fn(total, *(jnp.broadcast_to(v.astype(jnp.float32), total.shape) for v in vectors)
+                           ).astype(out_dtype)
+
+    return summed

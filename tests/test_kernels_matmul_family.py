@@ -450,3 +450,55 @@ def test_default_configs_and_the_search_cover_shapes_no_tile_divides(shape):
         found = ValidSet.enumerate(space.params_for("gpu-mosaic"), space.leaf_check(shape, "bfloat16", "gpu-mosaic"),
                                    space.prefix_checks(shape, "bfloat16", "gpu-mosaic"))
         assert found is not None and len(found) > 1000, name
+
+
+# ------------------------------------------------------------------------------ a split K
+# A decode step multiplies a few rows by a long K: too few output tiles to keep every SM reading
+# B, so split_k gives each tile several programs, each one run of K, their f32 partial products
+# summed (and the epilogue applied) after the kernel.
+SPLIT = [
+    ("matmul", "interpret", (16, 128, 512), _blocks(16, 64, 32, split_k=4)),
+    ("matmul", "interpret", (5, 72, 300), _blocks(16, 32, 32, split_k=4)),  # ragged m, n; k padded to 4 runs
+    ("matmul", "gpu-triton", (1, 64, 256), _blocks(16, 32, 32, split_k=2, **TRITON)),
+    ("bmm", "interpret", (3, 8, 64, 256), _blocks(16, 32, 32, split_k=2)),
+    ("broadcast_matmul", "interpret", (3, 8, 64, 256), _blocks(16, 32, 32, fold_batch=True, split_k=8)),
+    ("matmul_subtiled_epilogue", "interpret", (16, 128, 256), _blocks(16, 64, 32, epi_n=32, split_k=2)),
+    ("matmul_layernorm", "interpret", (16, 64, 256), _blocks(16, 64, 32, ln_strategy="fused", split_k=4)),
+]
+
+
+@pytest.mark.parametrize("name,target,shape,config", SPLIT, ids=lambda v: "x".join(map(str, v))
+                         if isinstance(v, tuple) else v if isinstance(v, str) else None)
+def test_a_split_k_matches_the_reference(name, target, shape, config):
+    module = kernels.load(name)
+    assert module.check_config(config, shape, jnp.float32, target) is None
+    assert _run(name, config, target, jnp.float32, shape) <= validate.tolerance("float32", module)
+
+
+def test_a_split_k_pads_k_to_whole_runs_bounds_its_partials_and_lowers_for_cuda():
+    triton = matmul_config.TritonMatmulConfig(16, 64, 128, split_k=4)
+    runs = triton.padded(matmul_core.Problem(16, 4096, 14000), jnp.bfloat16)
+    assert (runs.m, runs.n, runs.k) == (16, 4096, 14336)  # 4 runs of 28 steps of 128
+    assert triton.partial_bytes(matmul_core.Problem(16, 4096, 14000), jnp.bfloat16) == 4 * 16 * 4096 * 4
+    assert matmul_config.TritonMatmulConfig(16, 64, 128).partial_bytes(runs, jnp.bfloat16) == 0
+    with pytest.raises(ConfigError, match="split_k must be in 1..64"):
+        matmul_config.TritonMatmulConfig(16, 64, 128, split_k=0)
+    module = kernels.load("matmul")
+    refusal = module.check_config(_blocks(64, 64, 64, split_k=16, **TRITON), (8192, 8192, 8192), "bfloat16",
+                                  "gpu-triton")
+    assert "4096 MiB, over the 1024 MiB bound" in refusal
+    text = _lower("matmul", _blocks(16, 64, 128, split_k=4, **TRITON), "gpu-triton", shape=(16, 4096, 14336))
+    assert "__gpu$xla.gpu.triton" in text and "tensor<4x16x4096xf32>" in text  # the partials, then their sum
+
+
+def test_the_search_splits_k_only_where_output_tiles_are_few():
+    space = load_space(ROOT / "search_spaces" / "matmul.yaml")
+    from farm.search.valid_set import ValidSet
+
+    def splits(shape):
+        found = ValidSet.enumerate(space.params_for("gpu-triton"), space.leaf_check(shape, "bfloat16", "gpu-triton"),
+                                   space.prefix_checks(shape, "bfloat16", "gpu-triton"))
+        return {c["split_k"] for c in found.configs}
+
+    assert splits((16, 4096, 14336)) == {1, 2, 4, 8, 16}
+    assert splits((8192, 8192, 8192)) == {1}
