@@ -8,7 +8,8 @@ ln_strategy (default two_phase, which any tiles allow):
                the accumulator lives in registers and only small n fit (see the search space).
   "two_phase"  phase 1 is the plain tiled matmul writing A @ B (any block_n); phase 2 a row
                kernel (ln_rows rows per program; default 8, or m) normalising it: the product
-               is written and read once more, with no constraint on the tiles.
+               is written and read once more, with no constraint on the tiles. Any n: on
+               Triton the rows are loaded as tiles of the next power of two, masked.
   "tile_stats" (gpu-mosaic: WGMMA accumulators cannot hold whole 4096-wide rows) a split
                reduction: phase 1 is the Mosaic GPU matmul whose epilogue also stores, per row
                and per warpgroup tile, the f32 product's sum and squared deviations
@@ -30,6 +31,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from kernels import matmul_core
 from kernels.knobs import ConfigError, Knobs, Unsupported, refusal
@@ -157,9 +159,9 @@ def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target:
     if own.ln_strategy == "two_phase" and target == "gpu-mosaic":
         raise Unsupported("gpu-mosaic: two_phase's row kernel is not a Mosaic GPU kernel; use tile_stats")
     n = shape[1]
-    if own.ln_strategy != "tile_stats" and target == "gpu-triton" and n & (n - 1):
-        raise Unsupported(f"gpu-triton: {own.ln_strategy} holds whole rows of n = {n} columns in one Triton "
-                          "block, whose sizes are powers of two")
+    if own.ln_strategy == "fused" and target == "gpu-triton" and n & (n - 1):
+        raise Unsupported(f"gpu-triton: fused holds whole rows of n = {n} columns in one Triton "
+                          "block, whose sizes are powers of two; use two_phase")
     if own.ln_strategy == "tile_stats" and own.ln_phase2 == "triton":
         tiles, rows = shape[1] // core.block_n, own.rows(m)
         if m % rows or any(d & (d - 1) for d in (tiles, rows, shape[1])):
@@ -176,6 +178,8 @@ def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, tar
 def _row_norm(core: matmul_core.MatmulConfig, rows: int, shape: tuple[int, ...], dtype: Any,
               platform: Platform):
     m, n, _ = shape
+    if platform.target == "gpu-triton":
+        return _triton_row_norm(core, rows, shape, dtype, platform)
 
     def body(x_ref, gamma_ref, beta_ref, o_ref):
         x = x_ref[...].astype(jnp.float32)
@@ -188,6 +192,33 @@ def _row_norm(core: matmul_core.MatmulConfig, rows: int, shape: tuple[int, ...],
                        out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(m // rows,),
                        in_specs=[row_spec, vec_spec, vec_spec], out_specs=row_spec,
                        tpu_params={"dimension_semantics": ("parallel",)}, name="row_layer_norm")
+    return lambda x, gamma, beta: call(x, gamma.reshape(1, n), beta.reshape(1, n))
+
+
+def _triton_row_norm(core: matmul_core.MatmulConfig, rows: int, shape: tuple[int, ...], dtype: Any,
+                     platform: Platform):
+    """two_phase's row kernel on Triton, for any n: a program loads `rows` whole rows of the
+    product as one tile of the next power of two columns (Triton's tiles are powers of two),
+    the columns past n masked, and normalises them over their n real columns."""
+    m, n, _ = shape
+    width = pl.next_power_of_2(n)
+    ragged = width != n
+
+    def body(x_ref, gamma_ref, beta_ref, o_ref):
+        window = (pl.ds(pl.program_id(0) * rows, rows), pl.ds(0, width))
+        cols = jnp.arange(width)[None, :] < n if ragged else None
+        x = pltriton.load(x_ref.at[window], mask=cols, other=0.0 if ragged else None).astype(jnp.float32)
+        gamma, beta = (pltriton.load(v.at[pl.ds(0, 1), pl.ds(0, width)], mask=cols, other=0.0 if ragged else None
+                                     ).astype(jnp.float32) for v in (gamma_ref, beta_ref))
+        mean = jnp.sum(x, axis=-1, keepdims=True) / n  # the masked columns hold zeros
+        centred = x - mean if cols is None else jnp.where(cols, x - mean, 0.0)
+        var = jnp.sum(centred * centred, axis=-1, keepdims=True) / n
+        out = centred * jax.lax.rsqrt(var + EPS) * gamma + beta
+        pltriton.store(o_ref.at[window], out.astype(o_ref.dtype), mask=cols)
+
+    call = pallas_call(body, platform=platform, config=core.to_dict(),
+                       out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(m // rows,),
+                       name="row_layer_norm")
     return lambda x, gamma, beta: call(x, gamma.reshape(1, n), beta.reshape(1, n))
 
 

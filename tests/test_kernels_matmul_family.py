@@ -347,6 +347,9 @@ RAGGED = [
     ("matmul_subtiled_epilogue", "interpret", (100, 72, 40), _blocks(32, 64, 16, epi_n=32)),
     ("matmul_layernorm", "interpret", (96, 72, 40), _blocks(32, 32, 16, ln_strategy="two_phase", ln_rows=8)),
     ("matmul_layernorm", "interpret", (50, 72, 40), _blocks(32, 72, 16, ln_strategy="fused")),
+    # a hidden size that is no power of two (5120, 768): Triton's row kernel masks the rows' tiles
+    ("matmul_layernorm", "gpu-triton", (48, 200, 40), _blocks(16, 64, 16, ln_strategy="two_phase", ln_rows=8,
+                                                              **TRITON)),
 ]
 
 
@@ -431,9 +434,13 @@ def test_row_statistics_take_ragged_rows_but_refuse_ragged_columns():
     assert "mosaic_gpu" in _lower("matmul_layernorm", config, "gpu-mosaic", shape=(200, 256, 128))
     # a part tile's statistics would count the zeros past the edge as columns of the row
     assert "must divide n = 192" in module.check_config(config, (200, 192, 128), jnp.bfloat16, "gpu-mosaic")
-    # Triton blocks are powers of two: whole rows of 200 columns are refused, not miscompiled
-    triton = _blocks(32, 64, 32, ln_strategy="two_phase", ln_rows=4, **TRITON)
-    assert "powers of two" in module.check_config(triton, (64, 200, 128), jnp.bfloat16, "gpu-triton")
+    # Triton blocks are powers of two: the fused kernel's whole rows of 200 columns are refused, not
+    # miscompiled; two_phase's row kernel masks them (test_shapes_no_tile_divides_match_the_reference)
+    fused = _blocks(32, 200, 32, ln_strategy="fused", **TRITON)
+    assert "powers of two" in module.check_config(fused, (64, 200, 128), jnp.bfloat16, "gpu-triton")
+    two_phase = _blocks(32, 64, 32, ln_strategy="two_phase", ln_rows=4, **TRITON)
+    assert module.check_config(two_phase, (64, 200, 128), jnp.bfloat16, "gpu-triton") is None
+    assert "__gpu$xla.gpu.triton" in _lower("matmul_layernorm", two_phase, "gpu-triton", shape=(64, 5120, 128))
 
 
 @pytest.mark.parametrize("shape", [(3000, 4096, 4096), (1001, 50257, 768)])

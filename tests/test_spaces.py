@@ -15,6 +15,7 @@ from farm.search import plan, spaces
 from farm.search.constraints import Constraint, ConstraintSyntaxError
 from farm.search.space_files import shipped_space
 from tests.sweeps import run_sweep
+from tests.sweeps import space as space_text
 
 VALID = """\
 kernel: softmax
@@ -153,6 +154,31 @@ def test_three_line_space_sweeps_in_interpret_mode(ray_local, tmp_path, signing_
     out, trials = run_sweep(tmp_path, signing_key, THREE_LINES, "--target", "interpret", "--trials", "2")
     measured = [t for t in trials if t["outcome"] == "ok"]
     assert measured and {t["task_key"] for t in trials} == {"softmax/16x200/float32/interpret"}
+
+
+# A user's odd or small shapes apply to every target of a shipped space, and one target's search
+# preferences may admit no config at them (TPU tiles of 16 rows; 3 rows given): that target's task
+# is answered invalid, naming the constraint, and the other targets still tune the shape.
+def test_a_shape_one_target_cannot_take_leaves_the_others_tuning(ray_local, tmp_path, signing_key):
+    text = "kernel: softmax\nshapes: [[3, 50257]]\ndtypes: [bfloat16]\n"
+    space = spaces.load_space(write(tmp_path, text, "user.yaml"))
+    tpu = next(t for t in space.targets if t.name == "tpu")
+    assert tpu.shapes == ((3, 50257),)  # loaded, although no TPU config of the space takes 3 rows
+    assert all(space.violated(c, (3, 50257), "bfloat16", "tpu") for c in space.configs("tpu"))
+    # in one sweep: 8 rows break the space's constraint on this target, 32 rows do not
+    out, trials = run_sweep(tmp_path, signing_key, space_text("softmax", [[8, 256], [32, 256]], trials=2,
+                                                              constraints=["rows >= 16"], block_rows=[2, 8],
+                                                              strategy=["one_pass"], block_cols=[128]))
+    by_task = {key: [t for t in trials if t["task_key"] == key] for key in {t["task_key"] for t in trials}}
+    assert {t["outcome"] for t in by_task["softmax/8x256/float32/interpret"]} == {"invalid"}
+    assert all("rows >= 16" in t["error"] for t in by_task["softmax/8x256/float32/interpret"])
+    assert {t["outcome"] for t in by_task["softmax/32x256/float32/interpret"]} == {"ok"}
+
+
+def test_a_space_no_task_of_which_admits_a_config_is_refused_naming_the_constraint(tmp_path):
+    path = write(tmp_path, VALID.replace("rows % block_rows == 0", "block_rows > 1000"))
+    with pytest.raises(SpaceError, match=r"none of the 7 configs does \(7 break 'block_rows > 1000'\)"):
+        spaces.load_space(path)
 
 
 def test_missing_space_file(tmp_path, capsys):

@@ -165,7 +165,10 @@ class Searcher:
         searcher = cls(planned, study, module, valid_set=candidates, **options)
         default = module.default_config(planned.task.shape, planned.task.target)
         if not studies.enqueue_warm_start(study, searcher.params, list(warm_start), default):
-            studies.enqueue_default(study, searcher.params, default)
+            # a task whose shape leaves no config within the space: the default is still asked,
+            # and answered invalid with the constraint it breaks, so that the run says why
+            studies.enqueue_default(study, searcher.params, default,
+                                    even_on_grid=candidates is not None and not len(candidates))
         return searcher
 
     @property

@@ -7,6 +7,7 @@ naming the file, the field and what was expected.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
@@ -234,15 +235,22 @@ def parse_space(data: Any, path: str, *, allow_kernel_modules: bool | None = Non
 
 
 def _check_feasible(space: SearchSpace) -> None:
-    """Every (target, shape, dtype) must admit at least one config, or at least one config within
-    the space's constraints that the kernel refuses (then the kernel cannot run that shape on
-    that target: its task is answered `invalid`, not the whole space refused).
+    """At least one (target, shape, dtype) must admit a config, or a config within the space's
+    constraints that the kernel refuses (then the kernel cannot run that shape on that target:
+    its task is answered `invalid`, not the whole space refused). A task whose shape leaves no
+    config within the constraints while other tasks have some is answered `invalid` the same way
+    (the broken constraint named): a user's shapes apply to every target of a shipped space, and
+    one target's preferences (TPU tiles of 16 rows; 3 rows given) must not stop the others'
+    sweeps. A space where no task admits a config is refused, naming the constraint that turned
+    away most configs.
 
     Bounded: at most MAX_CONSIDERED configs and FEASIBILITY_SECONDS for the whole space (a space
     that needs more to show a feasible config is refused), and each constraint evaluation is
     bounded by `farm.search.constraints`; a constraint that cannot be evaluated is refused.
     """
     considered, deadline = 0, time.monotonic() + FEASIBILITY_SECONDS
+    first_empty: str | None = None  # why the first task without a config has none
+    usable = False
     for target in space.targets:
         size = space.size(target.name)
         for shape in target.shapes:
@@ -257,6 +265,7 @@ def _check_feasible(space: SearchSpace) -> None:
                 shown = "x".join(map(str, shape))
                 task = f"target {target.name}, shape {shown}, dtype {dtype}"
                 feasible = kernel_refuses = False
+                broken: collections.Counter[str] = collections.Counter()
                 for config in candidates:
                     considered += 1
                     if considered > MAX_CONSIDERED or (considered % 256 == 0 and time.monotonic() > deadline):
@@ -272,11 +281,16 @@ def _check_feasible(space: SearchSpace) -> None:
                         feasible = True
                         break
                     kernel_refuses = kernel_refuses or reason.startswith(KERNEL_REFUSAL)
+                    broken[reason] += 1
                 # A config within the space's constraints that the kernel refuses for this shape:
                 # the target cannot run the shape at all (softmax's staged rows on Mosaic GPU past
                 # shared memory, say). The task stays, answered `invalid` with the kernel's reason
                 # and given no trials, while the space's other targets tune the shape.
-                if not feasible and not kernel_refuses:
-                    raise SpaceError(space.path, "constraints",
-                                     f"at least one config satisfying every constraint for {task}; none of the "
-                                     f"{size} configs does")
+                if feasible or kernel_refuses:
+                    usable = True
+                elif first_empty is None:
+                    most, count = broken.most_common(1)[0] if broken else ("", 0)
+                    first_empty = (f"at least one config satisfying every constraint for {task}; none of the "
+                                   f"{size} configs does" + (f" ({count} break {most!r})" if most else ""))
+    if first_empty is not None and not usable:
+        raise SpaceError(space.path, "constraints", first_empty)

@@ -184,13 +184,15 @@ def from_optuna(values: dict[str, Any], params: tuple[Param, ...]) -> dict[str, 
     return config
 
 
-def enqueue_default(study: optuna.Study, params: tuple[Param, ...], default: dict[str, Any]) -> bool:
+def enqueue_default(study: optuna.Study, params: tuple[Param, ...], default: dict[str, Any], *,
+                    even_on_grid: bool = False) -> bool:
     """Queue the kernel's default config as the first trial when the space contains it.
 
-    Not with a grid sampler: the grid visits the default anyway, and Optuna's GridSampler does
-    not count enqueued trials as visited grid points.
+    Not with a grid sampler (unless `even_on_grid`: a task with no valid config, where the
+    default's answer says why): the grid visits the default anyway, and Optuna's GridSampler
+    does not count enqueued trials as visited grid points.
     """
-    if isinstance(study.sampler, optuna.samplers.GridSampler):
+    if isinstance(study.sampler, optuna.samplers.GridSampler) and not even_on_grid:
         return False
     if study.trials or set(default) != {p.name for p in params}:
         return False

@@ -1,0 +1,43 @@
+"""Users bring their own shapes: a decode step's few rows, widths that are no power of two, tiny
+rows. Each shipped space, given only such a shape (a three-line space over it, as `farm sweep` and
+`bench/seed_table.py --shape` write them), loads, and its Triton and interpret tasks have configs
+to measure: the spaces' search preferences hold at these shapes, not only at the seed shapes.
+(Numerics of such configs: tests/test_kernels_matmul_family.py and the kernels' own tests.)"""
+from __future__ import annotations
+
+import pytest
+
+import kernels
+from farm.search.spaces import load_space
+from farm.search.valid_set import ValidSet
+
+# kernel: shapes nobody here chose (a Llama-sized decode step, GPT-2's 50257 and 768, rows of 3)
+USER_SHAPES = {
+    "softmax": [(1, 128256), (3, 50257), (1, 100)],
+    "cross_entropy": [(5, 50257)],
+    "rms_norm": [(1, 4096), (3, 5120), (1, 100)],
+    "layer_norm": [(3, 1000)],
+    "rms_norm_bwd": [(1, 4096), (3, 5120)],
+    "swiglu": [(1, 1, 14336), (4, 1, 11008)],
+    "geglu": [(1, 1, 14336), (2, 3, 1000)],
+    "matmul": [(1, 4096, 4096), (16, 4096, 14336)],
+    "bmm": [(32, 1, 128, 4096)],
+    "matmul_layernorm": [(16, 5120, 5120), (3, 768, 64)],
+    "flash_attention": [(1, 8, 1000, 64)],
+}
+CASES = [(kernel, shape) for kernel, shapes in USER_SHAPES.items() for shape in shapes]
+
+
+@pytest.mark.parametrize("kernel,shape", CASES, ids=[f"{k}-{'x'.join(map(str, s))}" for k, s in CASES])
+def test_a_users_shape_loads_and_leaves_configs_to_measure(tmp_path, kernel, shape):
+    path = tmp_path / "user.yaml"
+    path.write_text(f"kernel: {kernel}\nshapes: [{list(shape)}]\ndtypes: [bfloat16]\n")
+    space = load_space(path)
+    module = kernels.load(kernel)
+    for target in ("gpu-triton", "interpret"):
+        if target not in {t.name for t in space.targets}:
+            continue
+        assert module.check_config(module.default_config(shape, target), shape, "bfloat16", target) is None
+        found = ValidSet.enumerate(space.params_for(target), space.leaf_check(shape, "bfloat16", target),
+                                   space.prefix_checks(shape, "bfloat16", target))
+        assert found is None or len(found) > 0, (kernel, shape, target)
