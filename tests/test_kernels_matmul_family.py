@@ -353,9 +353,24 @@ RAGGED = [
 ]
 
 
-@pytest.mark.parametrize("name,target,shape,config", RAGGED, ids=lambda v: "x".join(map(str, v))
+# ------------------------------------------------------------------------------ a split K
+# A decode step multiplies a few rows by a long K: too few output tiles to keep every SM reading
+# B, so split_k gives each tile several programs, each one run of K, their f32 partial products
+# summed (and the epilogue applied) after the kernel.
+SPLIT = [
+    ("matmul", "interpret", (16, 128, 512), _blocks(16, 64, 32, split_k=4)),
+    ("matmul", "interpret", (5, 72, 300), _blocks(16, 32, 32, split_k=4)),  # ragged m, n; k padded to 4 runs
+    ("matmul", "gpu-triton", (1, 64, 256), _blocks(16, 32, 32, split_k=2, **TRITON)),
+    ("bmm", "interpret", (3, 8, 64, 256), _blocks(16, 32, 32, split_k=2)),
+    ("broadcast_matmul", "interpret", (3, 8, 64, 256), _blocks(16, 32, 32, fold_batch=True, split_k=8)),
+    ("matmul_subtiled_epilogue", "interpret", (16, 128, 256), _blocks(16, 64, 32, epi_n=32, split_k=2)),
+    ("matmul_layernorm", "interpret", (16, 64, 256), _blocks(16, 64, 32, ln_strategy="fused", split_k=4)),
+]
+
+
+@pytest.mark.parametrize("name,target,shape,config", RAGGED + SPLIT, ids=lambda v: "x".join(map(str, v))
                          if isinstance(v, tuple) else v if isinstance(v, str) else None)
-def test_shapes_no_tile_divides_match_the_reference(name, target, shape, config):
+def test_shapes_no_tile_divides_and_split_ks_match_the_reference(name, target, shape, config):
     module = kernels.load(name)
     assert module.check_config(config, shape, jnp.float32, target) is None
     assert _run(name, config, target, jnp.float32, shape) <= validate.tolerance("float32", module)
@@ -457,29 +472,6 @@ def test_default_configs_and_the_search_cover_shapes_no_tile_divides(shape):
         found = ValidSet.enumerate(space.params_for("gpu-mosaic"), space.leaf_check(shape, "bfloat16", "gpu-mosaic"),
                                    space.prefix_checks(shape, "bfloat16", "gpu-mosaic"))
         assert found is not None and len(found) > 1000, name
-
-
-# ------------------------------------------------------------------------------ a split K
-# A decode step multiplies a few rows by a long K: too few output tiles to keep every SM reading
-# B, so split_k gives each tile several programs, each one run of K, their f32 partial products
-# summed (and the epilogue applied) after the kernel.
-SPLIT = [
-    ("matmul", "interpret", (16, 128, 512), _blocks(16, 64, 32, split_k=4)),
-    ("matmul", "interpret", (5, 72, 300), _blocks(16, 32, 32, split_k=4)),  # ragged m, n; k padded to 4 runs
-    ("matmul", "gpu-triton", (1, 64, 256), _blocks(16, 32, 32, split_k=2, **TRITON)),
-    ("bmm", "interpret", (3, 8, 64, 256), _blocks(16, 32, 32, split_k=2)),
-    ("broadcast_matmul", "interpret", (3, 8, 64, 256), _blocks(16, 32, 32, fold_batch=True, split_k=8)),
-    ("matmul_subtiled_epilogue", "interpret", (16, 128, 256), _blocks(16, 64, 32, epi_n=32, split_k=2)),
-    ("matmul_layernorm", "interpret", (16, 64, 256), _blocks(16, 64, 32, ln_strategy="fused", split_k=4)),
-]
-
-
-@pytest.mark.parametrize("name,target,shape,config", SPLIT, ids=lambda v: "x".join(map(str, v))
-                         if isinstance(v, tuple) else v if isinstance(v, str) else None)
-def test_a_split_k_matches_the_reference(name, target, shape, config):
-    module = kernels.load(name)
-    assert module.check_config(config, shape, jnp.float32, target) is None
-    assert _run(name, config, target, jnp.float32, shape) <= validate.tolerance("float32", module)
 
 
 def test_a_split_k_pads_k_to_whole_runs_bounds_its_partials_and_lowers_for_cuda():
