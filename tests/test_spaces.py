@@ -159,12 +159,14 @@ def test_three_line_space_sweeps_in_interpret_mode(ray_local, tmp_path, signing_
 # A user's odd or small shapes apply to every target of a shipped space, and one target's search
 # preferences may admit no config at them (TPU tiles of 16 rows; 3 rows given): that target's task
 # is answered invalid, naming the constraint, and the other targets still tune the shape.
-def test_a_shape_one_target_cannot_take_leaves_the_others_tuning(ray_local, tmp_path, signing_key):
+def test_a_shape_one_target_cannot_take_leaves_the_others_tuning(ray_local, tmp_path, signing_key, capsys):
     text = "kernel: softmax\nshapes: [[3, 50257]]\ndtypes: [bfloat16]\n"
     space = spaces.load_space(write(tmp_path, text, "user.yaml"))
     tpu = next(t for t in space.targets if t.name == "tpu")
     assert tpu.shapes == ((3, 50257),)  # loaded, although no TPU config of the space takes 3 rows
     assert all(space.violated(c, (3, 50257), "bfloat16", "tpu") for c in space.configs("tpu"))
+    assert [(u.target, u.task) for u in space.unfit] == [("tpu", "target tpu, shape 3x50257, dtype bfloat16")]
+    assert "configs satisfies every constraint" in str(space.unfit[0]) and " break " in str(space.unfit[0])
     # in one sweep: 8 rows break the space's constraint on this target, 32 rows do not
     out, trials = run_sweep(tmp_path, signing_key, space_text("softmax", [[8, 256], [32, 256]], trials=2,
                                                               constraints=["rows >= 16"], block_rows=[2, 8],
@@ -173,11 +175,19 @@ def test_a_shape_one_target_cannot_take_leaves_the_others_tuning(ray_local, tmp_
     assert {t["outcome"] for t in by_task["softmax/8x256/float32/interpret"]} == {"invalid"}
     assert all("rows >= 16" in t["error"] for t in by_task["softmax/8x256/float32/interpret"])
     assert {t["outcome"] for t in by_task["softmax/32x256/float32/interpret"]} == {"ok"}
+    assert ("target interpret, shape 8x256, dtype float32: none of the 2 configs satisfies every constraint "
+            "(2 break 'rows >= 16'); that task is answered invalid, not tuned") in capsys.readouterr().err
+
+
+def test_every_shipped_space_has_configs_for_every_task_of_its_own(repo):
+    for path in sorted((repo / "search_spaces").glob("*.yaml")):
+        assert spaces.load_space(path).unfit == (), path
 
 
 def test_a_space_no_task_of_which_admits_a_config_is_refused_naming_the_constraint(tmp_path):
     path = write(tmp_path, VALID.replace("rows % block_rows == 0", "block_rows > 1000"))
-    with pytest.raises(SpaceError, match=r"none of the 7 configs does \(7 break 'block_rows > 1000'\)"):
+    with pytest.raises(SpaceError, match=r"none of the 7 configs satisfies every constraint "
+                                         r"\(7 break 'block_rows > 1000'\)"):
         spaces.load_space(path)
 
 

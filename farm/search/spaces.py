@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import kernels
 from farm.errors import SpaceError, show
@@ -52,6 +52,17 @@ FEASIBILITY_SECONDS = 120.0    # and for how long
 ALLOW_KERNEL_MODULES_ENV = "FARM_ALLOW_KERNEL_MODULES"
 
 
+class UnfitTask(NamedTuple):
+    """A task whose shape leaves no config within the space's constraints."""
+
+    target: str
+    task: str    # "target T, shape AxB, dtype D"
+    reason: str  # how many configs, and the constraint that turned most of them away
+
+    def __str__(self) -> str:
+        return f"{self.task}: {self.reason}"
+
+
 @dataclasses.dataclass(frozen=True)
 class SearchSpace:
     """A validated search space."""
@@ -66,6 +77,8 @@ class SearchSpace:
     trials: int
     # The document after its `extends` chain is merged in: what a run folder saves for --resume.
     document: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # Tasks whose shape leaves no config within the constraints (answered `invalid`, not tuned).
+    unfit: tuple[UnfitTask, ...] = dataclasses.field(default=(), compare=False)
 
     def params_for(self, target: str) -> tuple[Param, ...]:
         """The knobs that exist for `target`."""
@@ -230,11 +243,10 @@ def parse_space(data: Any, path: str, *, allow_kernel_modules: bool | None = Non
             if space.size(target.name) > MAX_GRID:
                 raise SpaceError(path, "sampler", f"a grid of at most {MAX_GRID} configs (target {target.name} "
                                  f"has {space.size(target.name)}); use tpe or random")
-    _check_feasible(space)
-    return space
+    return dataclasses.replace(space, unfit=_check_feasible(space))
 
 
-def _check_feasible(space: SearchSpace) -> None:
+def _check_feasible(space: SearchSpace) -> tuple[UnfitTask, ...]:
     """At least one (target, shape, dtype) must admit a config, or a config within the space's
     constraints that the kernel refuses (then the kernel cannot run that shape on that target:
     its task is answered `invalid`, not the whole space refused). A task whose shape leaves no
@@ -242,14 +254,14 @@ def _check_feasible(space: SearchSpace) -> None:
     (the broken constraint named): a user's shapes apply to every target of a shipped space, and
     one target's preferences (TPU tiles of 16 rows; 3 rows given) must not stop the others'
     sweeps. A space where no task admits a config is refused, naming the constraint that turned
-    away most configs.
+    away most configs. Returns the tasks without a config (`SearchSpace.unfit`).
 
     Bounded: at most MAX_CONSIDERED configs and FEASIBILITY_SECONDS for the whole space (a space
     that needs more to show a feasible config is refused), and each constraint evaluation is
     bounded by `farm.search.constraints`; a constraint that cannot be evaluated is refused.
     """
     considered, deadline = 0, time.monotonic() + FEASIBILITY_SECONDS
-    first_empty: str | None = None  # why the first task without a config has none
+    unfit: list[UnfitTask] = []
     usable = False
     for target in space.targets:
         size = space.size(target.name)
@@ -288,9 +300,11 @@ def _check_feasible(space: SearchSpace) -> None:
                 # and given no trials, while the space's other targets tune the shape.
                 if feasible or kernel_refuses:
                     usable = True
-                elif first_empty is None:
+                else:
                     most, count = broken.most_common(1)[0] if broken else ("", 0)
-                    first_empty = (f"at least one config satisfying every constraint for {task}; none of the "
-                                   f"{size} configs does" + (f" ({count} break {most!r})" if most else ""))
-    if first_empty is not None and not usable:
-        raise SpaceError(space.path, "constraints", first_empty)
+                    unfit.append(UnfitTask(target.name, task, f"none of the {size} configs satisfies every "
+                                           f"constraint" + (f" ({count} break {most!r})" if most else "")))
+    if unfit and not usable:
+        raise SpaceError(space.path, "constraints", f"at least one config satisfying every constraint for "
+                         f"{unfit[0].task}; {unfit[0].reason}")
+    return tuple(unfit)
