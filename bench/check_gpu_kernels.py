@@ -81,6 +81,9 @@ def cases() -> list[tuple[str, str, dict, tuple, tuple, tuple]]:
     for target, config in MATMUL_CONFIGS:
         rows.append(("matmul", target, config, (2048, 2048, 2048), (8192, 8192, 8192),
                      (rows_m[target], 256, 128)))
+    # a decode step's few rows and long K: K split over 4 programs a tile (split_k)
+    rows.append(("matmul", "gpu-triton", _mm(16, 64, 128, split_k=4, group_m=1, num_warps=4, num_stages=4),
+                 (64, 4096, 14336), (16, 4096, 14336), (64, 256, 1024)))
     for name in ("bmm", "broadcast_matmul"):
         for target, config in MATMUL_CONFIGS[::2]:
             rows.append((name, target, config, (8, 1024, 1024, 1024), (64, 2048, 2048, 2048),

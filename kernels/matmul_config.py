@@ -210,12 +210,12 @@ class TpuMatmulConfig(MatmulConfig):
 @dataclasses.dataclass(frozen=True)
 class InterpretMatmulConfig(MatmulConfig):
     """Plain Pallas (the Triton kernel without compiler params): group_m row tiles per column
-    sweep; split_k (None: 1) programs per output tile, each summing one run of K into a float32
+    sweep; split_k programs per output tile (1: K not split), each summing one run of K into a float32
     partial product that a reduction adds up before the epilogue (few rows, long K: a decode
     step's down projection has too few output tiles to keep every SM streaming B)."""
 
     group_m: int = 1
-    split_k: int | None = None
+    split_k: int = 1
 
     # The default: small tiles, up to 64 x 64 x 32.
     DEFAULT_TILES = ((64, 16), (64, 16), (32, 16))
@@ -226,14 +226,14 @@ class InterpretMatmulConfig(MatmulConfig):
     @property
     def splits(self) -> int:
         """How many runs K is split into (1: not split)."""
-        return self.split_k or 1
+        return self.split_k
 
     def validate(self) -> None:
         """group_m is positive; split_k within 1 to MAX_SPLIT_K."""
         super().validate()
         if self.group_m < 1:
             raise ConfigError(f"group_m must be positive, got {self.group_m}")
-        if self.split_k is not None and not 1 <= self.split_k <= self.MAX_SPLIT_K:
+        if not 1 <= self.split_k <= self.MAX_SPLIT_K:
             raise ConfigError(f"split_k must be in 1..{self.MAX_SPLIT_K}, got {self.split_k}")
 
     def padded(self, problem: Problem, dtype: Any) -> Problem:

@@ -34,7 +34,7 @@ sub-tiles of epi_n output columns, each loaded, transformed, cast and stored on 
               epi_m       epilogue sub-tile rows (divides block_m).
   gpu-triton  num_warps, num_stages; group_m (program order: group_m row tiles per column
               sweep, for L2 reuse); epi_n gives each sub-tile its own accumulator; split_k
-              (None: 1): programs per output tile, each summing one run of K into a float32
+              (default 1): programs per output tile, each summing one run of K into a float32
               partial product, added up (and the epilogue applied) by XLA after the kernel: a
               decode step's few rows give too few output tiles to keep every SM reading B.
   interpret   as gpu-triton, without compiler params.

@@ -8,8 +8,10 @@ ln_strategy (default two_phase, which any tiles allow):
                the accumulator lives in registers and only small n fit (see the search space).
   "two_phase"  phase 1 is the plain tiled matmul writing A @ B (any block_n); phase 2 a row
                kernel (ln_rows rows per program; default 8, or m) normalising it: the product
-               is written and read once more, with no constraint on the tiles. Any n: on
-               Triton the rows are loaded as tiles of the next power of two, masked.
+               is written and read once more, with no constraint on the tiles. Any m and n
+               on Triton: the rows are loaded as tiles of the next power of two, masked, in
+               programs of a power of two of rows (default 8, fewer for fewer rows), the last
+               one masked; elsewhere ln_rows divides m.
   "tile_stats" (gpu-mosaic: WGMMA accumulators cannot hold whole 4096-wide rows) a split
                reduction: phase 1 is the Mosaic GPU matmul whose epilogue also stores, per row
                and per warpgroup tile, the f32 product's sum and squared deviations
@@ -142,7 +144,9 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """The two-phase scheme (tile_stats on gpu-mosaic, its phase 2 by XLA) with the plain matmul's
     default tiles (any n works), the product stored in float32."""
     own = LayerNormKnobs(ln_strategy="tile_stats" if target == "gpu-mosaic" else "two_phase")
-    own = dataclasses.replace(own, ln_rows=own.rows(shape[0]))
+    m = shape[0]
+    # Triton's row kernel masks the rows past m, and its tiles are powers of two
+    own = dataclasses.replace(own, ln_rows=min(8, pl.next_power_of_2(m)) if target == "gpu-triton" else own.rows(m))
     knobs = own.to_dict()
     if target != "gpu-mosaic":  # only tile_stats has a phase 2 to choose
         del knobs["ln_phase2"]
@@ -154,8 +158,11 @@ def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target:
     problem = _problem(own, shape)
     core = matmul_core.check(problem, core, dtype, target)
     m = shape[0]
-    if own.ln_strategy == "two_phase" and m % own.rows(m):
-        raise ConfigError(f"ln_rows = {own.rows(m)} must divide m = {m}")
+    rows = own.rows(m)
+    if own.ln_strategy == "two_phase" and target != "gpu-triton" and m % rows:
+        raise ConfigError(f"ln_rows = {rows} must divide m = {m} (on {target}; gpu-triton masks the last rows)")
+    if own.ln_strategy == "two_phase" and target == "gpu-triton" and rows & (rows - 1):
+        raise ConfigError(f"gpu-triton: ln_rows = {rows} must be a power of two (a Triton tile of rows)")
     if own.ln_strategy == "two_phase" and target == "gpu-mosaic":
         raise Unsupported("gpu-mosaic: two_phase's row kernel is not a Mosaic GPU kernel; use tile_stats")
     n = shape[1]
@@ -197,27 +204,31 @@ def _row_norm(core: matmul_core.MatmulConfig, rows: int, shape: tuple[int, ...],
 
 def _triton_row_norm(core: matmul_core.MatmulConfig, rows: int, shape: tuple[int, ...], dtype: Any,
                      platform: Platform):
-    """two_phase's row kernel on Triton, for any n: a program loads `rows` whole rows of the
+    """two_phase's row kernel on Triton, for any m and n: a program loads `rows` whole rows of the
     product as one tile of the next power of two columns (Triton's tiles are powers of two),
-    the columns past n masked, and normalises them over their n real columns."""
+    the columns past n (and the rows past m, in the last program) masked, and normalises them
+    over their n real columns."""
     m, n, _ = shape
     width = pl.next_power_of_2(n)
-    ragged = width != n
+    ragged_n, ragged_m = width != n, m % rows != 0
 
     def body(x_ref, gamma_ref, beta_ref, o_ref):
-        window = (pl.ds(pl.program_id(0) * rows, rows), pl.ds(0, width))
-        cols = jnp.arange(width)[None, :] < n if ragged else None
-        x = pltriton.load(x_ref.at[window], mask=cols, other=0.0 if ragged else None).astype(jnp.float32)
-        gamma, beta = (pltriton.load(v.at[pl.ds(0, 1), pl.ds(0, width)], mask=cols, other=0.0 if ragged else None
+        first = pl.program_id(0) * rows
+        window = (pl.ds(first, rows), pl.ds(0, width))
+        cols = jnp.arange(width)[None, :] < n if ragged_n else None
+        live = (first + jnp.arange(rows)[:, None] < m) if ragged_m else None
+        mask = cols if live is None else live if cols is None else live & cols
+        x = pltriton.load(x_ref.at[window], mask=mask, other=None if mask is None else 0.0).astype(jnp.float32)
+        gamma, beta = (pltriton.load(v.at[pl.ds(0, 1), pl.ds(0, width)], mask=cols, other=0.0 if ragged_n else None
                                      ).astype(jnp.float32) for v in (gamma_ref, beta_ref))
         mean = jnp.sum(x, axis=-1, keepdims=True) / n  # the masked columns hold zeros
         centred = x - mean if cols is None else jnp.where(cols, x - mean, 0.0)
         var = jnp.sum(centred * centred, axis=-1, keepdims=True) / n
         out = centred * jax.lax.rsqrt(var + EPS) * gamma + beta
-        pltriton.store(o_ref.at[window], out.astype(o_ref.dtype), mask=cols)
+        pltriton.store(o_ref.at[window], out.astype(o_ref.dtype), mask=mask)
 
     call = pallas_call(body, platform=platform, config=core.to_dict(),
-                       out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(m // rows,),
+                       out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(pl.cdiv(m, rows),),
                        name="row_layer_norm")
     return lambda x, gamma, beta: call(x, gamma.reshape(1, n), beta.reshape(1, n))
 

@@ -347,8 +347,9 @@ RAGGED = [
     ("matmul_subtiled_epilogue", "interpret", (100, 72, 40), _blocks(32, 64, 16, epi_n=32)),
     ("matmul_layernorm", "interpret", (96, 72, 40), _blocks(32, 32, 16, ln_strategy="two_phase", ln_rows=8)),
     ("matmul_layernorm", "interpret", (50, 72, 40), _blocks(32, 72, 16, ln_strategy="fused")),
-    # a hidden size that is no power of two (5120, 768): Triton's row kernel masks the rows' tiles
-    ("matmul_layernorm", "gpu-triton", (48, 200, 40), _blocks(16, 64, 16, ln_strategy="two_phase", ln_rows=8,
+    # a hidden size that is no power of two (5120, 768), rows that 8 do not divide: Triton's row
+    # kernel masks the columns and the last program's rows
+    ("matmul_layernorm", "gpu-triton", (50, 200, 40), _blocks(16, 64, 16, ln_strategy="two_phase", ln_rows=8,
                                                               **TRITON)),
 ]
 
@@ -455,6 +456,9 @@ def test_row_statistics_take_ragged_rows_but_refuse_ragged_columns():
     assert "powers of two" in module.check_config(fused, (64, 200, 128), jnp.bfloat16, "gpu-triton")
     two_phase = _blocks(32, 64, 32, ln_strategy="two_phase", ln_rows=4, **TRITON)
     assert module.check_config(two_phase, (64, 200, 128), jnp.bfloat16, "gpu-triton") is None
+    assert "must be a power of two" in module.check_config({**two_phase, "ln_rows": 3}, (63, 200, 128),
+                                                           jnp.bfloat16, "gpu-triton")
+    assert module.default_config((3, 200, 128), "gpu-triton")["ln_rows"] == 4  # 3 rows in a masked tile of 4
     assert "__gpu$xla.gpu.triton" in _lower("matmul_layernorm", two_phase, "gpu-triton", shape=(64, 5120, 128))
 
 

@@ -137,8 +137,8 @@ def test_typed_configs_round_trip_through_dicts_and_coerce_numbers():
 
     config = matmul_config.TritonMatmulConfig.from_dict(
         {"block_m": np.int64(64), "block_n": 64, "block_k": 32.0, "num_stages": 4})
-    assert config.to_dict() == {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1, "num_warps": 4,
-                                "num_stages": 4}
+    assert config.to_dict() == {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1, "split_k": 1,
+                                "num_warps": 4, "num_stages": 4}
     assert all(type(v) is int for v in config.to_dict().values())
     assert matmul_config.TritonMatmulConfig.from_dict(config.to_dict()) == config
 

@@ -46,8 +46,12 @@ def _ok(p: Proposal, median: float = 1e-3) -> Answer:
     return Answer(p.trial, p.key, outcomes.OK, median_s=median)
 
 
+# The knobs a plain (interpret) matmul task pins: one group of row tiles, K not split.
+PLAIN = {"group_m": {"values": [1]}, "split_k": {"values": [1]}}
+PLAIN_CONFIG = {"group_m": 1, "split_k": 1}
+
 MATMUL = {"block_m": {"pow2": [8, 64]}, "block_n": {"pow2": [8, 64]}, "block_k": {"pow2": [8, 64]},
-          "group_m": {"values": [1]}}
+          **PLAIN}
 
 
 def test_the_default_config_comes_first_then_only_valid_unmeasured_configs():
@@ -59,7 +63,7 @@ def test_the_default_config_comes_first_then_only_valid_unmeasured_configs():
         searcher.tell(_ok(p))
     # The default (trial 0) breaks this constraint: it is answered invalid, never proposed.
     assert (answered[0].trial, answered[0].outcome) == (0, outcomes.INVALID)
-    assert json.loads(answered[0].config) == {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1}
+    assert json.loads(answered[0].config) == {"block_m": 64, "block_n": 64, "block_k": 32, **PLAIN_CONFIG}
     assert all(p.config["block_m"] * p.config["block_n"] <= 32 * 64 for p in proposals)
     assert len({p.key for p in proposals}) == len(proposals)               # nothing proposed twice
     invalid = [a for a in answered if a.outcome == outcomes.INVALID]
@@ -74,12 +78,12 @@ def test_the_default_config_comes_first_then_only_valid_unmeasured_configs():
 def test_default_config_is_trial_zero():
     searcher, _ = _searcher(_planned(MATMUL, trials=3))
     first = searcher.ask()
-    assert first.trial == 0 and first.config == {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1}
+    assert first.trial == 0 and first.config == {"block_m": 64, "block_n": 64, "block_k": 32, **PLAIN_CONFIG}
 
 
 def test_repeats_are_answered_from_the_cache(rejection_sampling):
     searcher, answered = _searcher(_planned({"block_m": {"values": [32, 64]}, "block_n": {"values": [64]},
-                                             "block_k": {"values": [32]}, "group_m": {"values": [1]}}, trials=6,
+                                             "block_k": {"values": [32]}, **PLAIN}, trials=6,
                                             sampler="random"))
     proposals = []
     while (p := searcher.ask()) is not None:
@@ -95,7 +99,7 @@ def test_repeats_are_answered_from_the_cache(rejection_sampling):
 
 def test_a_duplicate_of_a_config_in_flight_waits_for_its_measurement(rejection_sampling):
     searcher, answered = _searcher(_planned({"block_m": {"values": [64]}, "block_n": {"values": [64]},
-                                             "block_k": {"values": [32]}, "group_m": {"values": [1]}}, trials=3))
+                                             "block_k": {"values": [32]}, **PLAIN}, trials=3))
     first = searcher.ask()
     assert searcher.ask() is None and searcher.asked == 3        # the two repeats wait for the first
     assert not answered
@@ -144,10 +148,10 @@ def test_powers_of_two_are_ordered_integers_for_the_sampler():
     searcher, _ = _searcher(planned)
     p = searcher.ask()
     frozen = searcher.study.trials[p.trial]
-    assert frozen.params == {"log2_block_m": 6, "log2_block_n": 6, "log2_block_k": 5, "group_m": 1}
+    assert frozen.params == {"log2_block_m": 6, "log2_block_n": 6, "log2_block_k": 5, **PLAIN_CONFIG}
     assert isinstance(frozen.distributions["log2_block_m"], optuna.distributions.IntDistribution)
     assert (frozen.distributions["log2_block_m"].low, frozen.distributions["log2_block_m"].high) == (3, 6)
-    assert p.config == {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1}   # real values
+    assert p.config == {"block_m": 64, "block_n": 64, "block_k": 32, **PLAIN_CONFIG}   # real values
     grid = studies.make_sampler(_planned(MATMUL, trials=2, sampler="grid"))
     assert grid._search_space["log2_block_m"] == [3, 4, 5, 6]   # noqa: SLF001 - the grid Optuna builds
 
@@ -162,11 +166,11 @@ def test_warm_start_is_queued_first_in_order():
 
 
 def test_a_searcher_warm_starts_in_order_then_the_default():
-    warm = [{"block_m": 16, "block_n": 32, "block_k": 8, "group_m": 1},
-            {"block_m": 8, "block_n": 8, "block_k": 8, "group_m": 1}]
+    warm = [{"block_m": 16, "block_n": 32, "block_k": 8, **PLAIN_CONFIG},
+            {"block_m": 8, "block_n": 8, "block_k": 8, **PLAIN_CONFIG}]
     searcher, _ = _searcher(_planned(MATMUL, trials=5), warm_start=warm)
     first = [searcher.ask() for _ in range(3)]
-    assert [p.config for p in first] == [*warm, {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1}]
+    assert [p.config for p in first] == [*warm, {"block_m": 64, "block_n": 64, "block_k": 32, **PLAIN_CONFIG}]
     assert [p.trial for p in first] == [0, 1, 2]
 
 
@@ -213,7 +217,7 @@ def test_every_sampler_spends_the_budget(sampler):
 @pytest.mark.parametrize("sampler", ["grid", "tpe", "pattern"])
 def test_resume_completes_a_trial_killed_while_its_knobs_were_drawn(tmp_path, sampler):
     planned = _planned({"block_m": {"pow2": [32, 64]}, "block_n": {"pow2": [32, 64]}, "block_k": {"values": [32]},
-                        "group_m": {"values": [1]}}, trials=4, sampler=sampler)
+                        **PLAIN}, trials=4, sampler=sampler)
     searcher, _ = _searcher(planned, studies.storage(tmp_path))
     first = searcher.ask()
     searcher.tell(_ok(first))
@@ -246,7 +250,7 @@ def test_an_enumerable_space_wastes_no_draw(sampler):
         searcher.tell(_ok(p, median=1e-6 * (p.config["block_m"] + p.config["block_k"])))
     wasted = [a for a in answered if a.outcome in (outcomes.INVALID, outcomes.PRUNED, outcomes.CACHED)]
     # The kernel's default (trial 0, queued) breaks this space's constraint: the only wasted draw.
-    assert [json.loads(a.config) for a in wasted] == [{"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 1}]
+    assert [json.loads(a.config) for a in wasted] == [{"block_m": 64, "block_n": 64, "block_k": 32, **PLAIN_CONFIG}]
     keys = [p.key for p in proposals]
     assert len(set(keys)) == len(keys) == len(searcher.valid_set) and searcher.exhausted
     assert all(p.config["block_m"] * p.config["block_n"] <= 32 * 64 for p in proposals)
@@ -302,7 +306,7 @@ def test_a_converged_sampler_does_not_spend_the_budget_on_repeats(rejection_samp
     # budget measures new configs while the product has any left.
     if not breaker:
         monkeypatch.setattr("farm.search.searcher.REPEAT_STREAK", 10**9)
-    wide = {name: {"pow2": [8, 512]} for name in ("block_m", "block_n", "block_k")} | {"group_m": {"values": [1]}}
+    wide = {name: {"pow2": [8, 512]} for name in ("block_m", "block_n", "block_k")} | {**PLAIN}
     # the shipped spaces' preference: tiles under twice their dimension (any tile is legal, padded)
     tiles = ["block_m < max(2 * m, 128) and block_n < max(2 * n, 128) and block_k < max(2 * k, 128)"]
     searcher, answered = _searcher(_planned(wide, trials=80, constraints=tiles))
