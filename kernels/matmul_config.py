@@ -210,9 +210,9 @@ class TpuMatmulConfig(MatmulConfig):
 @dataclasses.dataclass(frozen=True)
 class InterpretMatmulConfig(MatmulConfig):
     """Plain Pallas (the Triton kernel without compiler params): group_m row tiles per column
-    sweep; split_k programs per output tile (1: K not split), each summing one run of K into a float32
-    partial product that a reduction adds up before the epilogue (few rows, long K: a decode
-    step's down projection has too few output tiles to keep every SM streaming B)."""
+    sweep; split_k programs per output tile (1: K not split), each summing one run of K into a
+    float32 partial product that a reduction adds up before the epilogue (few rows, long K: a
+    decode step's down projection has too few output tiles to keep every SM streaming B)."""
 
     group_m: int = 1
     split_k: int = 1
@@ -222,11 +222,6 @@ class InterpretMatmulConfig(MatmulConfig):
     MAX_SPLIT_K = 64
     # The float32 partial products of a split K, at most (a bound, not a tuning preference).
     MAX_PARTIAL_BYTES = 1 << 30
-
-    @property
-    def splits(self) -> int:
-        """How many runs K is split into (1: not split)."""
-        return self.split_k
 
     def validate(self) -> None:
         """group_m is positive; split_k within 1 to MAX_SPLIT_K."""
@@ -239,14 +234,14 @@ class InterpretMatmulConfig(MatmulConfig):
     def padded(self, problem: Problem, dtype: Any) -> Problem:
         """As `MatmulConfig.padded`, with k a whole number of block_k steps in each of the splits."""
         runs = super().padded(problem, dtype)
-        return dataclasses.replace(runs, k=round_up(problem.k, self.block_k * self.splits))
+        return dataclasses.replace(runs, k=round_up(problem.k, self.block_k * self.split_k))
 
     def partial_bytes(self, problem: Problem, dtype: Any) -> int:
         """Bytes of the float32 partial products a split K writes (0 when K is not split)."""
-        if self.splits == 1:
+        if self.split_k == 1:
             return 0
         runs = self.padded(problem, dtype)
-        return self.splits * max(problem.batch, 1) * runs.m * runs.n * 4
+        return self.split_k * max(problem.batch, 1) * runs.m * runs.n * 4
 
     def check(self, problem: Problem, dtype: Any) -> None:
         """The common checks, group_m dividing the row tiles, and a split K's partial products
@@ -263,7 +258,7 @@ class InterpretMatmulConfig(MatmulConfig):
     def footprint(self, problem: Problem, dtype: Any) -> int:
         """The A and B panels of a program (its run of K) and its f32 accumulator."""
         item = jnp.dtype(dtype).itemsize
-        bm, bn, depth = self.block_m, self.block_n, self.padded(problem, dtype).k // self.splits
+        bm, bn, depth = self.block_m, self.block_n, self.padded(problem, dtype).k // self.split_k
         return (bm * depth + depth * bn) * item + bm * bn * 4
 
 

@@ -215,7 +215,7 @@ def _generic_matmul(problem: Problem, config: InterpretMatmulConfig, dtype: Any,
     m, n, k = problem.m, problem.n, problem.k
     epi_n = bn if config.epi_n is None else config.epi_n
     group_m = config.group_m
-    splits = config.splits
+    splits = config.split_k
     run_k = k // splits  # each program's run of K (padded: whole block_k steps)
     tiles_m, tiles_n = m // bm, n // bn
     nb = 1 if problem.batch else 0
