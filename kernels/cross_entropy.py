@@ -63,8 +63,15 @@ def _finish(s: LogSumExp) -> tuple[jax.Array]:
     return (s.max + jnp.log(s.sum) - s.picked,)
 
 
+def _combine(s: LogSumExp) -> LogSumExp:
+    """The states of spans stacked on the last axis, merged (a span of -inf only adds nothing)."""
+    m = jnp.max(s.max, axis=-1, keepdims=True)
+    return LogSumExp(m, jnp.sum(s.sum * jnp.exp(s.max - _finite(m)), axis=-1, keepdims=True),
+                     jnp.sum(s.picked, axis=-1, keepdims=True))
+
+
 CROSS_ENTROPY = rows.RowReduction(state=LogSumExp, init=_empty, block=_block, merge=_merge,
-                                  finish=_finish, n_outputs=1, pad=-math.inf)
+                                  finish=_finish, n_outputs=1, pad=-math.inf, combine=_combine)
 
 
 def _staged_loss(stats: rows.Stats, pick: Callable[[jax.Array], jax.Array], label: jax.Array, *,

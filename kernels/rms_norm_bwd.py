@@ -97,8 +97,13 @@ def _gradients(row: rows.Stats, x: jax.Array, dy: jax.Array,
     return r * dy * weight - x * r3_mean_gx, dy * x * r
 
 
+def _combine(stats: rows.Stats) -> rows.Stats:
+    """The sums of spans stacked on the last axis, for the whole row."""
+    return tuple(jnp.sum(s, axis=-1, keepdims=True) for s in stats)
+
+
 MATH = rows.RowMath(NAME, rows=_backward_rows, init=_init, update=_update, finish=_finish,
-                       apply=_gradients, row_inputs=2, col_inputs=1, col_outputs=1)
+                    apply=_gradients, row_inputs=2, col_inputs=1, col_outputs=1, combine=_combine)
 
 
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)

@@ -81,14 +81,21 @@ def _blocked_body(x_ref, o_ref) -> None:
     o_ref[...] = _softmax_rows(x, cols=x.shape[-1], valid=None)[0].astype(o_ref.dtype)
 
 
-MATH = rows.RowMath(NAME, rows=_softmax_rows, init=_init, update=_update, finish=_finish,
-                       apply=_normalize, pad=-jnp.inf)
-
-
 def _finite(m: jax.Array) -> jax.Array:
     """A span's max as the shift of its exponentials: 0 for a span of -inf only (which then
     sums to 0 and merges as nothing, instead of exp(-inf - -inf) = NaN)."""
     return jnp.where(m == -jnp.inf, 0.0, m)
+
+
+def _combine(stats: rows.Stats) -> rows.Stats:
+    """(max, sum of exp(x - max)) of spans stacked on the last axis, for the whole row."""
+    m, s = stats
+    top = jnp.max(m, axis=-1, keepdims=True)
+    return top, jnp.sum(s * jnp.exp(m - _finite(top)), axis=-1, keepdims=True)
+
+
+MATH = rows.RowMath(NAME, rows=_softmax_rows, init=_init, update=_update, finish=_finish,
+                    apply=_normalize, pad=-jnp.inf, combine=_combine)
 
 
 def _merge(a: rows.Stats, b: rows.Stats) -> rows.Stats:

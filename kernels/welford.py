@@ -63,8 +63,16 @@ def _finish(s: Moments) -> tuple[jax.Array, jax.Array]:
     return s.mean, s.m2 / s.count
 
 
+def _combine(s: Moments) -> Moments:
+    """The moments of spans stacked on the last axis, merged (Chan et al., every span at once)."""
+    count = jnp.sum(s.count, axis=-1, keepdims=True)
+    mean = jnp.sum(s.count * s.mean, axis=-1, keepdims=True) / count
+    spread = s.mean - mean
+    return Moments(count, mean, jnp.sum(s.m2 + s.count * spread * spread, axis=-1, keepdims=True))
+
+
 WELFORD = rows.RowReduction(state=Moments, init=_empty, block=_block, merge=_merge, finish=_finish,
-                            n_outputs=2, pad=0.0)
+                            n_outputs=2, pad=0.0, combine=_combine)
 KERNEL = rows.RowKernel(rows.reduction_math(NAME, WELFORD), SHAPE_NAMES)
 check_config, footprint, default_config = KERNEL.check_config, KERNEL.footprint, KERNEL.default_config
 shape_of = KERNEL.shape_of

@@ -17,6 +17,9 @@ DTYPES = ("float32", "bfloat16")
 # The test shape and configs the 2-D row-wise kernels share (a kernel may replace a target's list).
 SHAPE = (16, 384)  # three 128-column blocks; padded to 512 on Triton
 RAGGED = (13, 200)  # Triton: neither rows nor columns fill a power-of-two block
+# Triton split_cols: a row's chunks over programs (SHAPE: 3 chunks; RAGGED: a ragged last chunk
+# and a ragged last block of rows).
+SPLIT_COLS = {"block_rows": 2, "strategy": "split_cols", "block_cols": 128}
 CONFIGS = {
     "interpret": [{"block_rows": 8, "strategy": "fori_loop", "block_cols": 128},
                   {"block_rows": 16, "strategy": "grid", "block_cols": 128}],
@@ -26,7 +29,8 @@ CONFIGS = {
             {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 3}],
     "gpu-triton": [{"block_rows": 4, "strategy": "one_pass", "num_warps": 4, "num_stages": 1},
                    {"block_rows": 2, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 8},
-                   {"block_rows": 1, "strategy": "fori_loop", "block_cols": 128, "unroll": 1}],
+                   {"block_rows": 1, "strategy": "fori_loop", "block_cols": 128, "unroll": 1},
+                   SPLIT_COLS],
 }
 # Triton's per-lane fold (kernels with a `LaneFold`): ragged chunks too (384 = 3 x 128 on SHAPE,
 # 200 = 128 + 72 on RAGGED).

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kernels import batch_softmax as K
-from tests.rowwise_checks import kernel_checks
+from tests.rowwise_checks import SPLIT_COLS, kernel_checks
 
 SHAPE = (2, 16, 384)
 RAGGED = (3, 13, 200)  # Triton: neither rows nor columns fill a power-of-two block
@@ -14,7 +14,8 @@ CONFIGS = {
             {"block_batch": 2, "block_rows": 16, "strategy": "grid", "block_cols": 128},
             {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128, "buffers": 1}],
     "gpu-triton": [{"block_rows": 4, "strategy": "one_pass", "num_warps": 4, "num_stages": 1},
-                   {"block_rows": 2, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 8}],
+                   {"block_rows": 2, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 8},
+                   SPLIT_COLS],
 }
 
 test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \

@@ -20,7 +20,9 @@ SHORT_EXPLICIT = {
         {"strategy": "emit_pipeline", "block_rows": 32, "block_cols": 256, "buffers": 2,
          "stats_layout": "column"},
     ],
-    "gpu-triton": [{"strategy": "one_pass", "block_rows": 2, "block_cols": 64, "num_warps": 4, "num_stages": 1}],
+    "gpu-triton": [{"strategy": "one_pass", "block_rows": 2, "block_cols": 64, "num_warps": 4, "num_stages": 1},
+                   # a row's chunks over programs; the label in one chunk of five (37 x 300)
+                   {"strategy": "split_cols", "block_rows": 4, "block_cols": 64, "num_warps": 2, "num_stages": 1}],
 }
 # Long rows: several column blocks per row, as the 131072-class seed needs; float32 as its seed.
 LONG_SHAPES = {"interpret": (24, 4096), "gpu-triton": (5, 5000), "tpu": (16, 4096)}

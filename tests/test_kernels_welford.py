@@ -28,6 +28,7 @@ EXPLICIT = {
     "gpu-triton": [
         {"strategy": "one_pass", "block_rows": 4, "block_cols": 64, "num_warps": 2, "num_stages": 1},
         {"strategy": "fori_loop", "block_rows": 8, "block_cols": 64, "num_warps": 4, "num_stages": 3},
+        {"strategy": "split_cols", "block_rows": 8, "block_cols": 128, "num_warps": 4, "num_stages": 1},
     ],
 }
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from kernels import rms_norm_bwd as K
 from tests.rowwise_checks import CONFIGS as ROW_CONFIGS
-from tests.rowwise_checks import RAGGED, SHAPE, kernel_checks
+from tests.rowwise_checks import RAGGED, SHAPE, SPLIT_COLS, kernel_checks
 
 CONFIGS = {**ROW_CONFIGS,
            "gpu-triton": [{"block_rows": 2, "strategy": "one_pass", "rows_per_program": 16, "num_warps": 4},
@@ -11,7 +11,8 @@ CONFIGS = {**ROW_CONFIGS,
                           # the next block of rows loaded while this one computes (RAGGED: the
                           # second program's last blocks are partly and wholly past the rows)
                           {"block_rows": 2, "strategy": "one_pass", "rows_per_program": 8, "num_warps": 4,
-                           "prefetch": 1}]}
+                           "prefetch": 1},
+                          SPLIT_COLS]}
 
 test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
     kernel_checks(K, SHAPE, RAGGED, CONFIGS)

@@ -36,6 +36,7 @@ def test_registered_and_complete(name: str) -> None:
     ("softmax", "gpu-triton", {"block_rows": 4, "strategy": "one_pass"}),
     ("rms_norm_bwd", "tpu", {"block_rows": 8, "strategy": "one_pass"}),
     ("rms_norm_bwd", "gpu-triton", {"block_rows": 2, "strategy": "one_pass", "rows_per_program": 4}),
+    ("softmax", "gpu-triton", {"block_rows": 2, "strategy": "split_cols", "block_cols": 128}),
 ])
 def test_poisoning_catches_rows_a_config_never_writes(monkeypatch, name: str, target: str,
                                                       config: dict) -> None:
@@ -73,6 +74,16 @@ def test_poisoning_catches_rows_a_config_never_writes(monkeypatch, name: str, ta
      "fori_loop"),
     ("rms_norm_bwd", {"block_rows": 1, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 8},
      (32, 384), "gpu-triton", ValueError, "rows_per_program == block_rows"),
+    ("softmax", {"block_rows": 1, "strategy": "split_cols", "block_cols": 512}, (4, 384), "gpu-triton",
+     ValueError, "384 columns in chunks of 512 make 1"),
+    ("softmax", {"block_rows": 1, "strategy": "split_cols", "block_cols": 128}, (4, 200000), "gpu-triton",
+     ValueError, "over 2 to 1024 programs"),
+    ("softmax", {"block_rows": 1, "strategy": "split_cols", "block_cols": 128, "rows_per_program": 2},
+     (4, 384), "gpu-triton", ValueError, "rows_per_program must be block_rows"),
+    ("softmax", {"block_rows": 1, "strategy": "split_cols", "block_cols": 96}, (4, 384), "gpu-triton",
+     ValueError, "powers of two; block_cols=96"),
+    ("softmax", {"block_rows": 1, "strategy": "split_cols", "block_cols": 128}, (4, 384), "tpu",
+     NotImplementedError, "not available on tpu"),
 ])
 def test_unsupported_configs_are_refused_up_front(name, config, shape, target, error, message):
     with pytest.raises(error, match=re.escape(message)):
@@ -143,3 +154,39 @@ def test_triton_keeps_row_windows_where_flat_ones_do_not_apply(name, shape, dtyp
     plan = module.KERNEL.plan(config, shape, "gpu-triton")
     assert not triton_rows.flat_rows(module.KERNEL.math, plan, jnp.dtype(dtype).itemsize)
     assert_matches(module, config, shape, dtype, "gpu-triton")
+
+
+def test_split_cols_needs_math_that_combines_spans() -> None:
+    from kernels import softmax
+
+    plain = rows.RowMath("plain_softmax", rows=softmax._softmax_rows, init=softmax._init,
+                         update=softmax._update, finish=softmax._finish, apply=softmax._normalize,
+                         pad=-jnp.inf)
+    assert plain.span_combine is None and softmax.MATH.span_combine is not None
+    kernel = rows.RowKernel(plain, softmax.SHAPE_NAMES)
+    config = {"block_rows": 1, "strategy": "split_cols", "block_cols": 128}
+    assert "cannot combine the statistics of a row's spans" in kernel.check_config(
+        config, (4, 384), "bfloat16", "gpu-triton")
+    # No default leads there either: a few long rows keep the loop.
+    assert kernel.default_config((2, 9000), "gpu-triton")["strategy"] == "fori_loop"
+
+
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "rms_norm_bwd", "cross_entropy"])
+def test_few_long_rows_default_to_split_cols_and_many_do_not(name: str) -> None:
+    # A decode step's sampling softmax: 2 rows of 9000 columns fill 2 of a GPU's programs when
+    # each row is one program; split over chunks of 2048 they fill 10.
+    module = kernels.load(name)
+    few, many = (2, 9000), (4096, 9000)
+    config = module.default_config(few, "gpu-triton")
+    assert config["strategy"] == "split_cols" and config["block_cols"] == 2048
+    assert module.default_config(many, "gpu-triton")["strategy"] == "fori_loop"
+    assert_matches(module, config, few, "bfloat16", "gpu-triton")
+
+
+def test_split_cols_is_two_kernels_over_every_chunk_of_every_row() -> None:
+    # 13 rows of 1001 columns in blocks of 2 rows and chunks of 256: 7 x 4 programs in each kernel.
+    config = {"block_rows": 2, "strategy": "split_cols", "block_cols": 256, "num_warps": 2}
+    text = lower_for_device(kernels.load("softmax"), config, (13, 1001), "bfloat16", "gpu-triton")
+    grids = re.findall(r"grid_x = (\d+) : i32, grid_y = (\d+) : i32, grid_z = (\d+) : i32", text)
+    assert grids == [("7", "1", "4")] * 2, grids
+    assert "softmax_spans" in text

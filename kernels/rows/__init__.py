@@ -19,13 +19,17 @@ The knob vocabulary, the same names on every target:
                                  VMEM block and the loop slices it (one HBM read); Triton: each
                                  chunk is a masked load from global memory (the second loop's
                                  re-reads mostly hit L2). Triton's former passes=2.
+                  split_cols     Triton only, for rows too few to fill the chip: a program per
+                                 block of rows and chunk of block_cols; one kernel writes each
+                                 chunk's statistics, a second combines a row's and maps the
+                                 chunk (kernels whose math has `RowMath.span_combine`).
                   emit_pipeline  TPU only: the rows stay in HBM; pltpu.emit_pipeline streams
                                  column chunks (statistics, then outputs).
                   grid           TPU and interpret: a (..., phases, column chunks) grid; phase 0
                                  folds the statistics into VMEM scratch, phase 1 writes outputs;
                                  Mosaic pipelines the chunks.
   block_rows    rows per block (TPU: a multiple of 8 or all rows; Triton: a power of two).
-  block_cols    the column chunk of fori_loop, emit_pipeline and grid (TPU: a multiple of 128
+  block_cols    the column chunk of fori_loop, split_cols, emit_pipeline and grid (TPU: a multiple of 128
                 dividing the row, or the row; Triton: a power of two, any row length). one_pass
                 ignores it; the spaces pin it at 128 there.
   block_batch   batch entries per block of a 3-D shape (TPU and interpret; Triton takes 1).

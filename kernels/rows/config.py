@@ -19,12 +19,13 @@ LANES, SUBLANES = 128, 8
 STRATEGIES = {
     "interpret": ("one_pass", "fori_loop", "grid"),
     "tpu": ("one_pass", "fori_loop", "emit_pipeline", "grid"),
-    "gpu-triton": ("one_pass", "fori_loop"),
+    "gpu-triton": ("one_pass", "fori_loop", "split_cols"),
 }
 STREAMED = ("emit_pipeline", "grid")  # strategies that keep only column chunks on chip
 LAYOUTS = ("column", "lane")
 FOLDS = ("chunk", "lanes")  # Triton fori_loop: per-row statistics per chunk, or per lane
 MAX_UNROLLED = 32  # chunks of a row that Triton's fori_loop may unroll into straight-line code
+MAX_SPANS = 1024  # chunks of a row that Triton's split_cols spreads over programs
 # The knobs whose growth never shrinks the footprint (for the farm's OOM dominance pruning).
 MEMORY_PARAMS = ("block_batch", "block_rows", "block_cols", "buffers", "num_stages")
 # Knobs of earlier versions, named in the refusal so that an old config can be translated.
@@ -194,7 +195,11 @@ class RowConfigTriton(RowConfig):
     `LaneFold` only). unroll: 1 writes fori_loop's walks over a row's chunks (at most
     MAX_UNROLLED) as straight-line code instead of loops. prefetch: 1 has a one_pass program
     that loops over several blocks of rows load the next block while it computes this one
-    (the loaded tiles are the loop's carry), and load the column inputs once."""
+    (the loaded tiles are the loop's carry), and load the column inputs once.
+    strategy split_cols: one program per block of rows and chunk of block_cols columns (a row's
+    chunks spread over programs, for rows too few to fill the chip): a first kernel writes each
+    chunk's statistics, a second combines a row's and maps the chunk (kernels whose math has a
+    span combine, `RowMath.span_combine`; one block of rows per program)."""
 
     rows_per_program: int | None = None
     num_warps: int = 4
@@ -208,7 +213,8 @@ class RowConfigTriton(RowConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         looped = self.strategy == "fori_loop"
-        for name in ("block_rows", "block_cols") if looped else ("block_rows",):
+        chunked = self.strategy != "one_pass"
+        for name in ("block_rows", "block_cols") if chunked else ("block_rows",):
             if not is_pow2(getattr(self, name)):
                 raise ValueError(f"Triton blocks are powers of two; {name}={getattr(self, name)}")
         if self.block_batch != 1:
@@ -227,9 +233,12 @@ class RowConfigTriton(RowConfig):
         if self.unroll not in (0, 1) or (self.unroll and not looped):
             raise ValueError(f"unroll must be 0 or 1 (1: strategy 'fori_loop' only), got {self.unroll} "
                              f"with strategy {self.strategy!r}")
-        if self.prefetch not in (0, 1) or (self.prefetch and looped):
+        if self.prefetch not in (0, 1) or (self.prefetch and chunked):
             raise ValueError(f"prefetch must be 0 or 1 (1: strategy 'one_pass' only), got {self.prefetch} "
                              f"with strategy {self.strategy!r}")
+        if self.strategy == "split_cols" and self.rows_per_program not in (None, self.block_rows):
+            raise ValueError(f"split_cols gives a program one block of rows: rows_per_program must be "
+                             f"block_rows ({self.block_rows}), got {self.rows_per_program}")
         if self.prefetch and (self.rows_per_program or self.block_rows) <= self.block_rows:
             raise ValueError(f"prefetch=1 loads a program's next block of rows: it needs rows_per_program "
                              f"> block_rows ({self.block_rows}), got {self.rows_per_program}")
@@ -245,6 +254,15 @@ class RowConfigTriton(RowConfig):
         if self.unroll and pl.cdiv(cols + 15, self.block_cols) > MAX_UNROLLED:
             raise ValueError(f"unroll=1 writes out every chunk: {cols} columns in chunks of "
                              f"{self.block_cols} exceed {MAX_UNROLLED} chunks")
+        if self.strategy == "split_cols":
+            spans = pl.cdiv(cols, self.block_cols)
+            if math_.span_combine is None:
+                raise ValueError(f"{math_.name} cannot combine the statistics of a row's spans; "
+                                 "it takes strategy one_pass or fori_loop")
+            if not 2 <= spans <= MAX_SPANS:
+                raise ValueError(f"split_cols spreads a row's chunks over 2 to {MAX_SPANS} programs: "
+                                 f"{cols} columns in chunks of {self.block_cols} make {spans}")
+            return Plan(self, batch, rows, cols, self.block_cols)
         return Plan(self, batch, rows, cols, self.block_cols if looped else pl.next_power_of_2(cols))
 
 

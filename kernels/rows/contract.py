@@ -64,6 +64,10 @@ class RowMath:
     `valid` is None when every column of the block is real, else a (1, width) bool mask;
     masked-off elements of row inputs read as `pad`, of column inputs as 0.
     lanes: the same statistics folded per lane (`LaneFold`), or None when the kernel has none.
+    combine(stats) -> stats: the statistics of disjoint spans of a row, stacked on the last axis
+        (..., n), reduced to the row's (..., 1); spans that hold nothing are `init`'s values.
+        Default: the lane fold's `combine` (lanes are disjoint spans too). With it, a row's
+        chunks can be spread over programs (Triton strategy `split_cols`).
     """
 
     name: str
@@ -80,6 +84,14 @@ class RowMath:
     results: int = 0
     pad: float = 0.0
     lanes: LaneFold | None = None
+    combine: Callable[[Stats], Stats] | None = None
+
+    @property
+    def span_combine(self) -> Callable[[Stats], Stats] | None:
+        """How the statistics of a row's spans combine (`combine`, else the lanes'), or None."""
+        if self.combine is not None:
+            return self.combine
+        return None if self.lanes is None else self.lanes.combine
 
     @functools.cached_property
     def n_stats(self) -> int:
@@ -108,6 +120,8 @@ class RowReduction:
         row_inputs (r, 1) per-row operands such as labels.
     merge(a, b) -> state                  the state of the two blocks together.
     finish(state) -> results              per-row results, each (r, 1) f32.
+    combine(state) -> state               states stacked on the last axis (r, n), merged to (r, 1);
+        positions that hold nothing are `init`'s values (optional; see `RowMath.combine`).
     """
 
     state: type
@@ -117,6 +131,7 @@ class RowReduction:
     finish: Callable[[Stats], Stats]
     n_outputs: int
     pad: float = 0.0
+    combine: Callable[[Stats], Stats] | None = None
 
 
 def reduction_math(name: str, reduction: RowReduction, vector_inputs: int = 0) -> RowMath:
@@ -138,7 +153,9 @@ def reduction_math(name: str, reduction: RowReduction, vector_inputs: int = 0) -
         return finish(block_state(x, vectors, 0, valid), x.shape[-1])
 
     def init(shape: tuple[int, ...]) -> Stats:
-        return tuple(s.reshape(shape) for s in reduction.init(math.prod(shape[:-1])))
+        # The reduction's identity is per row (r, 1); lanes or spans (..., n) repeat it.
+        return tuple(jnp.broadcast_to(s.reshape(*shape[:-1], 1), shape)
+                     for s in reduction.init(math.prod(shape[:-1])))
 
     def update(stats: Stats, x: jax.Array, *vectors: jax.Array, start: jax.Array,
                valid: jax.Array | None) -> Stats:
@@ -153,9 +170,14 @@ def reduction_math(name: str, reduction: RowReduction, vector_inputs: int = 0) -
         del row_values, chunk
         return ()
 
+    def combine(stats: Stats) -> Stats:
+        lead, n = stats[0].shape[:-1], stats[0].shape[-1]
+        merged = reduction.combine(reduction.state(*(s.reshape(-1, n) for s in stats)))
+        return tuple(s.reshape(*lead, 1) for s in merged)
+
     return RowMath(name, rows=rows, init=init, update=update, finish=finish, apply=apply,
                    row_outputs=0, vector_inputs=vector_inputs, results=reduction.n_outputs,
-                   pad=reduction.pad)
+                   pad=reduction.pad, combine=None if reduction.combine is None else combine)
 
 
 @dataclasses.dataclass(frozen=True)

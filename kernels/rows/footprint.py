@@ -32,13 +32,13 @@ def footprint(math_: RowMath, p: Plan, dtype: Any) -> int:
     and the spaces' register constraints keep them small. What is left: fori_loop stages
     num_stages - 1 row-input chunks (block_rows x block_cols, dtype width) ahead of the loop,
     and each row reduction combines its warps' partial results in float32 scratch
-    (block_rows x num_warps).
+    (block_rows x num_warps); one_pass and split_cols have no loop.
     """
     nri, nci, nro, nco = math_.row_inputs, math_.col_inputs, math_.row_outputs, math_.col_outputs
     itemsize = jnp.dtype(dtype).itemsize
     if p.target == "gpu-triton":
         scratch = 4 * p.block_rows * p.config.num_warps
-        if p.strategy == "one_pass":
+        if p.strategy in ("one_pass", "split_cols"):  # no loop, nothing staged ahead
             return scratch
         in_flight = p.config.num_stages - 1  # loads the loop pipeliner keeps ahead
         return scratch + in_flight * nri * p.block_rows * p.block_cols * itemsize

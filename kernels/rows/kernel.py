@@ -27,6 +27,10 @@ from kernels.rows.triton import build_triton
 STREAM_ABOVE = 8 * 2**20
 # Triton holds the padded row in registers by default up to this width, then loops.
 REGISTER_ROW = 8192
+# ... or, with at most this many rows, spreads each row's chunks over programs (split_cols):
+# softmax at 3x50257 ran 19.2 us looped and 3.0-3.1 us split in chunks of 2048 (bf16, H200,
+# bench/results/h200/few_rows/).
+FEW_ROWS = 64
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -108,14 +112,19 @@ class RowKernel:
         return footprint_.footprint(self.math, self.plan(config, shape, target), dtype)
 
     def default(self, shape: tuple[int, ...], target: str) -> RowConfig:
-        """The typed default: small row blocks; streamed (TPU) or looped (Triton) when rows are long."""
-        _, rows, cols = split_shape(shape)
+        """The typed default: small row blocks; streamed (TPU) or looped (Triton) when rows are
+        long; on Triton a few long rows spread over programs (split_cols) when the math combines spans."""
+        batch, rows, cols = split_shape(shape)
         if target == "gpu-triton":
             width = pl.next_power_of_2(cols)
             cls = CONFIG_TYPES[target]
             if width <= REGISTER_ROW:
                 return cls(block_rows=1, rows_per_program=1, num_warps=4 if width <= 4096 else 8,
                            num_stages=1)
+            if (batch * rows <= FEW_ROWS and self.math.span_combine is not None
+                    and "split_cols" in self.strategies[target]):
+                return cls(block_rows=1, rows_per_program=1, num_warps=4, num_stages=1,
+                           strategy="split_cols", block_cols=2048)
             return cls(block_rows=1, rows_per_program=1, num_warps=8, num_stages=2,
                        strategy="fori_loop", block_cols=4096)
         # TPU: 16 rows make whole (16, 128) tiles of 16-bit types too.

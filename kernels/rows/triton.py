@@ -66,7 +66,7 @@ def flat_rows(math_: RowMath, p: Plan, itemsize: int) -> bool:
     or column outputs, no column inputs), one row per block, 32-bit offsets; one_pass needs
     its power-of-two tile to cover the row and the bytes before it."""
     slack = VECTOR_BYTES // itemsize - 1
-    if math_.writes_chunks or math_.col_inputs or p.block_rows != 1 or slack == 0:
+    if math_.writes_chunks or math_.col_inputs or p.block_rows != 1 or slack == 0 or p.strategy == "split_cols":
         return False
     if (p.cols * itemsize) % VECTOR_BYTES == 0:
         return False
@@ -252,18 +252,102 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
             pltriton.store(ref.at[part], value, mask=jnp.arange(width) < C if ragged_cols else None)
 
 
+def _split_body(*refs: Any, math_: RowMath, p: Plan, phase: int) -> None:
+    """Strategy split_cols: the program (block of rows, batch entry, chunk) of one phase.
+
+    Phase 0 folds its chunk into statistics and writes them at the chunk's place of the
+    (batch, rows, spans) float32 statistics arrays. Phase 1 reads a row's statistics of every
+    span at once (one masked tile per statistic), combines and finishes them, then maps its chunk
+    (row and column outputs) or, for kernels with per-row results only, writes the results (a
+    grid of one chunk)."""
+    from jax.experimental.pallas import triton as pltriton
+
+    n_in = math_.row_inputs + math_.col_inputs + math_.vector_inputs
+    row_in, col_in, vec_in, *_ = split_refs(refs[:n_in], math_)
+    program, b, span = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    br, width, C = p.block_rows, p.block_cols, p.cols
+    rows, c0 = program * br, span * width
+    row_valid = (rows + jnp.arange(br) < p.rows)[:, None] if p.rows % br else None
+    row_mask = None if row_valid is None else row_valid[:, 0]
+    col_valid = (c0 + jnp.arange(width) < C)[None, :] if C % width else None
+    mask = _and(row_valid, col_valid)
+    window = (b, pl.ds(rows, br), pl.ds(c0, width))
+    vectors = [pltriton.load(ref.at[b, pl.ds(rows, br)], mask=row_mask,
+                             other=None if row_mask is None else 0)[:, None] for ref in vec_in]
+
+    def chunk() -> list[jax.Array]:
+        """The chunk's row tiles (padding where masked) and column tiles, float32."""
+        tiles = [pltriton.load(ref.at[window], mask=mask, other=None if mask is None else math_.pad)
+                 for ref in row_in]
+        tiles += [pltriton.load(ref.at[pl.ds(0, 1), pl.ds(c0, width)], mask=col_valid,
+                                other=None if col_valid is None else 0.0, eviction_policy="evict_last")
+                  for ref in col_in]
+        return [t.astype(F32) for t in tiles]
+
+    if phase == 0:
+        stats = math_.update(math_.init((br, 1)), *chunk(), *vectors, start=c0, valid=col_valid)
+        for ref, value in zip(refs[n_in:], stats, strict=True):
+            pltriton.store(ref.at[b, pl.ds(rows, br), pl.ds(span, 1)], value, mask=row_valid)
+        return
+    n_stats = math_.n_stats
+    stats_in, outs = refs[n_in:n_in + n_stats], refs[n_in + n_stats:]
+    spans = p.col_blocks
+    lanes = pl.next_power_of_2(spans)
+    span_valid = (jnp.arange(lanes) < spans)[None, :] if lanes != spans else None
+    stats_mask = _and(row_valid, span_valid)
+    parts = tuple(pltriton.load(ref.at[b, pl.ds(rows, br), pl.ds(0, lanes)], mask=stats_mask,
+                                other=None if stats_mask is None else 0.0) for ref in stats_in)
+    if span_valid is not None:  # spans past the row's last hold nothing: the empty statistics
+        parts = tuple(jnp.where(span_valid, part, empty)
+                      for part, empty in zip(parts, math_.init((br, lanes))))
+    row_values = math_.finish(math_.span_combine(parts), C)
+    n_row_out, n_col_out = math_.row_outputs, math_.col_outputs
+    row_out, col_out, res_out = outs[:n_row_out], outs[n_row_out:n_row_out + n_col_out], outs[n_row_out + n_col_out:]
+    first = span == 0  # one program of the row writes its results
+    for ref, value in zip(res_out, row_values[:math_.results], strict=True):
+        pltriton.store(ref.at[b, pl.ds(rows, br)], value.reshape(br),
+                       mask=first if row_mask is None else row_mask & first)
+    if not math_.writes_chunks:
+        return
+    results = math_.apply(row_values, *chunk(), *vectors)
+    for ref, value in zip(row_out, results[:n_row_out]):
+        pltriton.store(ref.at[window], value.astype(ref.dtype), mask=mask)
+    # Column contributions: summed over the block's rows into the program's partial row.
+    for ref, value in zip(col_out, results[n_row_out:]):
+        value = value if mask is None else jnp.where(mask, value, 0.0)
+        pltriton.store(ref.at[b * p.row_blocks + program, pl.ds(c0, width)], jnp.sum(value, axis=0),
+                       mask=None if col_valid is None else col_valid[0])
+
+
+def _build_split(math_: RowMath, p: Plan, platform: Platform, out_shape: tuple[Any, ...],
+                 compiler: dict[str, int]) -> Callable[..., Any]:
+    """Strategy split_cols: the statistics kernel, then the combining and mapping kernel."""
+    stats_shape = tuple(jax.ShapeDtypeStruct((p.batch, p.rows, p.col_blocks), F32)
+                        for _ in range(math_.n_stats))
+    grid = (p.row_blocks, p.batch, p.col_blocks)
+    spans = pallas_call(functools.partial(_split_body, math_=math_, p=p, phase=0), platform=platform,
+                        config=compiler, out_shape=stats_shape, grid=grid, name=f"{math_.name}_spans")
+    mapped = pallas_call(functools.partial(_split_body, math_=math_, p=p, phase=1), platform=platform,
+                         config=compiler, out_shape=out_shape,
+                         grid=grid if math_.writes_chunks else grid[:2] + (1,), name=math_.name)
+    return lambda *arrays: mapped(*arrays, *spans(*arrays))
+
+
 def build_triton(math_: RowMath, p: Plan, dtype: Any, platform: Platform) -> Callable[..., Any]:
     """The pallas_call of `math_` for a Triton plan: a function of the engine's arrays.
 
-    With flat windows (`flat_rows`) the kernel sees the row tensor as (1, batch*rows*cols)."""
+    With flat windows (`flat_rows`) the kernel sees the row tensor as (1, batch*rows*cols);
+    strategy split_cols is two kernels (`_split_body`)."""
     itemsize = jnp.dtype(dtype).itemsize
     flat = flat_rows(math_, p, itemsize)
     out_shape = tuple(
         [jax.ShapeDtypeStruct((p.batch, p.rows, p.cols), dtype)] * math_.row_outputs
         + [jax.ShapeDtypeStruct((p.partials, p.cols), F32)] * math_.col_outputs
         + [jax.ShapeDtypeStruct((p.batch, p.rows), F32)] * math_.results)
-    body = functools.partial(_triton_body, math_=math_, p=p, flat=flat, itemsize=itemsize)
     compiler = {"num_warps": p.config.num_warps, "num_stages": p.config.num_stages}
+    if p.strategy == "split_cols":
+        return _build_split(math_, p, platform, out_shape, compiler)
+    body = functools.partial(_triton_body, math_=math_, p=p, flat=flat, itemsize=itemsize)
     call = pallas_call(body, platform=platform, config=compiler, out_shape=out_shape,
                        grid=(p.row_blocks, p.batch), name=math_.name)
     if not flat:
