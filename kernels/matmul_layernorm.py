@@ -6,12 +6,13 @@ ln_strategy (default two_phase, which any tiles allow):
                accumulator stays on chip and the epilogue normalises it before the only store.
                On TPU a (256, 4096) f32 accumulator is 4 MiB of VMEM, so this fits; on Triton
                the accumulator lives in registers and only small n fit (see the search space).
-  "two_phase"  phase 1 is the plain tiled matmul writing A @ B (any block_n); phase 2 a row
-               kernel (ln_rows rows per program; default 8, or m) normalising it: the product
-               is written and read once more, with no constraint on the tiles. Any m and n
-               on Triton: the rows are loaded as tiles of the next power of two, masked, in
-               programs of a power of two of rows (default 8, fewer for fewer rows), the last
-               one masked; elsewhere ln_rows divides m.
+  "two_phase"  phase 1 is the plain tiled matmul writing A @ B (any block_n); phase 2 the row
+               engine's layer norm (`kernels.layer_norm`, strategy one_pass, ln_rows rows per
+               program; default 8, or m) normalising it: the product is written and read once
+               more, with no constraint on the tiles. Any m and n on Triton (rows padded to a
+               power of two and masked, ln_rows a power of two, default 8 or fewer for fewer
+               rows, the last program masked); elsewhere ln_rows divides m, as the engine's
+               blocks must (TPU: a multiple of 8, or m).
   "tile_stats" (gpu-mosaic: WGMMA accumulators cannot hold whole 4096-wide rows) a split
                reduction: phase 1 is the Mosaic GPU matmul whose epilogue also stores, per row
                and per warpgroup tile, the f32 product's sum and squared deviations
@@ -33,9 +34,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
-from kernels import matmul_core
+from kernels import layer_norm, matmul_core
 from kernels.knobs import ConfigError, Knobs, Unsupported, refusal
 from kernels.lowering import Platform, pallas_call
 
@@ -132,11 +132,10 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
     matmul_bytes = matmul_core.footprint(_problem(own, shape), core, dtype, target)
     if own.ln_strategy != "two_phase":  # fused: one kernel; tile_stats: phase 2 keeps rows in registers
         return matmul_bytes
-    rows = own.rows(m)
-    if target == "gpu-triton":  # the row kernel keeps its rows in registers: only reduction scratch
-        return max(matmul_bytes, 2 * rows * core.num_warps * 4)
-    buffers = 2 if target == "tpu" else 1  # f32 rows in, rows out, f32 temporaries
-    ln_bytes = buffers * rows * n * (4 + jnp.dtype(dtype).itemsize) + 2 * rows * n * 4
+    # The row engine's footprint of phase 2, its rows in and out at the stored product's width
+    # (float32 or the input dtype; the output is never wider).
+    stored = jnp.float32 if own.ln_store == "float32" else dtype
+    ln_bytes = layer_norm.KERNEL.footprint(_row_config(core, own.rows(m), target), (m, n), stored, target)
     return max(matmul_bytes, ln_bytes)
 
 
@@ -159,12 +158,12 @@ def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target:
     core = matmul_core.check(problem, core, dtype, target)
     m = shape[0]
     rows = own.rows(m)
-    if own.ln_strategy == "two_phase" and target != "gpu-triton" and m % rows:
-        raise ConfigError(f"ln_rows = {rows} must divide m = {m} (on {target}; gpu-triton masks the last rows)")
-    if own.ln_strategy == "two_phase" and target == "gpu-triton" and rows & (rows - 1):
-        raise ConfigError(f"gpu-triton: ln_rows = {rows} must be a power of two (a Triton tile of rows)")
     if own.ln_strategy == "two_phase" and target == "gpu-mosaic":
         raise Unsupported("gpu-mosaic: two_phase's row kernel is not a Mosaic GPU kernel; use tile_stats")
+    if own.ln_strategy == "two_phase":
+        why = layer_norm.KERNEL.check_config(_row_config(core, rows, target), (m, shape[1]), dtype, target)
+        if why:
+            raise ConfigError(f"two_phase's row kernel (ln_rows = {rows}): {why}")
     n = shape[1]
     if own.ln_strategy == "fused" and target == "gpu-triton" and n & (n - 1):
         raise Unsupported(f"gpu-triton: fused holds whole rows of n = {n} columns in one Triton "
@@ -182,55 +181,20 @@ def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, tar
     return refusal(lambda: _checked(config, shape, dtype, target))
 
 
+def _row_config(core: matmul_core.MatmulConfig, rows: int, target: str) -> dict[str, Any]:
+    """two_phase's phase 2 as a config of the row engine's layer norm: whole rows (one_pass),
+    `rows` a program; on Triton with the matmul's warps, the rows past m masked."""
+    if target == "gpu-triton":
+        return {"block_rows": rows, "rows_per_program": rows, "num_warps": core.num_warps, "num_stages": 1}
+    return {"block_rows": rows}
+
+
 def _row_norm(core: matmul_core.MatmulConfig, rows: int, shape: tuple[int, ...], dtype: Any,
               platform: Platform):
+    """two_phase's phase 2: the row engine's layer norm (`kernels.layer_norm`, the same eps) over
+    the stored product, written in `dtype` (the engine reads any input dtype as float32)."""
     m, n, _ = shape
-    if platform.target == "gpu-triton":
-        return _triton_row_norm(core, rows, shape, dtype, platform)
-
-    def body(x_ref, gamma_ref, beta_ref, o_ref):
-        x = x_ref[...].astype(jnp.float32)
-        gamma = gamma_ref[...].astype(jnp.float32)
-        beta = beta_ref[...].astype(jnp.float32)
-        o_ref[...] = _layer_norm(x, gamma, beta).astype(o_ref.dtype)
-
-    row_spec, vec_spec = pl.BlockSpec((rows, n), lambda i: (i, 0)), pl.BlockSpec((1, n), lambda i: (0, 0))
-    call = pallas_call(body, platform=platform, config=core.to_dict(),
-                       out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(m // rows,),
-                       in_specs=[row_spec, vec_spec, vec_spec], out_specs=row_spec,
-                       tpu_params={"dimension_semantics": ("parallel",)}, name="row_layer_norm")
-    return lambda x, gamma, beta: call(x, gamma.reshape(1, n), beta.reshape(1, n))
-
-
-def _triton_row_norm(core: matmul_core.MatmulConfig, rows: int, shape: tuple[int, ...], dtype: Any,
-                     platform: Platform):
-    """two_phase's row kernel on Triton, for any m and n: a program loads `rows` whole rows of the
-    product as one tile of the next power of two columns (Triton's tiles are powers of two),
-    the columns past n (and the rows past m, in the last program) masked, and normalises them
-    over their n real columns."""
-    m, n, _ = shape
-    width = pl.next_power_of_2(n)
-    ragged_n, ragged_m = width != n, m % rows != 0
-
-    def body(x_ref, gamma_ref, beta_ref, o_ref):
-        first = pl.program_id(0) * rows
-        window = (pl.ds(first, rows), pl.ds(0, width))
-        cols = jnp.arange(width)[None, :] < n if ragged_n else None
-        live = (first + jnp.arange(rows)[:, None] < m) if ragged_m else None
-        mask = cols if live is None else live if cols is None else live & cols
-        x = pltriton.load(x_ref.at[window], mask=mask, other=None if mask is None else 0.0).astype(jnp.float32)
-        gamma, beta = (pltriton.load(v.at[pl.ds(0, 1), pl.ds(0, width)], mask=cols, other=0.0 if ragged_n else None
-                                     ).astype(jnp.float32) for v in (gamma_ref, beta_ref))
-        mean = jnp.sum(x, axis=-1, keepdims=True) / n  # the masked columns hold zeros
-        centred = x - mean if cols is None else jnp.where(cols, x - mean, 0.0)
-        var = jnp.sum(centred * centred, axis=-1, keepdims=True) / n
-        out = centred * jax.lax.rsqrt(var + EPS) * gamma + beta
-        pltriton.store(o_ref.at[window], out.astype(o_ref.dtype), mask=mask)
-
-    call = pallas_call(body, platform=platform, config=core.to_dict(),
-                       out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(pl.cdiv(m, rows),),
-                       name="row_layer_norm")
-    return lambda x, gamma, beta: call(x, gamma.reshape(1, n), beta.reshape(1, n))
+    return layer_norm.KERNEL.build(_row_config(core, rows, platform.target), (m, n), dtype, platform)
 
 
 def _tile_stats(phase1, own: LayerNormKnobs, shape: tuple[int, ...], dtype: Any, platform: Platform):
@@ -296,10 +260,6 @@ def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: 
     if own.ln_strategy == "tile_stats":
         return _tile_stats(phase1, own, shape, dtype, platform)
     phase2 = _row_norm(core, own.rows(shape[0]), shape, dtype, platform)
-    if platform.target == "tpu":
-        from kernels.tpu_mesh import traced_for_tpu
-
-        phase2 = traced_for_tpu(phase2)
 
     def two_phase(a: jax.Array, b: jax.Array, gamma: jax.Array, beta: jax.Array) -> jax.Array:
         return phase2(phase1(a, b), gamma, beta)

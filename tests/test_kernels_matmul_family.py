@@ -456,8 +456,8 @@ def test_row_statistics_take_ragged_rows_but_refuse_ragged_columns():
     assert "powers of two" in module.check_config(fused, (64, 200, 128), jnp.bfloat16, "gpu-triton")
     two_phase = _blocks(32, 64, 32, ln_strategy="two_phase", ln_rows=4, **TRITON)
     assert module.check_config(two_phase, (64, 200, 128), jnp.bfloat16, "gpu-triton") is None
-    assert "must be a power of two" in module.check_config({**two_phase, "ln_rows": 3}, (63, 200, 128),
-                                                           jnp.bfloat16, "gpu-triton")
+    assert "ln_rows = 3): Triton blocks are powers of two" in module.check_config(
+        {**two_phase, "ln_rows": 3}, (63, 200, 128), jnp.bfloat16, "gpu-triton")
     assert module.default_config((3, 200, 128), "gpu-triton")["ln_rows"] == 4  # 3 rows in a masked tile of 4
     assert "__gpu$xla.gpu.triton" in _lower("matmul_layernorm", two_phase, "gpu-triton", shape=(64, 5120, 128))
 
