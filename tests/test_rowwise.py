@@ -174,12 +174,14 @@ def test_split_cols_needs_math_that_combines_spans() -> None:
 @pytest.mark.parametrize("name", ["softmax", "layer_norm", "rms_norm_bwd", "cross_entropy"])
 def test_few_long_rows_default_to_split_cols_and_many_do_not(name: str) -> None:
     # A decode step's sampling softmax: 2 rows of 9000 columns fill 2 of a GPU's programs when
-    # each row is one program; split over chunks of 2048 they fill 10.
+    # each row is one program; split over chunks of 1024 they fill 18.
     module = kernels.load(name)
     few, many = (2, 9000), (4096, 9000)
     config = module.default_config(few, "gpu-triton")
-    assert config["strategy"] == "split_cols" and config["block_cols"] == 2048
+    assert config["strategy"] == "split_cols" and config["block_cols"] == 1024
     assert module.default_config(many, "gpu-triton")["strategy"] == "fori_loop"
+    # Past 1024 chunks a row, the loop again.
+    assert module.default_config((2, 1024 * 1024 + 1), "gpu-triton")["strategy"] == "fori_loop"
     assert_matches(module, config, few, "bfloat16", "gpu-triton")
 
 

@@ -18,7 +18,17 @@ from kernels import tpu_mesh
 from kernels.lowering import Platform
 from kernels.rows import footprint as footprint_
 from kernels.rows.blocked import build_blocked, vector_layout
-from kernels.rows.config import CONFIG_TYPES, LANES, STRATEGIES, SUBLANES, Plan, RowConfig, from_dict, split_shape
+from kernels.rows.config import (
+    CONFIG_TYPES,
+    LANES,
+    MAX_SPANS,
+    STRATEGIES,
+    SUBLANES,
+    Plan,
+    RowConfig,
+    from_dict,
+    split_shape,
+)
 from kernels.rows.contract import RowMath
 from kernels.rows.triton import build_triton
 
@@ -27,10 +37,13 @@ from kernels.rows.triton import build_triton
 STREAM_ABOVE = 8 * 2**20
 # Triton holds the padded row in registers by default up to this width, then loops.
 REGISTER_ROW = 8192
-# ... or, with at most this many rows, spreads each row's chunks over programs (split_cols):
-# softmax at 3x50257 ran 19.2 us looped and 3.0-3.1 us split in chunks of 2048 (bf16, H200,
-# bench/results/h200/few_rows/).
+# ... or, with at most FEW_ROWS rows, spreads each row's chunks of SPLIT_CHUNK columns over
+# programs of SPLIT_WARPS warps (split_cols). Device time on the H200, bf16 (bench/results/h200/
+# few_rows/): softmax 3x50257 19.2 us looped, 3.1 split (chunks of 1024 or 2048); rms norm
+# 2x32768 9.0 us (the tuned loop), 2.1 split; layer norm 4x16384 5.2 (the tuned loop), 5.1 split
+# in chunks of 1024 with 2 warps but 11.1 in chunks of 2048 with 4 (its map kernel is slow there).
 FEW_ROWS = 64
+SPLIT_CHUNK, SPLIT_WARPS = 1024, 2
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -122,9 +135,9 @@ class RowKernel:
                 return cls(block_rows=1, rows_per_program=1, num_warps=4 if width <= 4096 else 8,
                            num_stages=1)
             if (batch * rows <= FEW_ROWS and self.math.span_combine is not None
-                    and "split_cols" in self.strategies[target]):
-                return cls(block_rows=1, rows_per_program=1, num_warps=4, num_stages=1,
-                           strategy="split_cols", block_cols=2048)
+                    and "split_cols" in self.strategies[target] and pl.cdiv(cols, SPLIT_CHUNK) <= MAX_SPANS):
+                return cls(block_rows=1, rows_per_program=1, num_warps=SPLIT_WARPS, num_stages=1,
+                           strategy="split_cols", block_cols=SPLIT_CHUNK)
             return cls(block_rows=1, rows_per_program=1, num_warps=8, num_stages=2,
                        strategy="fori_loop", block_cols=4096)
         # TPU: 16 rows make whole (16, 128) tiles of 16-bit types too.
