@@ -192,3 +192,35 @@ def test_split_cols_is_two_kernels_over_every_chunk_of_every_row() -> None:
     grids = re.findall(r"grid_x = (\d+) : i32, grid_y = (\d+) : i32, grid_z = (\d+) : i32", text)
     assert grids == [("7", "1", "4")] * 2, grids
     assert "softmax_spans" in text
+
+
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "rms_norm", "rms_norm_bwd", "cross_entropy", "welford"])
+def test_span_combine_gives_the_whole_rows_statistics(name: str) -> None:
+    # The contract split_cols relies on: the statistics of a row's chunks, each folded from
+    # `init` alone, stacked on the last axis (and padded with `init`'s values), combine to the
+    # statistics of the whole row folded at once; a ragged last chunk is masked.
+    module = kernels.load(name)
+    math_ = module.KERNEL.math
+    shape, width = (5, 300), 128  # chunks of 128, 128 and 44 (+ 84 masked) columns
+    inputs = module.make_inputs(shape, jnp.float32, jax.random.key(1))
+    # By shape: the module's argument order need not be the math's (rms_norm_bwd: x, weight, dy).
+    row_in = [x.astype(jnp.float32) for x in inputs if x.shape == shape]
+    col_in = [v.astype(jnp.float32)[None, :] for v in inputs if v.shape == shape[1:]]
+    vectors = [v[:, None] for v in inputs if v.shape == shape[:1]]
+    assert (len(row_in), len(col_in), len(vectors)) == (math_.row_inputs, math_.col_inputs, math_.vector_inputs)
+    whole = math_.update(math_.init((5, 1)), *row_in, *col_in, *vectors, start=jnp.int32(0), valid=None)
+    spans = []
+    for start in range(0, shape[1], width):
+        valid = (start + jnp.arange(width) < shape[1])[None, :]
+        missing = start + width - min(start + width, shape[1])
+
+        def cut(x: jax.Array, fill: float, start: int = start, missing: int = missing) -> jax.Array:
+            return jnp.pad(x[:, start:start + width], ((0, 0), (0, missing)), constant_values=fill)
+
+        chunk = [cut(x, math_.pad) for x in row_in] + [cut(v, 0.0) for v in col_in]
+        spans.append(math_.update(math_.init((5, 1)), *chunk, *vectors, start=jnp.int32(start), valid=valid))
+    empty = math_.init((5, 1))  # a fourth span that holds nothing
+    stacked = tuple(jnp.concatenate([s[i] for s in spans] + [empty[i]], axis=-1) for i in range(math_.n_stats))
+    combined = math_.span_combine(stacked)
+    for got, want in zip(math_.finish(combined, shape[1]), math_.finish(whole, shape[1]), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=1e-6)
