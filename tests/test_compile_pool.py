@@ -264,3 +264,5 @@ def test_a_sweep_compiles_in_child_processes_and_retimes_its_finalists(tmp_path,
     winner = finalists.winner(finals)
     assert row["config"] == winner.config and row["median_s"] == winner.median_s and row["finalists"] == count
     assert row["sweep_median_s"] == min(t["median_s"] for t in trials if t["config"] == winner.config)
+    # a CPU has no device clock: every figure is the wall clock's, and says so
+    assert row["clock"] == "wall" and {t["clock"] for t in trials} == {"wall"} and {f.clock for f in finals} == {"wall"}

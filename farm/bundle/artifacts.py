@@ -44,6 +44,7 @@ CONFIG_COLUMNS = pa.schema([
     ("min_s", pa.float64()), ("n_timed", pa.int64()), ("numerics_error", pa.float64()),
     ("default_config", pa.string()), ("default_median_s", pa.float64()),
     ("sweep_median_s", pa.float64()), ("finalists", pa.int64()), ("floor_s", pa.float64()), ("settled", pa.bool_()),
+    ("clock", pa.string()),
     ("trials", pa.int64()), ("pruned", pa.int64()), ("oom", pa.int64()), ("outcome_counts", pa.string()),
     ("run_id", pa.string()), ("created", records.TIMESTAMP),
     ("knobs", KNOBS),

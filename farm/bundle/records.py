@@ -44,6 +44,7 @@ class TrialRecord:
     cut_short: bool | None = None       # timed in a few samples only: clearly slower than the best so far
     disturbed: bool | None = None       # its first timing was held up from outside (compiles beside it)
     retimed_quiet: bool | None = None   # ... and was taken again with no compile running: the figures above
+    clock: str | None = None            # the timing's clock: "wall" (queued calls) or "device" (kernel durations)
     numerics_error: float | None = None
     compile_s: float | None = None
     device_s: float | None = None       # seconds the device spent validating and timing

@@ -68,7 +68,8 @@ def build_executables(module: Any, task: TuningTask, config: dict[str, Any], int
     sets of arguments (`farm.measure.dispatch`). Raises what building, lowering or compiling raises."""
     dtype = jnp.dtype(task.dtype)
     fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret))
-    executable = jax.jit(dispatch.repeated(fn, calls, len(args))).lower(*(list(args) * calls)).compile()
+    executable = jax.jit(dispatch.repeated(fn, calls, len(args))).lower(*(list(args) * calls)).compile(
+        dispatch.compile_options(calls))
     check_fn = module.build(config, task.shape, dtype, Platform(task.target, interpret=interpret,
                                                                 poison_outputs=True))
     check_executable = jax.jit(check_fn).lower(*args).compile()

@@ -16,11 +16,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from farm.measure import dispatch, outcomes, software, timing, validate
+from farm.measure import device_clock, dispatch, outcomes, software, timing, validate
 from farm.measure.compiler import Compiled, compile_config, full_text, input_key
 from farm.measure.outcomes import Measurement
 from farm.tasks import TuningTask
-
 
 REFERENCE_MEMORY_SHARE = 0.4   # of an accelerator's memory, for the cached references of its tasks
 REFERENCE_BYTES_ON_HOST = 16 << 30   # where the device reports no memory limit (CPU)
@@ -129,19 +128,25 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
 
 def time_into(result: Measurement, c: Compiled, *, repetitions: int = 10, warmup: int = 2,
               time_budget_s: float | None = None, cutoff_s: float | None = None) -> Measurement:
-    """Time `c` on its inputs (`timing.time_calls`) into `result`'s timing fields, per kernel call;
-    a failure to run makes `result` a run error."""
+    """Time `c` on its inputs into `result`'s timing fields, per kernel call: on the device clock
+    where `dispatch.device_clocked` says so and a trace shows the kernels
+    (`device_clock.time_on_device`, 2 x `repetitions` dispatches), else on the wall clock
+    (`timing.time_calls`). A failure to run makes `result` a run error."""
     calls = c.calls_per_dispatch
+    sets = dispatch.grouped_sets(c.inputs, calls)
     try:
-        t = timing.time_calls(c.executable, dispatch.grouped_sets(c.inputs, calls), warmup=warmup,
-                              repetitions=repetitions, budget_s=time_budget_s,
-                              cutoff_s=None if cutoff_s is None else cutoff_s * calls)
+        t = None
+        if dispatch.device_clocked(calls) and device_clock.available():
+            t = device_clock.time_on_device(c.executable, sets, samples=2 * repetitions, warmup=warmup)
+        if t is None:
+            t = timing.time_calls(c.executable, sets, warmup=warmup, repetitions=repetitions,
+                                  budget_s=time_budget_s, cutoff_s=None if cutoff_s is None else cutoff_s * calls)
         t = dispatch.per_call(t, calls)
     except Exception as err:  # noqa: BLE001
         return result.fail(full_text(err), outcomes.RUN_ERROR)
     result.median_s, result.min_s, result.spread = t.median_s, t.min_s, t.spread
     result.n_timed, result.calls_per_sample, result.cut_short = len(t.samples), t.calls_per_sample, t.cut_short
-    result.disturbed = t.disturbed
+    result.disturbed, result.clock = t.disturbed, t.clock
     return result
 
 

@@ -36,8 +36,16 @@ def calls_per_dispatch(module: Any, task: TuningTask, interpret: bool) -> int:
     return min(MAX_CALLS, math.ceil(HOST_CALL_S / max(floor, HOST_CALL_S / MAX_CALLS)))
 
 
+def device_clocked(calls: int) -> bool:
+    """Whether a task timed with `calls` kernel calls per dispatch is timed on the device clock
+    (`farm.measure.device_clock`) where the device has one: the tasks short enough to batch,
+    whose wall-clock figure 16 calls a dispatch still leave host-bound below about 10 us."""
+    return calls > 1
+
+
 def repeated(fn: Callable[..., Any], calls: int, n_args: int) -> Callable[..., Any]:
-    """A function of `calls` x `n_args` arguments: `fn` on each consecutive group, all outputs."""
+    """A function of `calls` x `n_args` arguments: `fn` on each consecutive group, all outputs.
+    Compile it with `compile_options(calls)`, so that its calls run one after another."""
     if calls == 1:
         return fn
 
@@ -45,6 +53,21 @@ def repeated(fn: Callable[..., Any], calls: int, n_args: int) -> Callable[..., A
         return tuple(fn(*args[i * n_args:(i + 1) * n_args]) for i in range(calls))
 
     return run
+
+
+# XLA runs an executable's kernels as a CUDA graph (a command buffer) whose independent nodes
+# may overlap: on the H200, 120 of the 127 kernels of 4 dispatches of 16 softmax calls started
+# before the one before them ended, and the device clock charged each the contention
+# (bench/probes/serialize_probe.py). Without command buffers the kernels run in order on one
+# stream (0 of 127 overlapped). An optimization barrier between the calls did not stop it: XLA
+# orders the graph by buffers, not by the barrier.
+SERIAL_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
+
+
+def compile_options(calls: int) -> dict[str, str] | None:
+    """XLA compile options of an executable of `calls` calls a dispatch: no command buffers, so
+    that its kernels run one after another, each timed alone on the device (None for one call)."""
+    return dict(SERIAL_OPTIONS) if calls > 1 else None
 
 
 def grouped_sets(input_sets: Sequence[Sequence[Any]], calls: int) -> list[tuple[Any, ...]]:

@@ -14,6 +14,10 @@ Mosaic GPU matmul ran 9.8% slower sustained, torch's 0.9% (BENCHMARKS.md, 2026-1
 `sustain_s`, each round's sample of a finalist is instead taken from that many seconds of its
 calls back to back (the median of the pairs in the second half, once the clocks have settled to
 the load): the ranking of a training step's regime, at sustain_s seconds a sample.
+
+Finalists short enough to be batched several calls a dispatch (`farm.measure.dispatch`) are
+re-timed on the device clock where the device has one (`farm.measure.device_clock`): a sample is
+the median kernel time of DEVICE_DISPATCHES dispatches under one trace, as in the sweep.
 """
 from __future__ import annotations
 
@@ -24,11 +28,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from farm.measure import dispatch, timing
+from farm.measure import device_clock, dispatch, timing
 
 ROTATE_PAST_BYTES = 128 << 20   # twice the largest last-level cache of the devices we target (H200: 50 MB)
 MAX_INPUT_SETS = 16
 MIN_SAMPLES = 6  # samples of every finalist before the order may be settled
+DEVICE_DISPATCHES = 8   # dispatches behind one sample on the device clock (their median)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +54,7 @@ class FinalTiming:
     settled: bool                  # the leader's order was settled before the budget ended
     error: str | None = None
     sustain_s: float = 0.0         # seconds of back-to-back calls behind each sample (0: one sample pair)
+    clock: str = timing.WALL       # the samples' clock (`farm.measure.timing.Timing.clock`)
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (a line of finalists.jsonl)."""
@@ -109,24 +115,52 @@ def sustained_per_call(fn: Any, input_sets: Sequence[Sequence[Any]], calls: int,
     return statistics.median(v for ended, v in values if ended >= sustain_s / 2)
 
 
+class _NoTrace(Exception):
+    """A device-clock sample the trace did not show: the finalists are timed on the wall clock."""
+
+
+def _sample(fn: Any, input_sets: Sequence[Sequence[Any]], calls: int, sustain_s: float, clock: str) -> float:
+    """One sample of `fn`, seconds per dispatch, on `clock` (`calls`: per wall-clock sample)."""
+    if clock == timing.DEVICE:
+        if sustain_s > 0:
+            value = device_clock.sustained_seconds(fn, input_sets, sustain_s)
+        else:
+            values = device_clock.dispatch_seconds(fn, input_sets, DEVICE_DISPATCHES)
+            value = None if values is None else statistics.median(values)
+        if value is None:
+            raise _NoTrace
+        return value
+    return (sustained_per_call(fn, input_sets, calls, sustain_s) if sustain_s > 0
+            else timing.pair_per_call(fn, input_sets, calls))
+
+
 def retime(task_key: str, fns: dict[str, Any], input_sets: Sequence[Sequence[Any]], *, floor_s: float | None,
            min_samples: int = MIN_SAMPLES, max_samples: int = 30, budget_s: float = 10.0,
-           min_sample_s: float = 5e-3, calls: int = 1, sustain_s: float = 0.0) -> list[FinalTiming]:
+           min_sample_s: float = 5e-3, calls: int = 1, sustain_s: float = 0.0,
+           clock: str = timing.WALL) -> list[FinalTiming]:
     """Re-time `fns` (config JSON -> compiled callable) side by side; one FinalTiming each.
     `calls`: kernel calls each callable makes per dispatch (`farm.measure.dispatch`); the
-    results are per kernel call. `sustain_s` > 0: each sample from that many seconds of a
-    finalist's calls back to back (`sustained_per_call`), not from one sample pair."""
+    results are per kernel call, on the device clock where `dispatch.device_clocked` says so and
+    the device has one. `sustain_s` > 0: each sample from that many seconds of a finalist's
+    calls back to back (`sustained_per_call`), not from one sample pair."""
     if calls > 1:
+        device = dispatch.device_clocked(calls) and device_clock.available()
         results = retime(task_key, fns, dispatch.grouped_sets(input_sets, calls),
                          floor_s=None if floor_s is None else floor_s * calls, min_samples=min_samples,
                          max_samples=max_samples, budget_s=budget_s, min_sample_s=min_sample_s,
-                         sustain_s=sustain_s)
+                         sustain_s=sustain_s, clock=timing.DEVICE if device else timing.WALL)
         return [dataclasses.replace(
             t, median_s=None if t.median_s is None else t.median_s / calls,
             min_s=None if t.min_s is None else t.min_s / calls, floor_s=floor_s,
             input_sets=len(input_sets)) for t in results]
     started = time.perf_counter()
-    per_sample = {name: timing.calibrate(fn, input_sets, min_sample_s=min_sample_s)[0] for name, fn in fns.items()}
+    if clock == timing.DEVICE:
+        for fn in fns.values():
+            device_clock.run_dispatches(fn, input_sets, 2)   # warm-up, untraced
+        per_sample = {name: 1 for name in fns}
+    else:
+        per_sample = {name: timing.calibrate(fn, input_sets, min_sample_s=min_sample_s)[0]
+                      for name, fn in fns.items()}
     samples: dict[str, list[float]] = {name: [] for name in fns}
     below: set[str] = set()
     retried: set[str] = set()
@@ -134,8 +168,12 @@ def retime(task_key: str, fns: dict[str, Any], input_sets: Sequence[Sequence[Any
     while True:
         rounds += 1
         for name, fn in fns.items():
-            samples[name].append(sustained_per_call(fn, input_sets, per_sample[name], sustain_s) if sustain_s > 0
-                                 else timing.pair_per_call(fn, input_sets, per_sample[name]))
+            try:
+                samples[name].append(_sample(fn, input_sets, per_sample[name], sustain_s, clock))
+            except _NoTrace:
+                return retime(task_key, fns, input_sets, floor_s=floor_s, min_samples=min_samples,
+                              max_samples=max_samples, budget_s=max(0.0, budget_s - (time.perf_counter() - started)),
+                              min_sample_s=min_sample_s, sustain_s=sustain_s)
         n = min(len(s) for s in samples.values())
         if n < min_samples:
             continue
@@ -154,11 +192,11 @@ def retime(task_key: str, fns: dict[str, Any], input_sets: Sequence[Sequence[Any
     for name, values in samples.items():
         if not values:
             results.append(FinalTiming(task_key, name, None, None, None, 0, len(input_sets), floor_s, True,
-                                       len(fns), rounds, False, "no samples", sustain_s))
+                                       len(fns), rounds, False, "no samples", sustain_s, clock))
             continue
         median, spread, low = _stats(values)
         results.append(FinalTiming(task_key, name, median, spread, low, len(values), len(input_sets), floor_s,
-                                   name in below, len(fns), rounds, done, None, sustain_s))
+                                   name in below, len(fns), rounds, done, None, sustain_s, clock))
     return results
 
 

@@ -83,6 +83,7 @@ class Measurement:
     cut_short: bool = False           # timing stopped early: clearly slower than the task's best so far
     disturbed: bool = False           # the timing was held up from outside (`timing.Timing.disturbed`)
     retimed_quiet: bool = False       # ... so it was taken again with no compile running (the figures are those)
+    clock: str | None = None          # the timing's clock: "wall" or "device" (`farm.measure.timing.Timing.clock`)
     numerics_error: float | None = None  # relative L2 error against the reference
     compile_s: float | None = None
     error: str | None = None

@@ -20,6 +20,9 @@ from typing import Any
 
 import jax
 
+WALL = "wall"
+DEVICE = "device"
+
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
@@ -32,6 +35,8 @@ class Timing:
     calls_per_sample: int  # calls in the shorter sample of each pair
     cut_short: bool = False  # stopped after RACE_SAMPLES samples: slower than the cutoff it was given
     disturbed_pairs: int = 0  # pairs whose two samples disagree (`consistent_pair`)
+    clock: str = WALL         # WALL: paired queued calls on the host's clock; DEVICE: kernel durations
+    #                           from a trace (`farm.measure.device_clock`)
 
     @property
     def disturbed(self) -> bool:
@@ -124,11 +129,16 @@ def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, w
         if cutoff_s is not None and len(samples) == RACE_SAMPLES and min(samples) > cutoff_s:
             cut = True
             break
-    samples.sort()
-    median = statistics.median(samples)
-    q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [median, median, median]
-    return Timing(median, samples[0], (q[2] - q[0]) / median if median > 0 else 0.0,
-                  tuple(samples), calls, cut, disturbed)
+    return summarize(samples, calls, cut_short=cut, disturbed_pairs=disturbed)
+
+
+def summarize(samples: Sequence[float], calls_per_sample: int, **fields: Any) -> Timing:
+    """A Timing of per-call `samples` (seconds): their median, minimum and spread; `fields` sets the rest."""
+    values = sorted(samples)
+    median = statistics.median(values)
+    q = statistics.quantiles(values, n=4) if len(values) >= 2 else [median, median, median]
+    return Timing(median, values[0], (q[2] - q[0]) / median if median > 0 else 0.0, tuple(values),
+                  calls_per_sample, **fields)
 
 
 def time_side_by_side(fns: dict[str, Callable[..., Any]], input_sets: Sequence[Sequence[Any]], *,
@@ -143,11 +153,4 @@ def time_side_by_side(fns: dict[str, Callable[..., Any]], input_sets: Sequence[S
     for _ in range(repetitions):
         for name, fn in fns.items():
             samples[name].append(pair_per_call(fn, input_sets, calls[name]))
-    timings = {}
-    for name, values in samples.items():
-        values.sort()
-        median = statistics.median(values)
-        q = statistics.quantiles(values, n=4) if len(values) >= 2 else [median] * 3
-        timings[name] = Timing(median, values[0], (q[2] - q[0]) / median if median > 0 else 0.0,
-                               tuple(values), calls[name])
-    return timings
+    return {name: summarize(values, calls[name]) for name, values in samples.items()}
