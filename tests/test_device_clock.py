@@ -74,6 +74,9 @@ def test_a_cpu_has_no_device_clock_and_a_trace_of_it_shows_no_kernels():
     assert not device_clock.available()
     f = jax.jit(lambda x: x * 2.0)
     x = jnp.ones(16)
+    with device_clock.profiles() as found:   # the trace is written, and read back
+        device_clock.run_dispatches(f, [(x,)], 2)
+    assert len(found) == 1 and "/host:CPU" in [plane.name for plane in found[0].planes]
     with device_clock.traced() as spans:
         device_clock.run_dispatches(f, [(x,)], 3)
     assert spans == []

@@ -37,21 +37,18 @@ from kernels.lowering import Platform  # noqa: E402
 
 def dump_structure(fn, sets, path: Path) -> None:
     """Every plane and line of one trace of two dispatches, with each line's first events and stats."""
-    session_type, options_type = device_clock._session_api()
-    options = options_type()
-    options.host_tracer_level, options.python_tracer_level, options.enable_hlo_proto = 0, 0, False
-    session = session_type(options)
-    device_clock.run_dispatches(fn, sets, 2)
-    profile = jax.profiler.ProfileData.from_serialized_xspace(session.stop())
+    with device_clock.profiles() as found:
+        device_clock.run_dispatches(fn, sets, 2)
     lines = []
-    for plane in profile.planes:
-        lines.append(f"PLANE {plane.name} stats={list(plane.stats)[:6]}")
-        for line in plane.lines:
-            events = list(line.events)
-            lines.append(f"  LINE {line.name!r}: {len(events)} events")
-            for e in events[:6]:
-                lines.append(f"    {e.name[:90]!r} start={e.start_ns:.0f} dur_ns={e.duration_ns:.0f} "
-                             f"stats={[(k, str(v)[:60]) for k, v in e.stats]}")
+    for profile in found:
+        for plane in profile.planes:
+            lines.append(f"PLANE {plane.name} stats={list(plane.stats)[:6]}")
+            for line in plane.lines:
+                events = list(line.events)
+                lines.append(f"  LINE {line.name!r}: {len(events)} events")
+                for e in events[:6]:
+                    lines.append(f"    {e.name[:90]!r} start={e.start_ns:.0f} dur_ns={e.duration_ns:.0f} "
+                                 f"stats={[(k, str(v)[:60]) for k, v in e.stats]}")
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -21,8 +21,10 @@ import dataclasses
 import functools
 import logging
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -80,39 +82,42 @@ def per_dispatch_seconds(spans: Sequence[KernelSpan], dispatches: int) -> list[f
     return [sum(s.seconds for s in spans[i * per:(i + 1) * per]) for i in range(dispatches)]
 
 
-def _session_api() -> tuple[Any, Any] | None:
-    """XLA's in-process profiler session and its options, where this JAX has them."""
-    try:
-        from jax._src.lib import _profiler
-    except ImportError:
-        return None
-    if not hasattr(_profiler, "ProfilerSession") or not hasattr(_profiler, "ProfileOptions"):
-        return None
-    return _profiler.ProfilerSession, _profiler.ProfileOptions
+def _options() -> Any:
+    """Profiler options for device activity only: no host or Python events, no HLO of every
+    executable of the process in the trace."""
+    options = jax.profiler.ProfileOptions()
+    options.host_tracer_level = 0
+    options.python_tracer_level = 0
+    options.enable_hlo_proto = False
+    options.raise_error_on_start_failure = True
+    return options
+
+
+@contextlib.contextmanager
+def profiles() -> Iterator[list[Any]]:
+    """Trace this process while the block runs (`jax.profiler.start_trace` into a temporary
+    folder); the list it yields holds the trace (`jax.profiler.ProfileData`, one per file) once
+    the block ends. Raises RuntimeError where no trace can be started (another one running)."""
+    found: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="farm-trace-") as folder:
+        jax.profiler.start_trace(folder, profiler_options=_options())
+        try:
+            yield found
+        finally:
+            jax.profiler.stop_trace()
+        found.extend(jax.profiler.ProfileData.from_file(str(path))
+                     for path in sorted(Path(folder).rglob("*.xplane.pb")))
 
 
 @contextlib.contextmanager
 def traced() -> Iterator[list[KernelSpan]]:
-    """Trace the device while the block runs; the list it yields holds the kernels once it ends.
-
-    Raises RuntimeError where no session can be started (no profiler in this JAX, or another
-    trace running in this process)."""
-    api = _session_api()
-    if api is None:
-        raise RuntimeError("this JAX has no in-process profiler session")
-    session_type, options_type = api
-    options = options_type()
-    options.host_tracer_level = 0      # device activity only: no host or Python events to collect
-    options.python_tracer_level = 0
-    options.enable_hlo_proto = False   # no HLO of every executable of the process in the trace
-    options.raise_error_on_start_failure = True
-    session = session_type(options)
+    """Trace the device while the block runs (`profiles`); the list it yields holds the kernels,
+    in start order, once the block ends."""
     spans: list[KernelSpan] = []
-    try:
+    with profiles() as found:
         yield spans
-    finally:
-        xspace = session.stop()
-    spans.extend(kernel_spans(jax.profiler.ProfileData.from_serialized_xspace(xspace)))
+    spans.extend(span for profile in found for span in kernel_spans(profile))
+    spans.sort(key=lambda s: (s.start_ns, s.end_ns))
 
 
 def run_dispatches(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], dispatches: int,
@@ -170,7 +175,7 @@ def available() -> bool:
     """Whether this process's first device is a GPU whose kernels a trace shows (checked once, on
     a small XLA kernel: two dispatches must show as two equal groups of kernels)."""
     device = jax.devices()[0]
-    if device.platform != "gpu" or _session_api() is None:
+    if device.platform != "gpu":
         return False
     x = jax.numpy.ones((1024,), jax.numpy.float32)
     probe = jax.jit(lambda a: a * 2.0 + 1.0)

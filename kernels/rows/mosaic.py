@@ -412,10 +412,32 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
         fitting = [change for dtype in (F32, jnp.bfloat16) for change in changes  # else a 16-bit one
                    if _fits(math_, {**config, **change}, shape, dtype)]
         config.update(fitting[0] if fitting else {})
+        if config.get("cluster", 1) == 1:
+            config.update(_few_rows_cluster(math_, config, shape))
         if config.get("cluster", 1) > 1 and math_.col_inputs:  # the blocks' runs of the column inputs
             # from global memory where the chunks divide the row (no more shared memory than streamed)
             config["stream_cols"] = DIRECT if cols % config["block_cols"] == 0 else STREAMED
     return config
+
+
+FEW_ROWS = 16   # rows (of every batch entry) whose blocks of a cluster of 8 still make one wave on a GPU
+
+
+def _few_rows_cluster(math_: StagedMath, config: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]:
+    """For up to FEW_ROWS rows longer than four 1024-column chunks, a row over the most blocks of
+    a cluster (up to 8) that each get a chunk or more, in 1024-column chunks: a block per row
+    leaves most of the GPU idle. On the H200 (bf16; bench/results/h200/device_clock/ln_cluster.txt)
+    layer norm ran 3.3 -> 2.1 us at 4 x 16384 (XLA 2.0), 5.3 -> 2.6 at 2 x 32768 (XLA 5.9),
+    2.4 -> 1.9 at 16 x 5120, rms norm 4.5 -> 2.3 at 2 x 32768 (XLA 3.2); at 4 x 2048, 2 blocks
+    lost (1.5 -> 1.8). No change ({}) for more rows, shorter rows, or where no cluster fits."""
+    rows, cols = math.prod(shape[:-1]), shape[-1]
+    if rows > FEW_ROWS or cols <= 4 * CHUNKS[0]:
+        return {}
+    for blocks in range(min(CLUSTERS[1], cols // CHUNKS[0]), 1, -1):
+        change = {"cluster": blocks, "block_cols": CHUNKS[0]}
+        if _fits(math_, {**config, **change}, shape, jnp.bfloat16):
+            return change
+    return {}
 
 
 def _fits(math_: StagedMath, config: dict[str, Any], shape: tuple[int, ...], dtype: Any) -> bool:
