@@ -129,35 +129,44 @@ def run_dispatches(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], 
     jax.block_until_ready(out)
 
 
-def dispatch_seconds(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], dispatches: int,
-                     ) -> list[float] | None:
-    """Each of `dispatches` queued calls' kernel seconds, from one trace; None where the trace does
-    not show them (see `per_dispatch_seconds`) or cannot be taken."""
+def _traced_dispatches(queue: Callable[[], int]) -> list[float] | None:
+    """Each dispatch's kernel seconds from one trace of `queue` (which queues dispatches and says
+    how many); None where the trace cannot be taken or does not show them (`per_dispatch_seconds`)."""
     try:
         with traced() as spans:
-            run_dispatches(fn, input_sets, dispatches)
+            dispatches = queue()
     except RuntimeError as err:
         logger.warning("no device trace: %s", err)
         return None
     return per_dispatch_seconds(spans, dispatches)
 
 
+def dispatch_seconds(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], dispatches: int,
+                     ) -> list[float] | None:
+    """Each of `dispatches` queued calls' kernel seconds, from one trace; None where the trace does
+    not show them (see `per_dispatch_seconds`) or cannot be taken."""
+    def queue() -> int:
+        run_dispatches(fn, input_sets, dispatches)
+        return dispatches
+
+    return _traced_dispatches(queue)
+
+
 def sustained_seconds(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], sustain_s: float,
                       ) -> float | None:
     """Kernel seconds per dispatch of `fn` run back to back for at least `sustain_s` under one trace:
     the median over the dispatches of the span's second half (None: no trace, as above)."""
-    batch, done = max(1, len(input_sets)), 0
-    try:
-        with traced() as spans:
-            start = time.perf_counter()
-            while done < 2 or time.perf_counter() - start < sustain_s:
-                run_dispatches(fn, input_sets, batch, first=done)
-                done += batch
-    except RuntimeError as err:
-        logger.warning("no device trace: %s", err)
-        return None
-    values = per_dispatch_seconds(spans, done)
-    return None if values is None else statistics.median(values[done // 2:])
+    batch = max(1, len(input_sets))
+
+    def queue() -> int:
+        done, start = 0, time.perf_counter()
+        while done < 2 or time.perf_counter() - start < sustain_s:
+            run_dispatches(fn, input_sets, batch, first=done)
+            done += batch
+        return done
+
+    values = _traced_dispatches(queue)
+    return None if values is None else statistics.median(values[len(values) // 2:])
 
 
 def time_on_device(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], *, samples: int,
