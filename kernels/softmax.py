@@ -81,7 +81,7 @@ def _blocked_body(x_ref, o_ref) -> None:
     o_ref[...] = _softmax_rows(x, cols=x.shape[-1], valid=None)[0].astype(o_ref.dtype)
 
 
-def _finite(m: jax.Array) -> jax.Array:
+def finite_shift(m: jax.Array) -> jax.Array:
     """A span's max as the shift of its exponentials: 0 for a span of -inf only (which then
     sums to 0 and merges as nothing, instead of exp(-inf - -inf) = NaN)."""
     return jnp.where(m == -jnp.inf, 0.0, m)
@@ -91,32 +91,32 @@ def _combine(stats: rows.Stats) -> rows.Stats:
     """(max, sum of exp(x - max)) of spans stacked on the last axis, for the whole row."""
     m, s = stats
     top = jnp.max(m, axis=-1, keepdims=True)
-    return top, jnp.sum(s * jnp.exp(m - _finite(top)), axis=-1, keepdims=True)
+    return top, jnp.sum(s * jnp.exp(m - finite_shift(top)), axis=-1, keepdims=True)
 
 
 MATH = rows.RowMath(NAME, rows=_softmax_rows, init=_init, update=_update, finish=_finish,
                     apply=_normalize, pad=-jnp.inf, combine=_combine)
 
 
-def _merge(a: rows.Stats, b: rows.Stats) -> rows.Stats:
+def merge_spans(a: rows.Stats, b: rows.Stats) -> rows.Stats:
     """(max, 1 / sum of exp(x - max)) of two spans of a row, combined."""
     m = jnp.maximum(a[0], b[0])
-    shift = _finite(m)
+    shift = finite_shift(m)
     return m, 1.0 / (jnp.exp(a[0] - shift) / a[1] + jnp.exp(b[0] - shift) / b[1])
 
 
 def _rebase(span: rows.Stats, row: rows.Stats) -> rows.Stats:
     """The scale of a span staged as exp(x - its own max), for the row's max and sum."""
-    return row[0], row[1] * jnp.exp(_finite(span[0]) - _finite(row[0]))
+    return row[0], row[1] * jnp.exp(finite_shift(span[0]) - finite_shift(row[0]))
 
 
 # Staged rows (Mosaic GPU): the max, then exp(x - max) stored in place and summed; the map
 # scales it. Rows longer than shared memory: a staged head and a streamed tail, merged.
 STAGED = rows.StagedMath(
-    NAME, pad=-jnp.inf, merge=_merge, rebase=_rebase,
+    NAME, pad=-jnp.inf, merge=merge_spans, rebase=_rebase,
     walks=(rows.ROW_MAX,
            rows.Walk(fold=lambda acc, e, stats, valid: acc + e, across=jnp.sum, identity=0.0,
-                     rewrite=lambda x, stats: jnp.exp(x - _finite(stats[0])),
+                     rewrite=lambda x, stats: jnp.exp(x - finite_shift(stats[0])),
                      finish=lambda total, stats, cols: 1.0 / total)),
     apply=lambda e, stats: e * stats[1])
 

@@ -12,7 +12,7 @@ import kernels
 from farm.measure import outcomes, validate
 from farm.measure.device import measure
 from farm.tasks import TuningTask
-from kernels import batch_softmax, cross_entropy, layer_norm, rms_norm, softmax
+from kernels import batch_softmax, cross_entropy, layer_norm, rms_norm, softmax, softmax_two_pass
 from kernels.lowering import Platform
 from kernels.rows import mosaic as mosaic_rows
 from tests.mosaic_checks import mosaic_smem_bytes
@@ -39,12 +39,25 @@ def _error(module, shape: tuple[int, int], dtype, config: dict, inputs: tuple | 
                  # 3 or 31 (f32) elements early, and each row's ends are stored element by element
 ])
 @pytest.mark.parametrize("window_align", [16, 128])
-@pytest.mark.parametrize("module", [softmax, cross_entropy], ids=["softmax", "cross_entropy"])
+@pytest.mark.parametrize("module", [softmax, cross_entropy, softmax_two_pass],
+                         ids=["softmax", "cross_entropy", "softmax_two_pass"])
 def test_staged_rows_match_the_reference_in_the_gpu_interpreter(module, shape, dtype, window_align):
     config = _config(window_align=window_align)
     plan = mosaic_rows.plan(module.STAGED, config, shape, dtype)
     assert plan.aligned == (shape[1] == 2048)
     assert _error(module, shape, dtype, config) <= validate.tolerance(jnp.dtype(dtype).name, module)
+
+
+@pytest.mark.parametrize("block_cols", [1024, 4096])
+def test_two_pass_softmax_rescales_its_running_sum_when_a_later_chunk_raises_the_max(block_cols):
+    # Pass 1 folds the staged row chunk by chunk (online max and sum): a max in the last chunk
+    # must rescale the sum of the chunks before it; a row of -inf but one column sums to 1.
+    shape = (4, 4096)
+    x = softmax_two_pass.make_inputs(shape, jnp.float32, jax.random.key(3))[0]
+    x = x.at[0, -1].set(40.0).at[1, 0].set(-30.0).at[2].set(-jnp.inf).at[2, 4000].set(1.0)
+    config = _config(block_cols)
+    assert len(softmax_two_pass.STAGED.walks) == 1  # two passes: the online walk, then the map
+    assert _error(softmax_two_pass, shape, jnp.float32, config, (x,)) <= 1e-5
 
 
 @pytest.mark.parametrize("stream_cols", [0, 1])
@@ -121,24 +134,25 @@ def test_cross_entropy_streams_rows_through_shared_memory_in_pieces(shape, dtype
     assert staged == slots * piece * jnp.dtype(dtype).itemsize
 
 
-@pytest.mark.parametrize("shape,dtype,piece,slots", [
+@pytest.mark.parametrize("module,shape,dtype,piece,slots", [
     # f32: a head of 8192 columns beside 3 slots of 16384; the tail's 2 pieces end in a partial chunk
-    ((3, 30720), jnp.float32, 16384, 3),
-    ((2, 74752), jnp.float32, 16384, 3),  # five tail pieces through three slots, both passes wrapping
-    ((3, 82944), jnp.bfloat16, 16384, 4),  # bf16: a head of 49152; tail pieces 16384, 16384, 1024
+    (softmax, (3, 30720), jnp.float32, 16384, 3),
+    (softmax_two_pass, (3, 30720), jnp.float32, 16384, 3),
+    (softmax, (2, 74752), jnp.float32, 16384, 3),  # five tail pieces through three slots, both passes wrapping
+    (softmax, (3, 82944), jnp.bfloat16, 16384, 4),  # bf16: a head of 49152; tail pieces 16384, 16384, 1024
 ])
 def test_softmax_rows_longer_than_shared_memory_stage_their_head_and_stream_their_tail_twice(
-        shape, dtype, piece, slots):
+        module, shape, dtype, piece, slots):
     config = _config(4096, strategy="smem_split", piece_cols=piece, slots=slots)
-    plan = mosaic_rows.plan(softmax.STAGED, config, shape, dtype)
+    plan = mosaic_rows.plan(module.STAGED, config, shape, dtype)
     head = plan.head
     assert plan.footprint <= mosaic_rows.mgpu_launch.SMEM_BYTES and 0 < head < shape[1]
     x = softmax.make_inputs(shape, dtype, jax.random.key(8))[0]
     x = x.at[0, head + 5].set(30.0)      # row 0: the max in the tail, far above the head's
     x = x.at[1, head:].set(-jnp.inf)     # row 1: a tail of -inf only (its pieces sum to 0, not NaN)
     x = x.at[2 % shape[0], :head].set(-jnp.inf)  # the last row: a head of -inf only
-    error = _error(softmax, shape, dtype, config, (x,))
-    assert error <= validate.tolerance(jnp.dtype(dtype).name, softmax)
+    error = _error(module, shape, dtype, config, (x,))
+    assert error <= validate.tolerance(jnp.dtype(dtype).name, module)
 
 
 def test_softmax_over_shared_memory_tunes_on_mosaic_gpu_with_rows_split_over_a_cluster(tmp_path):
@@ -200,6 +214,9 @@ def test_rows_far_from_zero_and_with_one_dominant_column():
     ("softmax", (8192, 151936), {"strategy": "smem_split", "piece_cols": 4096, "slots": 3, "cluster": 1}),
     ("softmax", (8192, 128256), {}),  # the default: the row split over 4 blocks of a cluster
     ("softmax", (8192, 151936), {"cluster": 6, "block_cols": 2048}),
+    ("softmax_two_pass", (8192, 8192), {"block_cols": 8192}),
+    ("softmax_two_pass", (8192, 128256), {}),  # the default: the row split over 4 blocks of a cluster
+    ("softmax_two_pass", (8192, 151936), {"strategy": "smem_split", "piece_cols": 8192, "slots": 2, "cluster": 1}),
     ("cross_entropy", (8192, 128256), {"strategy": "smem_row", "cluster": 4}),
     ("layer_norm", (16384, 16384), {"cluster": 2, "block_cols": 2048}),  # runs of the weight and bias too
     ("rms_norm", (4096, 5120), {"cluster": 2, "block_cols": 1024}),  # runs of 3072 and 2048 columns
@@ -431,6 +448,8 @@ def test_clustered_rows_run_on_a_gpu_only():
 @pytest.mark.parametrize("module,shape,dtype,config", [
     (softmax, (3, 128256), jnp.bfloat16, _config(4096, cluster=4, approx_math=1)),
     (softmax, (3, 151936), jnp.float32, _config(2048, cluster=6)),  # runs of 26624, the last of 18816
+    (softmax_two_pass, (3, 128256), jnp.bfloat16, _config(4096, cluster=4, approx_math=1)),
+    (softmax_two_pass, (3, 151936), jnp.float32, _config(2048, cluster=6)),
     (cross_entropy, (3, 128256), jnp.bfloat16, _config(4096, cluster=4)),
     (batch_softmax, (2, 2, 65536), jnp.bfloat16, _config(4096, cluster=3)),
     (rms_norm, (3, 131072), jnp.bfloat16, _config(4096, cluster=4, stream_cols=0)),
@@ -449,7 +468,7 @@ def test_clustered_rows_match_the_reference_on_a_gpu(module, shape, dtype, confi
     inputs = module.make_inputs(shape, dtype, jax.random.key(9))
     if module is layer_norm:  # rows far from zero: every block shifts by the row's first element
         inputs = (inputs[0] + 1000.0, *inputs[1:])
-    elif module in (softmax, cross_entropy):
+    elif module in (softmax, softmax_two_pass, cross_entropy):
         x = inputs[0]
         x = x.at[0, -5].set(30.0)            # row 0: the max in the last block, far above the rest
         x = x.at[1, :shape[1] // 2].set(-jnp.inf)  # row 1: the first blocks see -inf only

@@ -274,9 +274,9 @@ class StagedMath:
 
     @property
     def exchanged(self) -> int:
-        """Floats each block of a cluster exchanges per row: one finished statistic a walk
-        (merge), or every walk's value (combine)."""
-        return sum(walk.width for walk in self.walks) if self.combines else len(self.walks)
+        """Floats each block of a cluster exchanges per row: every walk's value (combine) or
+        finished statistic (merge), each as wide as the walk's identity."""
+        return sum(walk.width for walk in self.walks)
 
 
 # The row's max, folded in the input dtype (exact) and kept as float32: softmax's and cross

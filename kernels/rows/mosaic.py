@@ -838,18 +838,20 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             _cluster_sync("arrive_relaxed")  # this block has started
             started: list[bool] = []
 
-            def exchanged(base: int, values: tuple[jax.Array, ...]) -> list[tuple[jax.Array, ...]]:
-                """Every block's `values` (floats base.. of a block's part of the exchange), in
-                block order, once all blocks have sent theirs."""
-                width = len(values)
+            def exchanged(base: int, values: Any) -> list[Any]:
+                """Every block's `values` (a tuple of floats, or of tuples of them: floats base..
+                of a block's part of the exchange), in block order, once all blocks have sent theirs."""
+                leaves, tree = jax.tree.flatten(values)
+                width = len(leaves)
                 if not started:  # every block has started: its shared memory can be written
                     _cluster_sync("wait")
                     started.append(True)
-                for i, value in enumerate(values):
+                for i, value in enumerate(leaves):
                     xchg_smem[base + block * width + i] = value.astype(F32)
                 _send_to_peers(xchg_smem, base, width, K)
                 _cluster_sync("arrive", "wait")  # every block's values sent, and seen
-                return [tuple(xchg_smem[base + k * width + i] for i in range(width)) for k in range(K)]
+                return [jax.tree.unflatten(tree, [xchg_smem[base + k * width + i] for i in range(width)])
+                        for k in range(K)]
 
             def combined(i: int, value: Any) -> Any:
                 """Walk i's value for the whole row: every block's, combined in block order."""
