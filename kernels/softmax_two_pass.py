@@ -78,15 +78,24 @@ def bytes_moved(shape: tuple[int, ...], dtype: Any) -> int:
 
 
 def _staged_default_config(shape: tuple[int, ...]) -> dict[str, Any]:
-    """The staged rows' default, a block per row in the widest chunks that fit: pass 1 reduces
-    each chunk across the warpgroup twice (its max, its sum), so fewer chunks cost less. On the
-    H200 (bf16, 8192 x 8192; BENCHMARKS.md): 64.9 us in 8192-column chunks, 66.9 in 4096, 67.5 in 2048."""
+    """The staged rows' default, a block per row in the widest chunks that stage no more shared
+    memory: pass 1 reduces each chunk across the warpgroup twice (its max, its sum), so fewer
+    chunks cost less, while a longer padding can cost a block a SM. On the H200 (bf16;
+    BENCHMARKS.md): 8192 x 8192 64.9 us in 8192-column chunks, 66.9 in 4096; 8192 x 32000 258.9
+    against 263.4; 8192 x 50304 773.6 against 497.5 (57344 columns staged against 53248)."""
     config = _staged_default(shape, mosaic_rows.TARGET)
     if config["strategy"] != mosaic_rows.STRATEGY or config.get("cluster", 1) != 1:
         return config
-    widest = {**config, "block_cols": min(mosaic_rows.CHUNKS[1], pl.next_power_of_2(shape[-1]))}
-    fits = all(check_config(widest, shape, dtype, mosaic_rows.TARGET) is None for dtype in (jnp.float32, jnp.bfloat16))
-    return widest if fits else config
+
+    def staged(chunk: int) -> list[int | None]:
+        """Shared memory a block stages in each float type (None: the row does not fit)."""
+        config_ = {**config, "block_cols": chunk}
+        return [None if check_config(config_, shape, dtype, mosaic_rows.TARGET) else
+                footprint(config_, shape, dtype, mosaic_rows.TARGET) for dtype in (jnp.float32, jnp.bfloat16)]
+
+    chunks = range(mosaic_rows.CHUNKS[1].bit_length() - 1, config["block_cols"].bit_length() - 1, -1)
+    widest = next((1 << k for k in chunks if staged(1 << k) == staged(config["block_cols"])), config["block_cols"])
+    return {**config, "block_cols": widest}
 
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:

@@ -42,3 +42,19 @@ def test_footprint_by_hand() -> None:
     # Triton: one row, 2 chunks of 4096 bf16 x loaded ahead, reduction scratch of 4 warps.
     config = {"block_rows": 1, "block_cols": 4096, "num_stages": 3}
     assert K.footprint(config, shape, "bfloat16", "gpu-triton") == 2 * 4096 * 2 + 4 * 4
+
+
+def test_mosaic_default_takes_the_widest_chunks_that_stage_no_more_shared_memory() -> None:
+    # Pass 1 reduces every chunk twice, so wider chunks cost less, unless their padding stages
+    # more shared memory (a block a SM fewer: 8192 x 50304 ran 1.55x slower in 8192-column chunks).
+    from kernels.rows import mosaic as mosaic_rows
+
+    def chunk(shape: tuple[int, int]) -> int:
+        config = K.default_config(shape, "gpu-mosaic")
+        assert K.check_config(config, shape, "bfloat16", "gpu-mosaic") is None
+        return config["block_cols"]
+
+    assert chunk((8192, 8192)) == chunk((8192, 32000)) == mosaic_rows.CHUNKS[1]
+    assert chunk((8192, 50304)) == chunk((8192, 50257)) == mosaic_rows.DEFAULT_CHUNK
+    assert chunk((7, 4000)) == 4096 and chunk((2, 1000)) == 1024
+    assert K.default_config((8192, 128256), "gpu-mosaic")["cluster"] > 1  # the staged default's cluster
