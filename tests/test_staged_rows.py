@@ -48,39 +48,6 @@ def test_staged_rows_match_the_reference_in_the_gpu_interpreter(module, shape, d
     assert _error(module, shape, dtype, config) <= validate.tolerance(jnp.dtype(dtype).name, module)
 
 
-@pytest.mark.parametrize("module,shape,dtype,knobs", [
-    (softmax, (3, 5120), jnp.bfloat16, {"parts": 2}),       # 5 chunks: spans of 3 and 2
-    (softmax, (3, 3136), jnp.float32, {"parts": 4}),        # 4 chunks, the last of 64 columns (masked once landed)
-    (softmax_two_pass, (3, 4096), jnp.bfloat16, {"parts": 4}),
-    (cross_entropy, (3, 2048), jnp.float32, {"parts": 2}),  # a per-row result: spans in only
-    (layer_norm, (4, 5184), jnp.float32, {"parts": 2}),     # the shift (the row's first element) waits for span 0
-    (layer_norm, (4, 5184), jnp.bfloat16, {"parts": 4, "stream_cols": 1}),
-    (rms_norm, (3, 4096), jnp.bfloat16, {"parts": 4, "stream_cols": 2}),
-])
-def test_rows_copied_in_and_out_by_spans_match_the_reference(module, shape, dtype, knobs):
-    # parts > 1: the row copied in by spans of whole chunks, the first walk starting on a span as
-    # soon as it lands, each span written back as soon as it is mapped.
-    config = _config(**knobs)
-    plan = mosaic_rows.plan(module.STAGED, config, shape, dtype)
-    assert plan.part_cols % 1024 == 0 and -(-shape[1] // plan.part_cols) <= knobs["parts"]
-    inputs = module.make_inputs(shape, dtype, jax.random.key(4))
-    if module in (softmax, softmax_two_pass):  # the max in the last span
-        inputs = (inputs[0].at[0, -3].set(30.0),)
-    assert _error(module, shape, dtype, config, inputs) <= validate.tolerance(jnp.dtype(dtype).name, module)
-
-
-def test_spans_take_rows_of_whole_units_staged_whole():
-    for config, shape, expected in [
-        (_config(parts=2), (3, 1001), "parts > 1 takes rows of whole 128-byte units"),
-        (_config(parts=8), (3, 5120), "holds 5 chunks of 1024; parts must be at most that"),
-        (_config(4096, parts=8, cluster=4), (3, 65536), "a run of 16384 columns holds 4 chunks"),
-        (_config(4096, parts=2, strategy="smem_split", piece_cols=8192, slots=2), (3, 131072), "takes parts 1"),
-        (_config(parts=3), (3, 5120), "parts must be one of (1, 2, 4, 8)"),
-    ]:
-        reason = softmax.check_config(config, shape, jnp.bfloat16, TARGET)
-        assert reason is not None and expected in reason, (config, reason)
-
-
 @pytest.mark.parametrize("block_cols", [1024, 4096])
 def test_two_pass_softmax_rescales_its_running_sum_when_a_later_chunk_raises_the_max(block_cols):
     # Pass 1 folds the staged row chunk by chunk (online max and sum): a max in the last chunk
@@ -248,9 +215,6 @@ def test_rows_far_from_zero_and_with_one_dominant_column():
     ("softmax", (8192, 128256), {}),  # the default: the row split over 4 blocks of a cluster
     ("softmax", (8192, 151936), {"cluster": 6, "block_cols": 2048}),
     ("softmax_two_pass", (8192, 8192), {"block_cols": 8192}),
-    ("softmax", (8192, 50304), {"parts": 4}),
-    ("softmax", (8192, 128256), {"parts": 2}),  # 4 blocks of a cluster, each run in 2 spans
-    ("layer_norm", (2048, 131072), {"parts": 4}),  # 8 blocks, weight and bias from global memory
     ("softmax_two_pass", (8192, 128256), {}),  # the default: the row split over 4 blocks of a cluster
     ("softmax_two_pass", (8192, 151936), {"strategy": "smem_split", "piece_cols": 8192, "slots": 2, "cluster": 1}),
     ("cross_entropy", (8192, 128256), {"strategy": "smem_row", "cluster": 4}),
@@ -486,9 +450,6 @@ def test_clustered_rows_run_on_a_gpu_only():
     (softmax, (3, 151936), jnp.float32, _config(2048, cluster=6)),  # runs of 26624, the last of 18816
     (softmax_two_pass, (3, 128256), jnp.bfloat16, _config(4096, cluster=4, approx_math=1)),
     (softmax_two_pass, (3, 151936), jnp.float32, _config(2048, cluster=6)),
-    (softmax, (3, 151936), jnp.float32, _config(2048, cluster=6, parts=4)),  # the last run's spans fewer
-    (layer_norm, (5, 131072), jnp.bfloat16, _config(2048, cluster=8, stream_cols=2, parts=2)),
-    (cross_entropy, (3, 128256), jnp.bfloat16, _config(4096, cluster=4, parts=4)),
     (cross_entropy, (3, 128256), jnp.bfloat16, _config(4096, cluster=4)),
     (batch_softmax, (2, 2, 65536), jnp.bfloat16, _config(4096, cluster=3)),
     (rms_norm, (3, 131072), jnp.bfloat16, _config(4096, cluster=4, stream_cols=0)),

@@ -109,7 +109,6 @@ WIDE_WINDOW_COLS = 32768  # columns (64 KiB of bf16) from which windows start on
 # the last row's window can run past the array.
 MIN_UNALIGNED_COLS = 128
 CHUNKS = (1024, 8192)  # block_cols bounds: 8 to 64 values per thread
-PARTS = (1, 2, 4, 8)  # parts: the spans a block's row (or run) is copied in and out by, each its own copy
 DEFAULT_CHUNK = 4096
 # Shared memory a block needs beside the staged arrays: the reductions' scratch and the barriers
 # (Mosaic GPU counted 2056 bytes for softmax in JAX 0.10; the margin covers later versions').
@@ -131,10 +130,7 @@ class StagedRowConfig:
     and streams its tail through the slots twice; smem_row ignores piece_cols and slots.
     cluster > 1 (smem_row, kernels with a merge or walks that combine): the row split over that
     many blocks of a cluster, each staging a run of whole chunks (and of the column inputs, whole
-    or streamed). parts > 1 (smem_row, rows of whole 128-byte units): the row (or a cluster
-    block's run) copied in and out in that many spans of whole chunks, each its own bulk copy:
-    the first walk starts on a span as soon as it has landed, and each span is written back as
-    soon as it is mapped."""
+    or streamed)."""
 
     block_cols: int
     block_rows: int = 1
@@ -145,7 +141,6 @@ class StagedRowConfig:
     slots: int = DEFAULT_PIECE[1]
     cluster: int = 1
     window_align: int | None = None
-    parts: int = 1
 
     def __post_init__(self) -> None:
         if self.approx_math not in (0, 1):
@@ -166,11 +161,6 @@ class StagedRowConfig:
         if self.block_rows != 1:
             raise ValueError(f"block_rows must be 1 on {TARGET} (a block per row), got {self.block_rows}")
         check_pow2("block_cols", self.block_cols, CHUNKS)
-        if self.parts not in PARTS:
-            raise ValueError(f"parts must be one of {PARTS} on {TARGET}, got {self.parts!r}")
-        if self.parts > 1 and self.strategy != STRATEGY:
-            raise ValueError(f"parts > 1 copies a row staged whole ({STRATEGY}) in parts; {self.strategy} takes "
-                             f"parts 1")
         if self.window_align not in (None, *WINDOW_ALIGNS):
             raise ValueError(f"window_align must be one of {WINDOW_ALIGNS} (bytes) or None (by the row's width) on "
                              f"{TARGET}, got {self.window_align!r}")
@@ -253,13 +243,6 @@ class Plan:
             return self.cols
         chunk = self.config.block_cols
         return pl.cdiv(pl.cdiv(self.cols, self.config.cluster), chunk) * chunk
-
-    @property
-    def part_cols(self) -> int:
-        """Columns of each span a block copies in and out (`parts`): its run's chunks cut into
-        `parts` spans of whole chunks, the last one shorter when they do not divide evenly."""
-        chunk = self.config.block_cols
-        return pl.cdiv(pl.cdiv(self.segment, chunk), self.config.parts) * chunk
 
     @property
     def last_segment(self) -> int:
@@ -355,14 +338,6 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
             raise ValueError(f"{SPLIT}: a head of at least one chunk ({typed.block_cols} columns) short of the "
                              f"row ({cols} columns) must fit shared memory beside {typed.slots} slots of "
                              f"{typed.piece_cols} columns")
-    if typed.parts > 1:
-        if not p.aligned:
-            raise ValueError(f"{name} on {TARGET}: parts > 1 takes rows of whole {COPY_BYTES}-byte units, not "
-                             f"{cols} columns ({cols * itemsize} bytes); parts 1 takes any width that fits")
-        if typed.parts > pl.cdiv(p.segment, typed.block_cols):
-            raise ValueError(f"parts {typed.parts}: a {'run' if p.clustered else 'row'} of "
-                             f"{p.segment} columns holds {pl.cdiv(p.segment, typed.block_cols)} chunks of "
-                             f"{typed.block_cols}; parts must be at most that")
     if p.clustered:
         if not math_.splits:
             raise ValueError(f"{name} on {TARGET}: cluster > 1 splits a row over a cluster's blocks, which "
@@ -588,36 +563,6 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
     def chunk_at(ref: Any, j: Any) -> Any:
         return ref.at[pl.ds(j * chunk, chunk)]
 
-    parts, part_cols = p.config.parts, p.part_cols
-    part_chunks = part_cols // chunk
-    row_loaded = plgpu.Barrier(num_arrivals=1, num_barriers=parts) if parts > 1 else plgpu.Barrier(num_arrivals=1)
-
-    def spans(size: int) -> list[tuple[int, int]]:
-        """(first column, columns) of each span a run of `size` columns is copied in and out by."""
-        return [(start, min(size, start + part_cols) - start) for start in range(0, size, part_cols)]
-
-    def load_spans(src: Callable[[int, int], Any], x_smem: Any, loaded: Any, size: int) -> None:
-        """A run of `size` columns copied in span by span (parts > 1), span k arriving at loaded[k]."""
-        for k, (start, width) in enumerate(spans(size)):
-            plgpu.copy_gmem_to_smem(src(start, width), x_smem.at[pl.ds(start, width)], loaded.at[k],
-                                    oob_mode=in_bounds)
-
-    def span_waiter(loaded: Any, length: Any) -> Callable[[Any], None] | None:
-        """wait(j), for the first walk before it reads chunk j: the wait for the span chunk j
-        starts, where the run (of `length` columns) holds it; None for parts 1 (the row is
-        waited for whole)."""
-        if parts == 1:
-            return None
-
-        def wait(j: Any) -> None:
-            if isinstance(j, int):
-                if j % part_chunks == 0:
-                    pl.when(j * chunk < length)(lambda: plgpu.barrier_wait(loaded.at[j // part_chunks]))
-                return
-            starts = (lax.rem(j, part_chunks) == 0) & (j * chunk < length)
-            pl.when(starts)(lambda: plgpu.barrier_wait(loaded.at[lax.div(j, part_chunks)]))
-        return wait
-
     # Shared memory of the column inputs (none when they are read from global memory) and the
     # barrier their copies arrive at (two slots' when streamed).
     n_staged = 0 if direct else n_cols
@@ -686,27 +631,15 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
 
         lax.fori_loop(first, last, apply, 0)
 
-    def map_store_spans(x_smem: Any, stats: Any, size: int, cols_at: Callable[[Any], list[jax.Array]],
-                        ahead: list[jax.Array] | None, dst: Callable[[int, int], Any]) -> None:
-        """A run of `size` staged columns mapped span by span (parts > 1), each span written back
-        (to `dst(first column, columns)`) as soon as it is mapped."""
-        for k, (start, width) in enumerate(spans(size)):
-            map_chunks(x_smem, stats, start // chunk, pl.cdiv(start + width, chunk), cols_at, ahead if k == 0 else None)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(x_smem.at[pl.ds(start, width)], dst(start, width))
-
     def walk_span(x_smem: Any, head: Any, length: Any, unaligned: bool, shortest: int | None = None,
                   shift: jax.Array | None = None,
-                  exchange: Callable[[int, Any], Any] | None = None,
-                  span_wait: Callable[[Any], None] | None = None) -> tuple[jax.Array, ...]:
+                  exchange: Callable[[int, Any], Any] | None = None) -> tuple[jax.Array, ...]:
         """The walks' statistics of `length` columns staged from position `head` of x_smem.
         A traced `length` (a cluster's blocks stage runs of two lengths) needs `shortest`, the
         least it can be; chunks are walked up to the longest, x_smem's size. `shift` replaces the
         span's first element as the shift (`StagedMath.shift`); `exchange(i, value)`, when given,
         turns walk i's value for the span into the row's (a cluster's blocks combining theirs),
-        which is then finished for the whole row. `span_wait(j)`, when given, is called before the
-        first walk reads chunk j (the row copied in by spans: `span_waiter`); chunks with positions
-        outside the span are then masked there, once their span has landed."""
+        which is then finished for the whole row."""
         if shortest is None:
             shortest, spanned = length, pl.cdiv(length + (A - 1 if unaligned else 0), chunk)
         else:
@@ -721,26 +654,16 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             position = _positions(chunk, dtype, platform.interpret) + j * chunk
             return (position >= head) & (position < head + length)
 
-        def mask(j: int) -> None:
+        for j in edge_chunks:
             ref = chunk_at(x_smem, j)
             ref[...] = jnp.where(valid_at(j), ref[...].astype(F32), math_.pad).astype(dtype)
 
-        if span_wait is None:
-            for j in edge_chunks:
-                mask(j)
-        else:  # the first span before anything reads the row (the shift, if any); each span is waited
-            span_wait(0)  # for once (a barrier's wait expects its next phase)
         if math_.shift:
             stats: tuple[jax.Array, ...] = (x_smem[head].astype(F32) if shift is None else shift,)
         else:
             stats = ()
         for i, walk in enumerate(math_.walks):
-            def fold_at(j: Any, acc: Any, valid: jax.Array | None, walk=walk, stats=stats, first=i == 0) -> Any:
-                if first and span_wait is not None:
-                    if not (isinstance(j, int) and j == 0):
-                        span_wait(j)
-                    if isinstance(j, int) and j in edge_chunks:
-                        mask(j)
+            def fold_at(j: Any, acc: Any, valid: jax.Array | None, walk=walk, stats=stats) -> Any:
                 ref = chunk_at(x_smem, j)
                 x = ref[...] if walk.stored_dtype else ref[...].astype(F32)
                 if walk.rewrite is not None:
@@ -937,12 +860,8 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                 parts = exchanged(base, tuple(value) if isinstance(value, tuple) else (value,))
                 return functools.reduce(walk.combine, parts if isinstance(value, tuple) else [p[0] for p in parts])
 
-            if parts == 1:
-                each_run(lambda size: plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(block * S, size)],
-                                                              x_smem.at[pl.ds(0, size)], loaded, oob_mode=in_bounds))
-            else:
-                each_run(lambda size: load_spans(lambda start, width: x_gmem.at[row, pl.ds(block * S + start, width)],
-                                                 x_smem, loaded, size))
+            each_run(lambda size: plgpu.copy_gmem_to_smem(x_gmem.at[row, pl.ds(block * S, size)],
+                                                          x_smem.at[pl.ds(0, size)], loaded, oob_mode=in_bounds))
             cols_at = column_chunks(col_gmems, col_smems, cols_loaded, block * S,
                                     jnp.where(last_block, L // chunk, S // chunk), L % chunk,
                                     jnp.where(last_block, pl.cdiv(L, chunk), S // chunk))
@@ -952,15 +871,12 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                     c.at[pl.ds(block * S, size)], sm.at[pl.ds(0, size)], cols_loaded, oob_mode=in_bounds))
             vectors = tuple(v[row] for v in vector_gmems)
             shift = x_gmem[row, 0].astype(F32) if math_.shift else None
+            plgpu.barrier_wait(loaded)
             length = jnp.where(last_block, L, S)
-            span_wait = span_waiter(loaded, length)
-            if span_wait is None:
-                plgpu.barrier_wait(loaded)
             if math_.combines:
-                scale = walk_span(x_smem, 0, length, False, shortest=L, shift=shift, exchange=combined,
-                                  span_wait=span_wait)
+                scale = walk_span(x_smem, 0, length, False, shortest=L, shift=shift, exchange=combined)
             else:
-                run = walk_span(x_smem, 0, length, False, shortest=L, span_wait=span_wait)
+                run = walk_span(x_smem, 0, length, False, shortest=L)
                 total = functools.reduce(math_.merge, exchanged(0, run))  # in block order, the same in every block
                 scale = total if math_.rebase is None else math_.rebase(run, total)  # result kernels: total
             if math_.result is not None:
@@ -970,11 +886,6 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
                 return
             if n_cols and staged_cols:
                 plgpu.barrier_wait(cols_loaded)
-            if parts > 1:
-                each_run(lambda size: map_store_spans(x_smem, scale, size, cols_at, ahead, lambda start, width:
-                                                      o_gmem.at[row, pl.ds(block * S + start, width)]))
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the writes read out: the block may end
-                return
             map_chunks(x_smem, scale, 0, pl.cdiv(L, chunk), cols_at, ahead)
             if S > L:  # the last block has no more
                 pl.when(block < K - 1)(lambda: map_chunks(x_smem, scale, pl.cdiv(L, chunk), S // chunk, cols_at))
@@ -987,7 +898,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             col_smems, (loaded, *cols_loaded, xchg_smem) = rest[:n_staged], rest[n_staged:]
             scoped(x_smem, col_smems, loaded, cols_loaded[0] if cols_loaded else None, xchg_smem)
 
-        pl.run_scoped(allocated, plgpu.SMEM((S,), dtype), *col_buffers, row_loaded,
+        pl.run_scoped(allocated, plgpu.SMEM((S,), dtype), *col_buffers, plgpu.Barrier(num_arrivals=1),
                       *cols_loaded, plgpu.SMEM((EXCHANGE_FLOATS,), F32))
 
     def body(x_gmem, *refs):
@@ -1003,10 +914,7 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
         def scoped(x_smem, col_smems, loaded, cols_loaded):
             if p.aligned:
                 head, start = 0, row * C
-                if parts == 1:
-                    plgpu.copy_gmem_to_smem(x_gmem.at[row], x_smem.at[pl.ds(0, C)], loaded, oob_mode=in_bounds)
-                else:
-                    load_spans(lambda first, width: x_gmem.at[row, pl.ds(first, width)], x_smem, loaded, C)
+                plgpu.copy_gmem_to_smem(x_gmem.at[row], x_smem.at[pl.ds(0, C)], loaded, oob_mode=in_bounds)
             else:  # a window of the flattened rows, from the row's start rounded down to window_align bytes
                 start = row * C
                 base = lax.div(start, A) * A
@@ -1028,22 +936,15 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             for col_gmem, col_smem in zip(col_gmems, col_smems if staged_cols else ()):
                 plgpu.copy_gmem_to_smem(col_gmem, col_smem.at[pl.ds(0, C)], cols_loaded, oob_mode=in_bounds)
             vectors = tuple(v[row] for v in vector_gmems)
-            span_wait = span_waiter(loaded, C)
-            if span_wait is None:
-                plgpu.barrier_wait(loaded)
+            plgpu.barrier_wait(loaded)
 
-            stats = walk_span(x_smem, head, C, not p.aligned, span_wait=span_wait)
+            stats = walk_span(x_smem, head, C, not p.aligned)
 
             if math_.result is not None:
                 o_gmem[row] = math_.result(stats, lambda i: x_smem[head + i].astype(F32), *vectors, cols=C)
                 return
             if n_cols and staged_cols:
                 plgpu.barrier_wait(cols_loaded)
-            if parts > 1:  # rows of whole units (the plan's check)
-                map_store_spans(x_smem, stats, C, cols_at, ahead,
-                                lambda first, width: o_gmem.at[row, pl.ds(first, width)])
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the writes read out: the block may end
-                return
             map_chunks(x_smem, stats, 0, n_chunks, cols_at, ahead)
             plgpu.commit_smem()
             if p.aligned:
@@ -1067,7 +968,8 @@ def build(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], 
             col_smems = rest[:n_staged]
             scoped(x_smem, col_smems, rest[n_staged], rest[n_staged + 1] if cols_loaded else None)
 
-        pl.run_scoped(allocated, plgpu.SMEM((p.staged,), dtype), *col_buffers, row_loaded, *cols_loaded)
+        pl.run_scoped(allocated, plgpu.SMEM((p.staged,), dtype), *col_buffers, plgpu.Barrier(num_arrivals=1),
+                      *cols_loaded)
 
     if math_.result is not None:
         out = jax.ShapeDtypeStruct((rows,), F32)
