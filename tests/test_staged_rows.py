@@ -274,7 +274,11 @@ def test_what_it_refuses_it_names():
     assert mosaic_rows.plan(softmax.STAGED, _config(window_align=16), (64, 50257), "float32").align == 4
     assert "window_align must be one of" in softmax.check_config(_config(window_align=64), (64, 1001), "bfloat16",
                                                                  TARGET)
-    assert rms_norm.default_config((4096, 5120), TARGET) == _config(4096, approx_math=1, stream_cols=0, cluster=1)
+    # The default chunk pads a row by at most an eighth more than 1024-column chunks do (5120 columns
+    # in 4096-column chunks would stage and walk 8192: layer norm at 4096x5120 ran 31.4 us, 22.9 in 1024).
+    assert rms_norm.default_config((4096, 5120), TARGET) == _config(1024, approx_math=1, stream_cols=0, cluster=1)
+    assert [mosaic_rows.default_chunk(cols) for cols in (2560, 5120, 6144, 8192, 14336, 32000, 50257)] == \
+        [1024, 1024, 2048, 4096, 2048, 4096, 4096]
     # Up to 16 rows longer than 4096 columns: a row over up to 8 blocks of a cluster, in 1024-column
     # chunks, each block reading its run of the column inputs from global memory (layer norm at
     # 4x16384 on the H200: 3.3 us a block per row, 2.1 us over 8 blocks).

@@ -377,9 +377,7 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
 
 
 def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
-    """Chunks of 4096 columns (32 values per thread), or of the row rounded up to a power of two
-    when shorter: 4096 was the fastest of 1024, 2048 and 4096 for softmax at 8192 x 32000 and
-    8192 x 50257 on the H200 (BENCHMARKS.md). Approximate math (`ex2.approx`, as Triton's exp):
+    """Chunks of `default_chunk` columns. Approximate math (`ex2.approx`, as Triton's exp):
     as fast or faster at every shape measured (cross entropy 8192 x 32000: 118 against 142 us).
     Knobs the kernel has: stream_cols with column inputs; with a merge, piece_cols and slots,
     and the rows in pieces (a map: a staged head and a streamed tail, for rows of whole 128-byte
@@ -391,7 +389,7 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
     412 us staged whole, 345 streamed, 339 from global memory in 4096-column chunks; rms norm 306
     streamed in 6 blocks, 287 from global memory in 8)."""
     cols = shape[-1]
-    chunk = min(DEFAULT_CHUNK, max(CHUNKS[0], 1 << max(cols - 1, 1).bit_length()))
+    chunk = default_chunk(cols)
     config = {"block_rows": 1, "strategy": STRATEGY, "block_cols": chunk, "approx_math": 1}
     if math_.col_inputs:
         config["stream_cols"] = 0
@@ -418,6 +416,24 @@ def default_config(math_: StagedMath, shape: tuple[int, ...]) -> dict[str, Any]:
             # from global memory where the chunks divide the row (no more shared memory than streamed)
             config["stream_cols"] = DIRECT if cols % config["block_cols"] == 0 else STREAMED
     return config
+
+
+PADDING_SLACK = 1 / 8  # how much longer than 1024-column chunks' a wider chunk's padded row may be
+
+
+def default_chunk(cols: int) -> int:
+    """The widest chunk up to DEFAULT_CHUNK (32 values per thread) whose padded row (the row in
+    whole chunks: what a block stages and walks) is at most PADDING_SLACK longer than in
+    1024-column chunks. On the H200 (bf16; BENCHMARKS.md): 4096 was the fastest of 1024, 2048
+    and 4096 for softmax at 8192 x 32000 and 8192 x 50257 (4% longer padded); where 4096 would
+    pad a row by a third or more, 1024 won: softmax at 65536 x 2560 158.6 us against 197.7,
+    cross entropy there 104.6 against 134.4, layer norm at 4096 x 5120 22.9 against 31.4."""
+    def padded(chunk: int) -> int:
+        return pl.cdiv(cols, chunk) * chunk
+
+    widest = min(DEFAULT_CHUNK, max(CHUNKS[0], 1 << max(cols - 1, 1).bit_length()))
+    chunks = [CHUNKS[0] << k for k in range((widest // CHUNKS[0]).bit_length())]
+    return max(c for c in chunks if padded(c) <= (1 + PADDING_SLACK) * padded(CHUNKS[0]))
 
 
 FEW_ROWS = 16   # rows (of every batch entry) whose blocks of a cluster of 8 still make one wave on a GPU
