@@ -441,16 +441,20 @@ FEW_ROWS = 16   # rows (of every batch entry) whose blocks of a cluster of 8 sti
 
 def _few_rows_cluster(math_: StagedMath, config: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]:
     """For up to FEW_ROWS rows longer than four 1024-column chunks, a row over the most blocks of
-    a cluster (up to 8) that each get a chunk or more, in 1024-column chunks: a block per row
-    leaves most of the GPU idle. On the H200 (bf16; bench/results/h200/device_clock/ln_cluster.txt)
-    layer norm ran 3.3 -> 2.1 us at 4 x 16384 (XLA 2.0), 5.3 -> 2.6 at 2 x 32768 (XLA 5.9),
-    2.4 -> 1.9 at 16 x 5120, rms norm 4.5 -> 2.3 at 2 x 32768 (XLA 3.2); at 4 x 2048, 2 blocks
-    lost (1.5 -> 1.8). No change ({}) for more rows, shorter rows, or where no cluster fits."""
+    a cluster (up to 8) that each get a chunk or more, in 1024-column chunks (2048 where each of
+    8 blocks gets one): a block per row leaves most of the GPU idle. On the H200 (bf16;
+    bench/results/h200/device_clock/ln_cluster.txt) layer norm ran 3.3 -> 2.1 us at 4 x 16384
+    (XLA 2.0), 5.3 -> 2.6 at 2 x 32768 (XLA 5.9), 2.4 -> 1.9 at 16 x 5120, rms norm 4.5 -> 2.3
+    at 2 x 32768 (XLA 3.2); at 4 x 2048, 2 blocks lost (1.5 -> 1.8). In 2048-column chunks
+    (bench/results/h200/few_rows_chunk/): layer norm 2.11 -> 2.05 at 4 x 16384, 2.55 -> 2.48 at
+    2 x 32768, 2.40 -> 2.34 at 16 x 16384, rms norm 2.29 -> 2.13 at 2 x 32768. No change ({})
+    for more rows, shorter rows, or where no cluster fits."""
     rows, cols = math.prod(shape[:-1]), shape[-1]
     if rows > FEW_ROWS or cols <= 4 * CHUNKS[0]:
         return {}
-    for blocks in range(min(CLUSTERS[1], cols // CHUNKS[0]), 1, -1):
-        change = {"cluster": blocks, "block_cols": CHUNKS[0]}
+    chunk = 2 * CHUNKS[0] if cols >= CLUSTERS[1] * 2 * CHUNKS[0] else CHUNKS[0]
+    for blocks in range(min(CLUSTERS[1], cols // chunk), 1, -1):
+        change = {"cluster": blocks, "block_cols": chunk}
         if _fits(math_, {**config, **change}, shape, jnp.bfloat16):
             return change
     return {}
