@@ -16,6 +16,7 @@ from jax.experimental import pallas as pl
 
 from kernels.knobs import ConfigError, Knobs, Unsupported, parse
 from kernels.lowering import round_up, triton_dot_buffers
+from kernels.mgpu_launch import SMEM_BYTES
 
 
 def _identity(acc: jax.Array) -> jax.Array:
@@ -281,6 +282,16 @@ class TritonMatmulConfig(InterpretMatmulConfig):
 # most 1 KiB; JAX 0.11.2 on the H200 counted up to 1616 bytes more than that for the same configs
 # (232528 bytes for one this model, with 1 KiB, put at 230912), so the model allows 2.75 KiB.
 MGPU_SMEM_OVERHEAD = 2816
+# The Mosaic GPU default of products of at least LARGE rows and columns: the warp-specialized
+# tiles of the tuned winners (matmul at 8192^3, matmul + layer norm at 4096^3). On the H200
+# (BENCHMARKS.md, thirtieth session; us, against the singly pipelined 128 x 128 tiles): matmul
+# 4096^3 171.5 / 197.4, 8192^3 1366.9 / 1708.5, 4096 x 14336 x 4096 603.5 / 893.5, 2048^3 23.5 /
+# 24.5; bmm and broadcast matmul 64 x 2048^3 1424.7 / 1588.5 and 1392.5 / 1591.6; the subtiled
+# epilogue 4096^3 179.3 / 218.0; matmul + layer norm 4096^3 207.9 / 236.1.
+LARGE = 1024
+LARGE_TILES = {"mgpu_pipeline": "warp_specialized", "block_m": 64, "block_n": 256, "block_k": 64,
+               "wg_split": "m", "cluster": "n", "max_concurrent_steps": 3, "grid_minor": "n",
+               "grid_tile_width": 8, "delay_release": 0}
 # What the kernel's swizzled TMA layouts address (Mosaic GPU's TileTransform of a copy's global
 # view): rows in groups of 8, columns in 128-byte units (the widest swizzle).
 MGPU_ROW_UNIT, MGPU_COL_BYTES = 8, 128
@@ -446,10 +457,20 @@ class MosaicGpuMatmulConfig(MatmulConfig):
     def default(cls, problem: Problem) -> MosaicGpuMatmulConfig:
         """The singly pipelined kernel with 64-aligned tiles (ragged at the edges when none divides);
         a product off the TMA grid stored by the threads (measured faster than the slice on the
-        H200 at 4096 x 50257 and 1001 rows: BENCHMARKS.md, twenty-fourth session)."""
+        H200 at 4096 x 50257 and 1001 rows: BENCHMARKS.md, twenty-fourth session). Products of at
+        least LARGE rows and columns (each batch entry's) take LARGE_TILES where they apply and fit."""
         config = cls(fit(problem.m, 128, 64), fit(problem.n, 128, 64), 64)
-        threads = config.off_grid(problem, jnp.bfloat16) and not problem.epilogue.row_stats
-        return dataclasses.replace(config, store="threads") if threads else config
+        if config.off_grid(problem, jnp.bfloat16) and not problem.epilogue.row_stats:
+            return dataclasses.replace(config, store="threads")
+        if min(problem.m, problem.n) >= LARGE:
+            large = dataclasses.replace(config, **LARGE_TILES)
+            try:
+                large.check(problem, jnp.bfloat16)
+            except (ConfigError, Unsupported):
+                return config
+            if large.footprint(problem, jnp.bfloat16) <= SMEM_BYTES:
+                return large
+        return config
 
 
 CONFIGS: dict[str, type[MatmulConfig]] = {

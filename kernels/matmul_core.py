@@ -44,9 +44,11 @@ sub-tiles of epi_n output columns, each loaded, transformed, cast and stored on 
                              after JAX's ops/gpu/hopper_matmul_mgpu.py. block_m x block_n is
                              one compute warpgroup's tile; wg_split ("m" | "n") says along
                              which dimension the two tiles of a block lie.
-                             "pipelined" (the default): one warpgroup per block of a
-                             (batch, m, n) grid, `plgpu.emit_pipeline` over K with WGMMA
-                             released one step late.
+                             "pipelined": one warpgroup per block of a (batch, m, n) grid,
+                             `plgpu.emit_pipeline` over K with WGMMA released one step late.
+                             The default is pipelined, but products of at least 1024 rows
+                             and columns take the tuned winners' warp-specialized tiles
+                             (`matmul_config.LARGE_TILES`) where they apply and fit.
               max_concurrent_steps (pipeline depth), epi_m and epi_n (64), grid_minor ("m" | "n") and
               grid_tile_width: the persistent kernel's tile order (`plgpu.planar_snake`);
               cluster ("none" | "m" | "n", warp-specialized only): blocks run in 2-block

@@ -144,9 +144,10 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     default tiles (any n works), the product stored in float32."""
     own = LayerNormKnobs(ln_strategy="tile_stats" if target == "gpu-mosaic" else "two_phase")
     m = shape[0]
-    # Triton's row kernel masks the rows past m, and its tiles are powers of two
-    own = dataclasses.replace(own, ln_rows=min(8, pl.next_power_of_2(m)) if target == "gpu-triton" else own.rows(m))
-    knobs = own.to_dict()
+    # Triton's row kernel masks the rows past m, and its tiles are powers of two; tile_stats' XLA
+    # phase 2 takes no rows (8, as its space pins them)
+    rows = {"gpu-triton": min(8, pl.next_power_of_2(m)), "gpu-mosaic": 8}.get(target, own.rows(m))
+    knobs = dataclasses.replace(own, ln_rows=rows).to_dict()
     if target != "gpu-mosaic":  # only tile_stats has a phase 2 to choose
         del knobs["ln_phase2"]
     return knobs | matmul_core.default_config(_problem(own, shape), target)

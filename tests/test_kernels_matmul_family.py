@@ -247,6 +247,32 @@ def test_tile_statistics_with_a_triton_phase_2(rows, monkeypatch):
     assert "power-of-two" in module.check_config(config, (128, 384, 128), jnp.bfloat16, "gpu-mosaic")
 
 
+@pytest.mark.parametrize("name,shape,pipeline", [
+    ("matmul", (4096, 4096, 4096), "warp_specialized"), ("matmul", (8192, 8192, 8192), "warp_specialized"),
+    ("bmm", (64, 2048, 2048, 2048), "warp_specialized"),
+    ("broadcast_matmul", (64, 2048, 2048, 2048), "warp_specialized"),
+    ("matmul_subtiled_epilogue", (4096, 4096, 4096), "warp_specialized"),
+    ("matmul_layernorm", (4096, 4096, 4096), "warp_specialized"),
+    ("matmul_layernorm", (4096, 5120, 5120), "warp_specialized"),
+    ("matmul_layernorm", (3000, 4096, 1000), "warp_specialized"),
+    ("matmul", (1001, 4096, 4096), "pipelined"),   # off the TMA grid: the threads store it
+    ("bmm", (32, 1000, 2048, 2048), "pipelined"), ("matmul_layernorm", (16, 5120, 5120), "pipelined"),
+    ("matmul_layernorm", (1, 4096, 4096), "pipelined"), ("matmul", (512, 4096, 4096), "pipelined")])
+def test_the_mosaic_gpu_default_of_a_large_product_is_warp_specialized(name, shape, pipeline):
+    # Measured on the H200 (BENCHMARKS.md, thirtieth session): LARGE_TILES against the singly
+    # pipelined tiles, e.g. matmul 8192^3 1366.9 against 1708.5 us, matmul + layer norm 4096^3 207.9
+    # against 236.1; small products keep the pipelined default.
+    module = kernels.load(name)
+    default = module.default_config(shape, "gpu-mosaic")
+    assert default["mgpu_pipeline"] == pipeline
+    assert module.check_config(default, shape, jnp.bfloat16, "gpu-mosaic") is None
+    space = load_space(Path(__file__).resolve().parent.parent / "search_spaces" / f"{name}.yaml")
+    assert space.violated(default, shape, "bfloat16", "gpu-mosaic") is None
+    if pipeline == "warp_specialized":
+        assert {k: default[k] for k in matmul_config.LARGE_TILES} == matmul_config.LARGE_TILES
+        assert "mosaic_gpu" in _lower(name, default, "gpu-mosaic", shape=shape)
+
+
 @pytest.mark.parametrize("split,cluster", [("m", "m"), ("n", "n")])
 def test_mosaic_gpu_layer_norm_from_tile_statistics_lowers_in_clusters(split, cluster):
     # Pallas's GPU interpreter has no clusters: the CPU checks the lowering, the GPU the numerics.
