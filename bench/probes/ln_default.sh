@@ -1,4 +1,4 @@
-# Matmul + layer norm 4096^3 on gpu-mosaic: the tuned tiles of the twenty-second session's winner
+# Matmul + layer norm 4096^3 on gpu-mosaic: the tuned tiles of the twenty-first session's winner
 # with a Triton phase 2 at 2 rows a program and the product in float32 (a default tried and not
 # kept), beside the last tuned table's winner, XLA and torch.compile (CUPTI kernel time per call);
 # then the tuned table again (bench/probes/ln_table.sh). Usage: bash THIS [table]
