@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels.knobs import ConfigError, Knobs, Unsupported, parse
+from kernels.knobs import ConfigError, Knobs, Unsupported, parse, refusal
 from kernels.lowering import round_up, triton_dot_buffers
 from kernels.mgpu_launch import SMEM_BYTES
 
@@ -462,14 +462,10 @@ class MosaicGpuMatmulConfig(MatmulConfig):
         config = cls(fit(problem.m, 128, 64), fit(problem.n, 128, 64), 64)
         if config.off_grid(problem, jnp.bfloat16) and not problem.epilogue.row_stats:
             return dataclasses.replace(config, store="threads")
-        if min(problem.m, problem.n) >= LARGE:
-            large = dataclasses.replace(config, **LARGE_TILES)
-            try:
-                large.check(problem, jnp.bfloat16)
-            except (ConfigError, Unsupported):
-                return config
-            if large.footprint(problem, jnp.bfloat16) <= SMEM_BYTES:
-                return large
+        large = dataclasses.replace(config, **LARGE_TILES)
+        if (min(problem.m, problem.n) >= LARGE and refusal(lambda: large.check(problem, jnp.bfloat16)) is None
+                and large.footprint(problem, jnp.bfloat16) <= SMEM_BYTES):
+            return large
         return config
 
 
