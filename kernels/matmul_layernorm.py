@@ -65,7 +65,6 @@ class LayerNormKnobs(Knobs):
     ln_rows: int | None = None
     ln_store: Literal["float32", "input"] = "float32"
     ln_phase2: Literal["xla", "triton"] = "xla"
-    ln_order: Literal["forward", "reverse"] = "forward"
 
     def rows(self, m: int) -> int:
         """ln_rows with its default resolved."""
@@ -150,7 +149,7 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     rows = {"gpu-triton": min(8, pl.next_power_of_2(m)), "gpu-mosaic": 8}.get(target, own.rows(m))
     knobs = dataclasses.replace(own, ln_rows=rows).to_dict()
     if target != "gpu-mosaic":  # only tile_stats has a phase 2 to choose
-        del knobs["ln_phase2"], knobs["ln_order"]
+        del knobs["ln_phase2"]
     return knobs | matmul_core.default_config(_problem(own, shape), target)
 
 
@@ -204,7 +203,7 @@ def _tile_stats(phase1, own: LayerNormKnobs, shape: tuple[int, ...], dtype: Any,
     then one pass over the stored product: XLA's fusions, or one Triton row kernel."""
     m, n, _ = shape
     if own.ln_phase2 == "triton":
-        normalise = _triton_normalise(own.rows(m), own.ln_order == "reverse", shape, dtype, platform)
+        normalise = _triton_normalise(own.rows(m), shape, dtype, platform)
     else:
         def normalise(product, stats, gamma, beta):
             mean, var = matmul_core.combine_row_stats(stats, n)
@@ -219,17 +218,13 @@ def _tile_stats(phase1, own: LayerNormKnobs, shape: tuple[int, ...], dtype: Any,
     return tile_stats
 
 
-def _triton_normalise(rows: int, reverse: bool, shape: tuple[int, ...], dtype: Any, platform: Platform):
+def _triton_normalise(rows: int, shape: tuple[int, ...], dtype: Any, platform: Platform):
     """One Pallas Triton kernel for phase 2 of tile_stats: a program takes `rows` rows of the
     product and their per-tile statistics, combines those (`row_moments`, as
     `combine_row_stats` does) and normalises; the statistics array is passed three times,
     each BlockSpec selecting one part (sums, squares, the first tile's sums), so nothing is
     sliced or copied outside the kernel."""
     m, n, _ = shape
-    programs = m // rows
-
-    def block(i: Any) -> Any:  # reverse: the last rows first, those phase 1 wrote last (maybe still in L2)
-        return programs - 1 - i if reverse else i
 
     def body(sums_ref, squares_ref, first_ref, y_ref, gamma_ref, beta_ref, o_ref):
         # statistics (tiles, rows) and the first tile's sums (1, rows) -> mean and variance (1, rows)
@@ -241,15 +236,15 @@ def _triton_normalise(rows: int, reverse: bool, shape: tuple[int, ...], dtype: A
         o_ref[...] = out.astype(o_ref.dtype)
 
     def stats_spec(part: int, tiles: int) -> pl.BlockSpec:
-        return pl.BlockSpec((None, tiles, rows), lambda i: (part, 0, block(i)))
+        return pl.BlockSpec((None, tiles, rows), lambda i: (part, 0, i))
 
     def normalise(product, stats, gamma, beta):
         tiles = stats.shape[1]
-        row_spec, vec_spec = pl.BlockSpec((rows, n), lambda i: (block(i), 0)), pl.BlockSpec((1, n), lambda i: (0, 0))
+        row_spec, vec_spec = pl.BlockSpec((rows, n), lambda i: (i, 0)), pl.BlockSpec((1, n), lambda i: (0, 0))
         call = pallas_call(
             body, platform=dataclasses.replace(platform, target="gpu-triton"),
             config={"num_warps": 4 if rows * n <= 8192 else 8, "num_stages": 1},
-            out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(programs,),
+            out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(m // rows,),
             in_specs=[stats_spec(0, tiles), stats_spec(1, tiles), stats_spec(0, 1), row_spec, vec_spec, vec_spec],
             out_specs=row_spec, name="tile_stats_layer_norm")
         return call(stats, stats, stats, product, gamma.reshape(1, n), beta.reshape(1, n))
