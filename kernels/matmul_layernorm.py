@@ -23,7 +23,9 @@ ln_strategy (default two_phase, which any tiles allow):
                combining and normalising; power-of-two n and tiles per row).
 ln_store ("float32" | "input"): the dtype two_phase and tile_stats store the product in between
 the phases: float32 (exact), or the input dtype (half the traffic; the statistics are still
-taken from the f32 accumulator, so only the product's rounding reaches the output).
+taken from the f32 accumulator, so only the product's rounding reaches the output). Defaults:
+float32, and on gpu-mosaic the input dtype with the Triton phase 2 where it takes the shape
+(`default_config`: measured faster at every shape tried).
 Other knobs as in `kernels.matmul_core`.
 """
 from __future__ import annotations
@@ -140,17 +142,35 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
 
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """The two-phase scheme (tile_stats on gpu-mosaic, its phase 2 by XLA) with the plain matmul's
-    default tiles (any n works), the product stored in float32."""
-    own = LayerNormKnobs(ln_strategy="tile_stats" if target == "gpu-mosaic" else "two_phase")
-    m = shape[0]
-    # Triton's row kernel masks the rows past m, and its tiles are powers of two; tile_stats' XLA
-    # phase 2 takes no rows (8, as its space pins them)
-    rows = {"gpu-triton": min(8, pl.next_power_of_2(m)), "gpu-mosaic": 8}.get(target, own.rows(m))
+    """The two-phase scheme with the plain matmul's default tiles (any n works), the product stored
+    in float32; on gpu-mosaic tile_stats, the product stored in bf16 and normalised by the Triton
+    phase 2 (`phase2_rows` rows a program) where that takes the shape, else by XLA's. On the H200
+    (BENCHMARKS.md, thirty-first session) the bf16 product and the Triton phase 2 took 190.7 us
+    against 209.2 for an f32 product and XLA's phase 2 at 4096^3 (XLA's unfused 210.0), and were
+    the fastest of the four at all six power-of-two shapes measured; relative error 0.0023
+    against 0.0017 (the bf16 tolerance 0.02; torch's bf16 matmul then layer norm rounds the same)."""
+    m, n = shape[0], shape[1]
+    if target == "gpu-mosaic":
+        xla = LayerNormKnobs(ln_strategy="tile_stats", ln_rows=8, ln_store="input")  # XLA's phase 2 takes no rows
+        core = matmul_core.default_config(_problem(xla, shape), target)
+        triton = dataclasses.replace(xla, ln_phase2="triton", ln_rows=phase2_rows(m, n)).to_dict() | core
+        if check_config(triton, shape, jnp.bfloat16, target) is None:
+            return triton
+        return xla.to_dict() | core
+    own = LayerNormKnobs(ln_strategy="two_phase")
+    # Triton's row kernel masks the rows past m, and its tiles are powers of two
+    rows = min(8, pl.next_power_of_2(m)) if target == "gpu-triton" else own.rows(m)
     knobs = dataclasses.replace(own, ln_rows=rows).to_dict()
-    if target != "gpu-mosaic":  # only tile_stats has a phase 2 to choose
-        del knobs["ln_phase2"]
+    del knobs["ln_phase2"]  # only tile_stats has a phase 2 to choose
     return knobs | matmul_core.default_config(_problem(own, shape), target)
+
+
+def phase2_rows(m: int, n: int) -> int:
+    """Rows a program of tile_stats' Triton phase 2 by default: the fastest measured on the H200
+    behind the tuned tiles with a bf16 product (BENCHMARKS.md, thirtieth session): 2 at n = 2048
+    and 4096 (16.9 us against 21.2 for 8 rows at 4096), 1 at n = 8192 (36.9 against 39.0 for 8);
+    1 where 2 do not divide m."""
+    return 2 if n <= 4096 and m % 2 == 0 else 1
 
 
 def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str):

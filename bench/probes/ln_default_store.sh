@@ -1,0 +1,16 @@
+# Matmul + layer norm on gpu-mosaic, the default config and three changes of its phase 2: the product
+# stored in bf16 (ln_store input), and the Triton phase 2 (ln_rows ROWS) over an f32 or a bf16 product;
+# side by side with XLA in one process a shape. CUPTI kernel time per call, relative error printed.
+# Usage: bash THIS [SHAPE:ROWS ...]   (ROWS 0: n is not a power of two, XLA's phase 2 only)
+bash .whl/install.sh >/dev/null 2>&1; export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+cases=${*:-4096x4096x4096:2 4096x2048x2048:2 4096x8192x4096:1 8192x4096x4096:2 2048x4096x4096:2 512x4096x4096:2 4096x5120x5120:0}
+for case in $cases; do
+  S=${case%%:*}; R=${case##*:}
+  args=(--config '{}' --config '{"ln_store":"input"}')
+  if [ "$R" != 0 ]; then
+    args+=(--config "{\"ln_phase2\":\"triton\",\"ln_rows\":$R}" --config "{\"ln_store\":\"input\",\"ln_phase2\":\"triton\",\"ln_rows\":$R}")
+  fi
+  echo "== $S"
+  timeout 200 python3 bench/kernel_profile.py --target gpu-mosaic --kernel matmul_layernorm --shape $S \
+    "${args[@]}" --settle-s 1 --out $OUT/default_$S.json 2>&1 | grep -E "per call in kernels|rror" | sed -E "s/\"(block_k|cluster|delay_release|grid_minor|grid_tile_width|max_concurrent_steps|store|ln_strategy)\":[^,}]*,?//g"
+done
