@@ -42,16 +42,20 @@ class Epilogue:
 
 
 def row_moments(sums: jax.Array, squares: jax.Array, first: jax.Array, n: int,
-                keepdims: bool = False) -> tuple[jax.Array, jax.Array]:
+                keepdims: bool = False, valid: jax.Array | None = None,
+                tiles: int | None = None) -> tuple[jax.Array, jax.Array]:
     """(mean, variance) of rows of n columns from per-tile sums and squared deviations, (tiles, ...)
-    with the tiles on axis 0, and `first`, each row's sum over its first tile.
+    with the tiles on axis 0, and `first`, each row's sum over its first tile. With `valid` (a
+    mask along axis 0) only those of the arrays' entries are the row's `tiles` tiles.
 
     One pass over the tiles: the sum and the sum of squares of each row about a shift, its first
     tile's mean, which is exact in real arithmetic and cancels only (mean - shift)^2, not mean^2
     as E[x^2] - E[x]^2 would."""
-    tile = n // sums.shape[0]
+    tile = n // (tiles or sums.shape[0])
     shift = first / tile
     about = sums - tile * shift  # each tile's sum about the shift
+    if valid is not None:
+        about, squares = jnp.where(valid, about, 0.0), jnp.where(valid, squares, 0.0)
     total = jnp.sum(about, axis=0, keepdims=keepdims)
     spread = jnp.sum(squares + about * about / tile, axis=0, keepdims=keepdims)  # M2 + tile (mean - shift)^2
     return shift + total / n, (spread - total * total / n) / n

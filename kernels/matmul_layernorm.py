@@ -20,12 +20,12 @@ ln_strategy (default two_phase, which any tiles allow):
                normalises the product, reading each stored element once and never reducing
                over a row: ln_phase2 "xla" (XLA's fusions: a small reduction, then one
                elementwise pass) or "triton" (one Triton kernel of ln_rows rows a program,
-               combining and normalising; power-of-two n and tiles per row).
+               combining and normalising in power-of-two chunks of the row, any n).
 ln_store ("float32" | "input"): the dtype two_phase and tile_stats store the product in between
 the phases: float32 (exact), or the input dtype (half the traffic; the statistics are still
 taken from the f32 accumulator, so only the product's rounding reaches the output). Defaults:
-float32, and on gpu-mosaic the input dtype with the Triton phase 2 where it takes the shape
-(`default_config`: measured faster at every shape tried).
+float32, and on gpu-mosaic the input dtype with the Triton phase 2 (`default_config`: measured
+faster at every shape tried but one, a tie).
 Other knobs as in `kernels.matmul_core`.
 """
 from __future__ import annotations
@@ -144,19 +144,16 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """The two-phase scheme with the plain matmul's default tiles (any n works), the product stored
     in float32; on gpu-mosaic tile_stats, the product stored in bf16 and normalised by the Triton
-    phase 2 (`phase2_rows` rows a program) where that takes the shape, else by XLA's. On the H200
-    (BENCHMARKS.md, thirty-first session) the bf16 product and the Triton phase 2 took 190.7 us
-    against 209.2 for an f32 product and XLA's phase 2 at 4096^3 (XLA's unfused 210.0), and were
-    the fastest of the four at all six power-of-two shapes measured; relative error 0.0023
+    phase 2 (`phase2_rows` rows a program). On the H200 (BENCHMARKS.md, thirty-first session) that
+    took 190.7 us against 209.2 for an f32 product and XLA's phase 2 at 4096^3 (XLA's unfused
+    210.0), the fastest of the four pairs at all six power-of-two shapes measured, and 292.2 against
+    298.3 for XLA's phase 2 over the bf16 product at 4096 x 5120 x 5120; relative error 0.0023
     against 0.0017 (the bf16 tolerance 0.02; torch's bf16 matmul then layer norm rounds the same)."""
     m, n = shape[0], shape[1]
     if target == "gpu-mosaic":
-        xla = LayerNormKnobs(ln_strategy="tile_stats", ln_rows=8, ln_store="input")  # XLA's phase 2 takes no rows
-        core = matmul_core.default_config(_problem(xla, shape), target)
-        triton = dataclasses.replace(xla, ln_phase2="triton", ln_rows=phase2_rows(m, n)).to_dict() | core
-        if check_config(triton, shape, jnp.bfloat16, target) is None:
-            return triton
-        return xla.to_dict() | core
+        own = LayerNormKnobs(ln_strategy="tile_stats", ln_rows=phase2_rows(m, n), ln_store="input",
+                             ln_phase2="triton")
+        return own.to_dict() | matmul_core.default_config(_problem(own, shape), target)
     own = LayerNormKnobs(ln_strategy="two_phase")
     # Triton's row kernel masks the rows past m, and its tiles are powers of two
     rows = min(8, pl.next_power_of_2(m)) if target == "gpu-triton" else own.rows(m)
@@ -190,10 +187,10 @@ def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target:
         raise Unsupported(f"gpu-triton: fused holds whole rows of n = {n} columns in one Triton "
                           "block, whose sizes are powers of two; use two_phase")
     if own.ln_strategy == "tile_stats" and own.ln_phase2 == "triton":
-        tiles, rows = shape[1] // core.block_n, own.rows(m)
-        if m % rows or any(d & (d - 1) for d in (tiles, rows, shape[1])):
-            raise Unsupported(f"tile_stats' Triton phase 2 takes power-of-two n ({shape[1]}), tiles per row "
-                              f"({tiles}) and ln_rows ({rows}) dividing m; use ln_phase2 xla")
+        rows = own.rows(m)
+        if m % rows or rows & (rows - 1):
+            raise Unsupported(f"tile_stats' Triton phase 2 takes ln_rows ({rows}) a power of two dividing m "
+                              f"({m}); use ln_phase2 xla")
     return problem, core, own
 
 
@@ -238,36 +235,69 @@ def _tile_stats(phase1, own: LayerNormKnobs, shape: tuple[int, ...], dtype: Any,
     return tile_stats
 
 
+UNROLL = 16  # tile_stats' Triton phase 2 unrolls rows of at most this many chunks
+
+
+def phase2_chunk(n: int) -> int:
+    """Columns tile_stats' Triton phase 2 normalises at a time: the largest power of two that
+    divides n, at most 8192 (4096-wide rows whole, as measured; 5120 in 5 chunks of 1024); where
+    that is under 512 (odd widths), chunks of up to 2048 with the last one masked."""
+    chunk = min(n & -n, 8192)
+    return chunk if chunk >= 512 else min(2048, pl.next_power_of_2(n))
+
+
 def _triton_normalise(rows: int, shape: tuple[int, ...], dtype: Any, platform: Platform):
     """One Pallas Triton kernel for phase 2 of tile_stats: a program takes `rows` rows of the
     product and their per-tile statistics, combines those (`row_moments`, as
-    `combine_row_stats` does) and normalises; the statistics array is passed three times,
-    each BlockSpec selecting one part (sums, squares, the first tile's sums), so nothing is
-    sliced or copied outside the kernel."""
+    `combine_row_stats` does) and normalises the rows in chunks of `phase2_chunk(n)` columns.
+    Whole refs in global memory, read through power-of-two windows: the statistics' tiles are
+    padded to a power of two and masked, and so are the columns past an odd width's last chunk;
+    nothing is sliced or copied outside the kernel."""
+    from jax.experimental.pallas import triton as pltriton
+
     m, n, _ = shape
-
-    def body(sums_ref, squares_ref, first_ref, y_ref, gamma_ref, beta_ref, o_ref):
-        # statistics (tiles, rows) and the first tile's sums (1, rows) -> mean and variance (1, rows)
-        mean, var = matmul_core.row_moments(sums_ref[...], squares_ref[...], first_ref[...], n, keepdims=True)
-        rstd = jax.lax.rsqrt(var + EPS)
-        y = y_ref[...].astype(jnp.float32)  # (rows, n)
-        centred = y - jnp.transpose(mean)
-        out = centred * jnp.transpose(rstd) * gamma_ref[...].astype(jnp.float32) + beta_ref[...].astype(jnp.float32)
-        o_ref[...] = out.astype(o_ref.dtype)
-
-    def stats_spec(part: int, tiles: int) -> pl.BlockSpec:
-        return pl.BlockSpec((None, tiles, rows), lambda i: (part, 0, i))
+    chunk = phase2_chunk(n)
+    whole, rest = divmod(n, chunk)
 
     def normalise(product, stats, gamma, beta):
         tiles = stats.shape[1]
-        row_spec, vec_spec = pl.BlockSpec((rows, n), lambda i: (i, 0)), pl.BlockSpec((1, n), lambda i: (0, 0))
+        padded = pl.next_power_of_2(tiles)
+
+        def body(stats_ref, y_ref, gamma_ref, beta_ref, o_ref):
+            r0 = pl.program_id(0) * rows
+            tile_ok = (jnp.arange(padded) < tiles)[:, None] if padded != tiles else None
+
+            def part(index: int, count: int, mask: jax.Array | None) -> jax.Array:  # (count, rows)
+                return pltriton.load(stats_ref.at[jnp.int32(index), pl.ds(0, count), pl.ds(r0, rows)], mask=mask,
+                                     other=None if mask is None else 0.0)
+
+            mean, var = matmul_core.row_moments(part(0, padded, tile_ok), part(1, padded, tile_ok),
+                                                part(0, 1, None), n, keepdims=True, valid=tile_ok, tiles=tiles)
+            mean, rstd = jnp.transpose(mean), jnp.transpose(jax.lax.rsqrt(var + EPS))  # (rows, 1)
+
+            def columns(c0: Any, col_ok: jax.Array | None) -> None:
+                window = (pl.ds(r0, rows), pl.ds(c0, chunk))
+                vector = (pl.ds(0, 1), pl.ds(c0, chunk))
+                other = None if col_ok is None else 0.0
+                y = pltriton.load(y_ref.at[window], mask=col_ok, other=other).astype(jnp.float32)
+                g = pltriton.load(gamma_ref.at[vector], mask=col_ok, other=other).astype(jnp.float32)
+                b = pltriton.load(beta_ref.at[vector], mask=col_ok, other=other).astype(jnp.float32)
+                pltriton.store(o_ref.at[window], ((y - mean) * rstd * g + b).astype(o_ref.dtype), mask=col_ok)
+
+            if whole <= UNROLL:  # straight-line code: every chunk's loads issued without waiting on a loop
+                for j in range(whole):
+                    columns(j * chunk, None)
+            else:
+                jax.lax.fori_loop(0, whole, lambda j, carry: (columns(j * chunk, None), carry)[1], 0)
+            if rest:
+                columns(whole * chunk, (whole * chunk + jnp.arange(chunk) < n)[None, :])
+
         call = pallas_call(
             body, platform=dataclasses.replace(platform, target="gpu-triton"),
-            config={"num_warps": 4 if rows * n <= 8192 else 8, "num_stages": 1},
+            config={"num_warps": 4 if rows * chunk <= 8192 else 8, "num_stages": 1},
             out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(m // rows,),
-            in_specs=[stats_spec(0, tiles), stats_spec(1, tiles), stats_spec(0, 1), row_spec, vec_spec, vec_spec],
-            out_specs=row_spec, name="tile_stats_layer_norm")
-        return call(stats, stats, stats, product, gamma.reshape(1, n), beta.reshape(1, n))
+            name="tile_stats_layer_norm")
+        return call(stats, product, gamma.reshape(1, n), beta.reshape(1, n))
 
     return normalise
 
