@@ -241,7 +241,7 @@ UNROLL = 16  # tile_stats' Triton phase 2 unrolls rows of at most this many chun
 def phase2_chunk(n: int) -> int:
     """Columns tile_stats' Triton phase 2 normalises at a time: the largest power of two that
     divides n, at most 8192 (4096-wide rows whole, as measured; 5120 in 5 chunks of 1024); where
-    that is under 512 (odd widths), chunks of up to 2048 with the last one masked."""
+    that is under 512 (n = 64 x 65, say), chunks of up to 2048 with the last one masked."""
     chunk = min(n & -n, 8192)
     return chunk if chunk >= 512 else min(2048, pl.next_power_of_2(n))
 
