@@ -213,6 +213,11 @@ def test_row_statistics_of_tiles_combine_to_each_rows_mean_and_variance():
     mean, var = matmul_core.combine_row_stats(jnp.stack([sums.T, squares.T]), 96)
     assert jnp.allclose(mean, x.mean(-1), rtol=1e-6)
     assert jnp.allclose(var, x.var(-1), rtol=1e-4)
+    # The Triton phase 2's form: the 3 tiles padded to 4 with garbage, masked by `valid`
+    padded = [jnp.concatenate([t.T, jnp.full((1, 8), 7e5)]) for t in (sums, squares)]
+    valid = (jnp.arange(4) < 3)[:, None]
+    masked = matmul_core.row_moments(*padded, sums.T[:1], 96, valid=valid, tiles=3)
+    assert jnp.allclose(masked[0], x.mean(-1), rtol=1e-6) and jnp.allclose(masked[1], x.var(-1), rtol=1e-4)
 
 
 TILE_STATS = dict(ln_strategy="tile_stats", max_concurrent_steps=2)
