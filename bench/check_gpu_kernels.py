@@ -102,6 +102,12 @@ def cases() -> list[tuple[str, str, dict, tuple, tuple, tuple]]:
     rows.append(("matmul_layernorm", "gpu-mosaic", _mm(64, 128, 64, ln_strategy="tile_stats", ln_store="input",
                                                        max_concurrent_steps=5, wg_split="m", **WS),
                  (2048, 4096, 2048), (4096, 4096, 4096), (256, 256, 128)))
+    # the Triton phase 2 at widths that are not powers of two: 33 tiles a row padded to 64, chunks of
+    # 2048 and a masked one of 128 columns (4224); 40 tiles, five chunks of 1024 (5120)
+    rows.append(("matmul_layernorm", "gpu-mosaic", _mm(64, 128, 64, ln_strategy="tile_stats", ln_store="input",
+                                                       ln_phase2="triton", ln_rows=1, max_concurrent_steps=5,
+                                                       wg_split="m", **WS),
+                 (1024, 4224, 1024), (4096, 5120, 5120), (256, 384, 128)))
     for name in ("flash_attention", "flash_attention_causal"):
         for (b, h, s, d) in ((8, 32, 8192, 256), (4, 32, 4096, 128)):
             for target, config in ATTENTION_CONFIGS[d]:
