@@ -279,6 +279,20 @@ def test_the_mosaic_gpu_layer_norm_default_stores_bf16_and_normalises_in_triton(
     assert "float32" == module.default_config(shape, "gpu-triton")["ln_store"]  # other targets unchanged
 
 
+def test_the_layer_norm_space_offers_the_triton_phase_2_up_to_4_rows_at_any_width():
+    space = load_space(ROOT / "search_spaces" / "matmul_layernorm.yaml")
+    module = kernels.load("matmul_layernorm")
+
+    def offered(shape, phase2):
+        base = module.default_config(shape, "gpu-mosaic")
+        return [r for r in (1, 2, 4, 8, 16, 32) if space.violated(
+            base | {"ln_phase2": phase2, "ln_rows": r}, shape, "bfloat16", "gpu-mosaic") is None]
+
+    assert offered((4096, 2048, 4096), "triton") == [1, 2, 4, 8]    # 16384 elements a program
+    assert offered((4096, 14336, 4096), "triton") == [1, 2, 4]
+    assert offered((4096, 14336, 4096), "xla") == [8]
+
+
 @pytest.mark.parametrize("shape", [(128, 256, 128), (63, 256, 128)])
 def test_the_mosaic_gpu_layer_norm_default_matches_the_reference(shape, monkeypatch):
     # Mosaic GPU's phase 1 and the Triton phase 2 in Pallas's GPU interpreter; 63 rows: one a program
