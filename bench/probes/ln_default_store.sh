@@ -2,7 +2,8 @@
 # bf16: ln_store input) and phase 2 (XLA's, or the Triton phase 2 at ln_rows ROWS); run at c693b68,
 # when the default was the first pair (f32, XLA's phase 2), which it wrote as '{}';
 # side by side with XLA in one process a shape. CUPTI kernel time per call, relative error printed.
-# Usage: bash THIS [SHAPE:ROWS ...]   (ROWS 0: n is not a power of two, XLA's phase 2 only)
+# Usage: bash THIS [SHAPE:ROWS ...]   (ROWS 0: the XLA pairs only; before ecd014f the Triton phase 2
+# took only power-of-two n)
 bash .whl/install.sh >/dev/null 2>&1; export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 cases=${*:-4096x4096x4096:2 4096x2048x2048:2 4096x8192x4096:1 8192x4096x4096:2 2048x4096x4096:2 512x4096x4096:2 4096x5120x5120:0}
 for case in $cases; do
