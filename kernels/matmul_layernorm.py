@@ -268,6 +268,7 @@ def _triton_normalise(rows: int, shape: tuple[int, ...], dtype: Any, platform: P
             tile_ok = (jnp.arange(padded) < tiles)[:, None] if padded != tiles else None
 
             def part(index: int, count: int, mask: jax.Array | None) -> jax.Array:  # (count, rows)
+                # index as an int32 array: Pallas (JAX 0.10) rejects a Python int beside pl.ds windows here
                 return pltriton.load(stats_ref.at[jnp.int32(index), pl.ds(0, count), pl.ds(r0, rows)], mask=mask,
                                      other=None if mask is None else 0.0)
 
