@@ -164,10 +164,13 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
 
 def phase2_rows(m: int, n: int) -> int:
     """Rows a program of tile_stats' Triton phase 2 by default: the fastest measured on the H200
-    behind the tuned tiles with a bf16 product (BENCHMARKS.md, thirtieth session): 2 at n = 2048
-    and 4096 (16.9 us against 21.2 for 8 rows at 4096), 1 at n = 8192 (36.9 against 39.0 for 8);
-    1 where 2 do not divide m."""
-    return 2 if n <= 4096 and m % 2 == 0 else 1
+    behind the tuned tiles with a bf16 product (BENCHMARKS.md, thirtieth to thirty-second
+    sessions): 2 at n = 2048 and 4096 (16.9 us against 21.2 for 8 rows at 4096), 1 at n = 5120
+    to 8192 (36.9 against 39.7 for 2 at 8192); 4 over rows wider than 8192 walked in chunks of at
+    most 2048 (68.4 us against 76.4 for 1 and 70.6 for 2 at 4096 x 14336). Fewer where they do not
+    divide m."""
+    want = 2 if n <= 4096 else 4 if n > 8192 and phase2_chunk(n) <= 2048 else 1
+    return next(rows for rows in (want, 2, 1) if rows <= want and m % rows == 0)
 
 
 def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str):
@@ -290,8 +293,9 @@ def _triton_normalise(rows: int, shape: tuple[int, ...], dtype: Any, platform: P
                     columns(j * chunk, None)
             else:
                 jax.lax.fori_loop(0, whole, lambda j, carry: (columns(j * chunk, None), carry)[1], 0)
-            if rest:
-                columns(whole * chunk, (whole * chunk + jnp.arange(chunk) < n)[None, :])
+            if rest:  # a traced start: a static window past the row's end is refused while tracing
+                tail = jnp.int32(whole * chunk)
+                columns(tail, (tail + jnp.arange(chunk) < n)[None, :])
 
         call = pallas_call(
             body, platform=dataclasses.replace(platform, target="gpu-triton"),
