@@ -466,10 +466,17 @@ class MosaicGpuMatmulConfig(MatmulConfig):
         config = cls(fit(problem.m, 128, 64), fit(problem.n, 128, 64), 64)
         if config.off_grid(problem, jnp.bfloat16) and not problem.epilogue.row_stats:
             return dataclasses.replace(config, store="threads")
-        large = dataclasses.replace(config, **LARGE_TILES)
-        if (min(problem.m, problem.n) >= LARGE and refusal(lambda: large.check(problem, jnp.bfloat16)) is None
-                and large.footprint(problem, jnp.bfloat16) <= SMEM_BYTES):
-            return large
+        if min(problem.m, problem.n) < LARGE:
+            return config
+        # LARGE_TILES' clusters pair n tiles; where the n tiles are odd (11008 columns: 43), m
+        # tiles pair instead, or none. On the H200 (BENCHMARKS.md, thirty-second session; us)
+        # matmul 4096 x 11008 x 4096 ran 476.6 clustered along m, 481.4 unclustered and 625.4 in
+        # the pipelined tiles; matmul + layer norm 4096 x 6400 x 4096 329.8, 330.8 and 377.1.
+        for cluster in ("n", "m", "none"):
+            large = dataclasses.replace(config, **{**LARGE_TILES, "cluster": cluster})
+            if (refusal(lambda: large.check(problem, jnp.bfloat16)) is None
+                    and large.footprint(problem, jnp.bfloat16) <= SMEM_BYTES):
+                return large
         return config
 
 

@@ -335,6 +335,23 @@ def test_the_mosaic_gpu_default_of_a_large_product_is_warp_specialized(name, sha
         assert "mosaic_gpu" in _lower(name, default, "gpu-mosaic", shape=shape)
 
 
+@pytest.mark.parametrize("name,shape,cluster", [
+    ("matmul", (4096, 11008, 4096), "m"), ("matmul", (2048, 11008, 4096), "m"),
+    ("matmul_layernorm", (4096, 6400, 4096), "m"), ("bmm", (4, 1024, 11008, 4096), "m"),
+    ("matmul", (1032, 11008, 4096), "none")])  # 43 or 25 n tiles; 1032 rows: 9 m tiles of 128 (ragged)
+def test_the_large_default_pairs_m_tiles_where_the_n_tiles_are_odd(name, shape, cluster):
+    # Measured on the H200 (BENCHMARKS.md, thirty-second session): matmul 4096 x 11008 x 4096 476.6
+    # us clustered along m against 625.4 in the pipelined tiles it fell back to (XLA 522.0).
+    module = kernels.load(name)
+    default = module.default_config(shape, "gpu-mosaic")
+    assert {k: default[k] for k in matmul_config.LARGE_TILES} == matmul_config.LARGE_TILES | {"cluster": cluster}
+    assert module.check_config(default, shape, jnp.bfloat16, "gpu-mosaic") is None
+    assert module.check_config(default | {"cluster": "n"}, shape, jnp.bfloat16, "gpu-mosaic") is not None
+    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    assert space.violated(default, shape, "bfloat16", "gpu-mosaic") is None
+    assert "mosaic_gpu" in _lower(name, default, "gpu-mosaic", shape=shape)
+
+
 @pytest.mark.parametrize("split,cluster", [("m", "m"), ("n", "n")])
 def test_mosaic_gpu_layer_norm_from_tile_statistics_lowers_in_clusters(split, cluster):
     # Pallas's GPU interpreter has no clusters: the CPU checks the lowering, the GPU the numerics.
