@@ -30,9 +30,12 @@ class Epilogue:
     fn(acc, *vectors): acc is an (r, c) f32 tile; each vector is an input of length n, sliced to
     the tile's columns and broadcast to (r, c) f32. full_rows: fn needs whole rows (c == n).
     row_stats: the kernel also returns per-tile row statistics of the f32 product (before fn),
-    a (2, n // tile_n, m) f32 array: [0] each row's sum over one tile's tile_n columns, [1] its
+    a (2, n // tile_n, m') f32 array: [0] each row's sum over one tile's tile_n columns, [1] its
     sum of squared deviations from that tile's mean; `combine_row_stats` turns them into each
-    row's mean and variance over all n (a split reduction: no program needs whole rows).
+    row's mean and variance over all n (a split reduction: no program needs whole rows). m' >= m:
+    the rows are the kernel's whole row tiles; those past m hold nothing (TMA's 1-D stores of a
+    ragged tile's statistics ran on into the next tile's row on the H200: rows 0 to 71 wrong at
+    m = 3000 in tiles of 128, thirty-second session), so consumers read the first m.
     """
 
     fn: Callable[..., jax.Array] = _identity
@@ -61,9 +64,11 @@ def row_moments(sums: jax.Array, squares: jax.Array, first: jax.Array, n: int,
     return shift + total / n, (spread - total * total / n) / n
 
 
-def combine_row_stats(stats: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
-    """(mean, variance) of each of m rows of n columns from per-tile `Epilogue.row_stats`, a
-    (2, tiles, m) array (`row_moments`; one reduction, which XLA fuses into one kernel)."""
+def combine_row_stats(stats: jax.Array, n: int, m: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """(mean, variance) of each of the first m rows (all, by default) of n columns from per-tile
+    `Epilogue.row_stats`, a (2, tiles, m') array (`row_moments`; one reduction, which XLA fuses
+    into one kernel, the slice included)."""
+    stats = stats if m is None else stats[..., :m]
     return row_moments(stats[0], stats[1], stats[0, 0], n)
 
 

@@ -152,9 +152,9 @@ def padded_to(problem: Problem, runs: Problem, kernel: Callable[..., Any]) -> Ca
 
     def run(a: jax.Array, b: jax.Array, *vectors: jax.Array) -> Any:
         out = kernel(pad(a, runs.m, runs.k), pad(b, runs.k, runs.n), *(pad(v, runs.n) for v in vectors))
-        if problem.epilogue.row_stats:  # (product, (2, tiles, m) statistics); n is never padded
-            product, stats = out
-            return product[..., :problem.m, :problem.n], stats[..., :problem.m]
+        if problem.epilogue.row_stats:  # (product, (2, tiles, m') statistics); n is never padded
+            product, stats = out  # consumers read the statistics' first m rows (Epilogue.row_stats)
+            return product[..., :problem.m, :problem.n], stats
         if out.shape[-2:] == (problem.m, problem.n):
             return out
         return out[..., :problem.m, :problem.n]

@@ -226,7 +226,7 @@ def _tile_stats(phase1, own: LayerNormKnobs, shape: tuple[int, ...], dtype: Any,
         normalise = _triton_normalise(own.rows(m), shape, dtype, platform)
     else:
         def normalise(product, stats, gamma, beta):
-            mean, var = matmul_core.combine_row_stats(stats, n)
+            mean, var = matmul_core.combine_row_stats(stats, n, m)
             scale = jax.lax.rsqrt(var + EPS)[:, None]
             centred = product.astype(jnp.float32) - mean[:, None]
             return (centred * scale * gamma.astype(jnp.float32) + beta.astype(jnp.float32)).astype(dtype)

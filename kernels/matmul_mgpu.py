@@ -116,7 +116,9 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
 
     out_shape = (writes.out_shape(dtype),)
     if row_stats:
-        out_shape += (jax.ShapeDtypeStruct((2, problem.n // bn, problem.m), jnp.float32),)
+        # whole row tiles: a 1-D TMA store of a ragged tile's statistics is not cut at m
+        # (Epilogue.row_stats)
+        out_shape += (jax.ShapeDtypeStruct((2, problem.n // bn, m_iters * t.cta_m), jnp.float32),)
     # Shared memory only for what the epilogue uses: at the largest tiles and depths, 512 bytes of
     # unused vector tile are the difference between fitting and not.
     vec_scratch = plgpu.SMEM((n_vec, bn), dtype) if n_vec else None
