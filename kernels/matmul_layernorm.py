@@ -155,11 +155,18 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
                              ln_phase2="triton")
         return own.to_dict() | matmul_core.default_config(_problem(own, shape), target)
     own = LayerNormKnobs(ln_strategy="two_phase")
-    # Triton's row kernel masks the rows past m, and its tiles are powers of two
+    # Triton's row kernel masks the rows past m, and its tiles are powers of two; at most 65536
+    # elements a program, as the space asks (8 rows of 14336 were outside it, and a sweep on the
+    # H200 answered such a default "invalid", thirty-second session)
     rows = min(8, pl.next_power_of_2(m)) if target == "gpu-triton" else own.rows(m)
+    while target == "gpu-triton" and rows > 1 and rows * n > TRITON_ROW_ELEMENTS:
+        rows //= 2
     knobs = dataclasses.replace(own, ln_rows=rows).to_dict()
     del knobs["ln_phase2"]  # only tile_stats has a phase 2 to choose
     return knobs | matmul_core.default_config(_problem(own, shape), target)
+
+
+TRITON_ROW_ELEMENTS = 65536  # the two_phase row kernel's elements a program on gpu-triton (by default)
 
 
 def phase2_rows(m: int, n: int) -> int:
