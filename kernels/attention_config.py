@@ -38,12 +38,18 @@ class AttentionConfig(Knobs):
         (the causal mask already does for every real query) and slices the output back."""
         return round_up(seq, math.lcm(self.block_q, self.block_kv))
 
+    def padded_dim(self, dim: int) -> int:
+        """The head dim this target's kernel runs: dim itself here. `attention_core.build` pads Q, K
+        and V with zeros to it (zeros add nothing to Q K^T, and O's extra columns are sliced off);
+        the softmax scale stays 1 / sqrt(dim)."""
+        return dim
+
     def check(self, shape: tuple[int, ...], dtype: Any) -> None:
         """Blocks need not divide the sequence (see `padded_seq`): nothing to refuse here."""
 
     def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
         """The Q, K and V tiles of a program, its f32 scores and accumulator."""
-        dim, item = shape[3], jnp.dtype(dtype).itemsize
+        dim, item = self.padded_dim(shape[3]), jnp.dtype(dtype).itemsize
         bq, bkv = self.block_q, self.block_kv
         return (bq + 2 * bkv) * dim * item + bq * (bkv + dim) * 4
 
@@ -94,9 +100,14 @@ class TritonAttentionConfig(AttentionConfig):
     num_warps: int = 4
     num_stages: int = 2
 
+    def padded_dim(self, dim: int) -> int:
+        """Triton's arrays are powers of two (and its dots at least 16 deep): head dims such as 80
+        or 96 run as 128. On the H200 head_dim 80 failed to compile before (thirty-second session)."""
+        return max(16, 1 << (dim - 1).bit_length())
+
     def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
         """Shared memory: the Q tile, and K and V tiles per pipeline buffer."""
-        dim, item = shape[3], jnp.dtype(dtype).itemsize
+        dim, item = self.padded_dim(shape[3]), jnp.dtype(dtype).itemsize
         bq, bkv = self.block_q, self.block_kv
         return bq * dim * item + triton_dot_buffers(self.num_stages, self.num_warps, bq) * 2 * bkv * dim * item
 
@@ -138,19 +149,22 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         one block; other lengths are padded to that."""
         return max(round_up(seq, MGPU_ROW_UNIT), self.rows_per_block(), self.block_kv)
 
+    def padded_dim(self, dim: int) -> int:
+        """The 128-byte swizzled tiles hold 64 columns: head dims such as 80 or 96 run as 128."""
+        return round_up(dim, 64)
+
     def check(self, shape: tuple[int, ...], dtype: Any) -> None:
-        """The common checks, and what WGMMA and these kernels support."""
+        """The common checks, and what WGMMA and these kernels support (the head dim is padded)."""
         super().check(shape, dtype)
-        dim = shape[3]
         if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
             raise Unsupported(f"gpu-mosaic attention takes bfloat16 or float16, not {jnp.dtype(dtype)}")
-        if self.block_q % 64 or self.block_kv % 64 or dim % 64:
-            raise Unsupported("gpu-mosaic: block_q, block_kv and head_dim must be multiples of 64")
+        if self.block_q % 64 or self.block_kv % 64:
+            raise Unsupported("gpu-mosaic: block_q and block_kv must be multiples of 64")
 
     def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
         """Shared memory: Q/O tiles per compute warpgroup, the K and V slots, and 2.5 KiB for the
         reduction scratch Mosaic GPU reserves (2 KiB) and barriers: at most 1 KiB above its own count."""
-        _, _, seq, dim = shape
+        _, _, seq, dim = shape[:3] + (self.padded_dim(shape[3]),)
         item, wgs = jnp.dtype(dtype).itemsize, 2 if self.warp_specialized else 1
         return wgs * self.block_q * dim * item + 2 * self.steps(seq) * self.block_kv * dim * item + 2560
 

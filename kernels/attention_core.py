@@ -150,26 +150,27 @@ def build(config: AnyConfig, shape: tuple[int, ...], dtype: Any, platform: Platf
     """The Pallas attention for `config` on `platform`, causal or not: a function of (q, k, v).
 
     Any sequence length: the target's kernel runs `padded_seq(seq)` rows (Q, K and V padded
-    with zeros to it when longer than seq) and masks the keys from seq on (`kv_len`)."""
+    with zeros to it when longer than seq) and masks the keys from seq on (`kv_len`). Any head
+    dim: the kernel runs `padded_dim(dim)` columns (zeros), scaled by 1 / sqrt(dim)."""
     typed = check(config, shape, dtype, platform.target)
-    seq = shape[2]
-    runs = shape[:2] + (typed.padded_seq(seq),) + shape[3:]
+    seq, dim = shape[2], shape[3]
+    runs = shape[:2] + (typed.padded_seq(seq), typed.padded_dim(dim))
     if platform.target == "tpu":
         from kernels import attention_tpu
 
-        kernel = attention_tpu.build(typed, runs, dtype, platform, causal, kv_len=seq)
+        kernel = attention_tpu.build(typed, runs, dtype, platform, causal, kv_len=seq, head_dim=dim)
     elif platform.target == "gpu-mosaic":
         from kernels import attention_mgpu
 
-        kernel = attention_mgpu.build(typed, runs, dtype, platform, causal, kv_len=seq)
+        kernel = attention_mgpu.build(typed, runs, dtype, platform, causal, kv_len=seq, head_dim=dim)
     else:
-        kernel = _generic_attention(typed, runs, dtype, platform, causal, kv_len=seq)
+        kernel = _generic_attention(typed, runs, dtype, platform, causal, kv_len=seq, head_dim=dim)
     if runs == shape:
         return kernel
-    pad = [(0, 0), (0, 0), (0, runs[2] - seq), (0, 0)]
+    pad = [(0, 0), (0, 0), (0, runs[2] - seq), (0, runs[3] - dim)]
 
     def padded(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        return kernel(*(jnp.pad(x, pad) for x in (q, k, v)))[:, :, :seq]
+        return kernel(*(jnp.pad(x, pad) for x in (q, k, v)))[:, :, :seq, :dim]
 
     return padded
 
@@ -209,13 +210,13 @@ def ragged_keys(kv_len: int, bkv: int, causal: bool) -> int | None:
 
 
 def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
-                       causal: bool, kv_len: int) -> Callable[..., jax.Array]:
+                       causal: bool, kv_len: int, head_dim: int) -> Callable[..., jax.Array]:
     """The Triton (and plain interpret) kernel for a checked config and a shape of whole blocks,
-    whose first kv_len keys are real: a function of (q, k, v)."""
+    whose first kv_len keys are real and first head_dim columns too: a function of (q, k, v)."""
     batch, heads, seq, dim = shape
     limit = ragged_keys(kv_len, config.block_kv, causal)
     bq, bkv = config.block_q, config.block_kv
-    scale = 1.0 / math.sqrt(dim)
+    scale = 1.0 / math.sqrt(head_dim)
     sq = pl.squeezed
     q_blocks = seq // bq
 

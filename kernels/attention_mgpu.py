@@ -18,13 +18,14 @@ from kernels.lowering import Platform
 
 
 def build(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
-          causal: bool, kv_len: int) -> Callable[..., jax.Array]:
+          causal: bool, kv_len: int, head_dim: int) -> Callable[..., jax.Array]:
     """The Mosaic GPU kernel for a checked config: a function of (q, k, v) of `shape`, whose first
-    kv_len keys are real. The sequence need not be whole blocks: the last Q and K/V blocks run
-    past its end, where TMA reads zeros and drops the writes (see `padded_seq`)."""
+    kv_len keys are real, scaled by 1 / sqrt(head_dim) (the real head dim: `padded_dim`). The
+    sequence need not be whole blocks: the last Q and K/V blocks run past its end, where TMA reads
+    zeros and drops the writes (see `padded_seq`)."""
     if config.warp_specialized:
-        return _warp_specialized(config, shape, dtype, platform, causal, kv_len)
-    return _pipelined(config, shape, dtype, platform, causal, kv_len)
+        return _warp_specialized(config, shape, dtype, platform, causal, kv_len, head_dim)
+    return _pipelined(config, shape, dtype, platform, causal, kv_len, head_dim)
 
 
 def _qk(q_smem: Any, k_tile: Any, interpret: bool, while_running: Any = None) -> jax.Array:
@@ -201,7 +202,7 @@ def _smem_transforms() -> tuple[Any, ...]:
 
 
 def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any,
-                      platform: Platform, causal: bool, kv_len: int) -> Callable[..., jax.Array]:
+                      platform: Platform, causal: bool, kv_len: int, head_dim: int) -> Callable[..., jax.Array]:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from kernels.mgpu_launch import mosaic_kernel
@@ -210,7 +211,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
     bq, bkv = config.block_q, config.block_kv
     steps = config.steps(seq)
     dtype = jnp.dtype(dtype)
-    scale_log2 = math.log2(math.e) / math.sqrt(dim)  # softmax in base 2, scale folded in
+    scale_log2 = math.log2(math.e) / math.sqrt(head_dim)  # softmax in base 2, scale folded in
     compute_wgs = 2
     intra_overlap = config.ws_schedule == "intra_overlap"
     q_tiles = pl.cdiv(seq, 2 * bq)
@@ -357,7 +358,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
 
 
 def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
-               causal: bool, kv_len: int) -> Callable[..., jax.Array]:
+               causal: bool, kv_len: int, head_dim: int) -> Callable[..., jax.Array]:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from kernels.mgpu_launch import mosaic_kernel
@@ -366,7 +367,7 @@ def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: 
     bq, bkv = config.block_q, config.block_kv
     steps = config.steps(seq)
     dtype = jnp.dtype(dtype)
-    scale_log2 = math.log2(math.e) / math.sqrt(dim)
+    scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
     q_blocks = pl.cdiv(seq, bq)
     limit = ragged_keys(kv_len, bkv, causal)
 

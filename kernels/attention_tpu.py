@@ -18,15 +18,15 @@ from kernels.tpu_mesh import traced_for_tpu, vmem_limit
 
 
 def build(config: TpuAttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
-          causal: bool, kv_len: int) -> Callable[..., jax.Array]:
+          causal: bool, kv_len: int, head_dim: int) -> Callable[..., jax.Array]:
     """The TPU kernel for a checked config and a shape of whole blocks whose first kv_len keys
-    are real: a function of (q, k, v), traced for TPU."""
+    (and first head_dim columns: the scale's) are real: a function of (q, k, v), traced for TPU."""
     from jax.experimental.pallas import tpu as pltpu
 
     batch, heads, seq, dim = shape
     bq, bkv = config.block_q, config.block_kv
     strategy, buffers = config.attn_strategy, config.buffers
-    scale = 1.0 / math.sqrt(dim)
+    scale = 1.0 / math.sqrt(head_dim)
     sq = pl.squeezed
     limit = ragged_keys(kv_len, bkv, causal)
 
