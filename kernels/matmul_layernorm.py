@@ -141,6 +141,9 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
     return max(matmul_bytes, ln_bytes)
 
 
+TRITON_ROW_ELEMENTS = 65536  # the two_phase row kernel's elements a program on gpu-triton (by default)
+
+
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """The two-phase scheme with the plain matmul's default tiles (any n works), the product stored
     in float32; on gpu-mosaic tile_stats, the product stored in bf16 and normalised by the Triton
@@ -164,9 +167,6 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     knobs = dataclasses.replace(own, ln_rows=rows).to_dict()
     del knobs["ln_phase2"]  # only tile_stats has a phase 2 to choose
     return knobs | matmul_core.default_config(_problem(own, shape), target)
-
-
-TRITON_ROW_ELEMENTS = 65536  # the two_phase row kernel's elements a program on gpu-triton (by default)
 
 
 def phase2_rows(m: int, n: int) -> int:

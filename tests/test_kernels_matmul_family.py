@@ -223,25 +223,26 @@ def test_row_statistics_of_tiles_combine_to_each_rows_mean_and_variance():
 TILE_STATS = dict(ln_strategy="tile_stats", max_concurrent_steps=2)
 
 
-@pytest.mark.parametrize("pipeline,split,rows", [("warp_specialized", "m", 256), ("warp_specialized", "n", 256),
-                                                 ("pipelined", "n", 256)])
+@pytest.mark.parametrize("pipeline,split,rows", [("warp_specialized", "m", 384), ("warp_specialized", "n", 320),
+                                                 ("pipelined", "n", 320)])
 def test_tile_statistics_cover_whole_row_tiles_past_a_ragged_m(pipeline, split, rows):
     # On the H200 a ragged last row tile's 1-D TMA stores of its statistics ran on into the next
     # tile's row (m = 3000 in tiles of 128: rows 0 to 71 wrong, thirty-second session). The
-    # statistics now span whole row tiles (m = 200: 256 rows), and phase 2 reads the first m.
+    # statistics now span whole row tiles (m = 300: 384 rows in tiles of 128, 320 in 64s), and
+    # phase 2 reads the first m.
     # Pallas's GPU interpreter cannot run a ragged tile, so the CPU checks the lowering.
     config = _blocks(64, 64, 64, mgpu_pipeline=pipeline, wg_split=split, ln_store="input", **TILE_STATS)
-    problem = matmul_core.Problem(200, 512, 128, epilogue=matmul_core.Epilogue(row_stats=True))
+    problem = matmul_core.Problem(300, 512, 128, epilogue=matmul_core.Epilogue(row_stats=True))
     core = {k: v for k, v in config.items() if not k.startswith("ln_")}
     kernel = matmul_core.build(problem, core, jnp.bfloat16, Platform("gpu-mosaic"))
-    a, b = jnp.zeros((200, 128), jnp.bfloat16), jnp.zeros((128, 512), jnp.bfloat16)
+    a, b = jnp.zeros((300, 128), jnp.bfloat16), jnp.zeros((128, 512), jnp.bfloat16)
     product, stats = jax.eval_shape(kernel, a, b)
-    assert product.shape == (200, 512) and stats.shape == (2, 512 // 64, rows)
+    assert product.shape == (300, 512) and stats.shape == (2, 512 // 64, rows)
     text = jax.jit(kernel).trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
     assert f"tensor<2x8x{rows}xf32>" in text
     for phase2 in ("xla", "triton"):  # both phase 2s take the padded statistics
         assert "mosaic_gpu" in _lower("matmul_layernorm", config | {"ln_phase2": phase2, "ln_rows": 1},
-                                      "gpu-mosaic", shape=(200, 512, 128))
+                                      "gpu-mosaic", shape=(300, 512, 128))
     sums = jnp.arange(2 * 3 * 5, dtype=jnp.float32).reshape(2, 3, 5)
     assert matmul_core.combine_row_stats(sums, 96, 4)[0].shape == (4,)
 
