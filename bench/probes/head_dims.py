@@ -1,6 +1,8 @@
 # Attention at head dims off the kernels grid (80, 96) on both GPU targets: each default, validated
 # against the float32 reference with poisoned outputs. Usage: python3 bench/probes/head_dims.py
-import os, sys, time; sys.path.insert(0, os.getcwd())
+import os, sys; from pathlib import Path
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import jax, jax.numpy as jnp, kernels
 from farm.measure import validate
 from kernels.lowering import Platform

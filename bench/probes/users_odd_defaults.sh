@@ -10,11 +10,11 @@ timeout 480 python3 -m farm sweep --tasks $tasks --trials ${TRIALS:-2} --key /tm
 python3 bench/sweep_summary.py $OUT/run --json $OUT/summary.json
 python3 - "$OUT/run" <<'PY'
 import json, pathlib, sys
-for path in sorted(pathlib.Path(sys.argv[1]).rglob("trials.jsonl")):
-    for line in path.read_text().splitlines():
-        t = json.loads(line)
-        if t["outcome"] not in ("ok", "invalid", "pruned", "cached"):
-            print("FAILED", t["kernel"], t["shape"], t["target"], "trial", t["trial"], t["outcome"], t["config"],
-                  str(t.get("error"))[:400])
+from farm.bundle.records import TrialRecord
+from farm.measure.outcomes import FAILURES
+for path in sorted(pathlib.Path(sys.argv[1]).rglob("trials.jsonl")):  # each failed trial and its config
+    for t in map(TrialRecord.from_dict, map(json.loads, path.read_text().splitlines())):
+        if t.outcome in FAILURES:
+            print("FAILED", t.kernel, t.shape, t.target, "trial", t.trial, t.outcome, t.config, str(t.error)[:400])
 PY
 (cd $OUT && tar czf run.tgz run && rm -rf run)
