@@ -286,7 +286,33 @@ class TritonMatmulConfig(InterpretMatmulConfig):
         bm, bn, bk = self.block_m, self.block_n, self.block_k
         return triton_dot_buffers(self.num_stages, self.num_warps, bm) * (bm * bk + bk * bn) * item
 
+    @classmethod
+    def default(cls, problem: Problem) -> TritonMatmulConfig:
+        """Small tiles (`InterpretMatmulConfig.DEFAULT_TILES`), but products of at least
+        TRITON_LARGE rows and columns (each batch entry's) take 128-row tiles, 8 of them a column
+        sweep (or 4, or 1: group_m divides the row tiles), and 256 columns in 8 warps (else 128 in
+        4) where that leaves TRITON_MIN_TILES tiles and no 256-column tile is ragged where 128
+        columns are not (a ragged tile pads B and slices C back). On the H200 (BENCHMARKS.md,
+        thirty-third session; us against the small tiles): matmul 4096^3 181.7 / 448.8 (XLA
+        183.7), 8192^3 1406.8 (XLA 1451.5), 4096 x 11008 x 4096 496.5 / 1252.3, 1001 x 50257 x
+        4096 1035.0 / 2183.6; in 128 x 128 tiles 1024 x 4224 x 1024 14.4 / 30.3 (128 x 256:
+        38.9) and 512 x 4096 x 4096 29.1 / 51.7 (128 x 256, 64 tiles: 42.1)."""
+        config = super().default(problem)
+        if min(problem.m, problem.n) < TRITON_LARGE or problem.epilogue.full_rows:
+            return config
+        tiles_m = pl.cdiv(problem.m, 128)
+        wide = (problem.n % 256 == 0 or problem.n % 128 != 0) and (
+            tiles_m * pl.cdiv(problem.n, 256) * max(problem.batch, 1) >= TRITON_MIN_TILES)
+        return dataclasses.replace(config, block_m=128, block_n=256 if wide else 128,
+                                   block_k=fit(problem.k, 64, 16),
+                                   group_m=next(g for g in (8, 4, 1) if tiles_m % g == 0),
+                                   num_warps=8 if wide else 4, num_stages=3)
 
+
+# TritonMatmulConfig.default's large tiles: from this many rows and columns, with 256 columns where
+# they make at least TRITON_MIN_TILES tiles (an H200 has 132 SMs: 64 tiles of 128 x 256 left half
+# of them idle at 512 x 4096 x 4096).
+TRITON_LARGE, TRITON_MIN_TILES = 512, 128
 # Shared memory Mosaic GPU adds to a kernel's own buffers (barriers, alignment). JAX 0.10.2 adds at
 # most 1 KiB; JAX 0.11.2 on the H200 counted up to 1616 bytes more than that for the same configs
 # (232528 bytes for one this model, with 1 KiB, put at 230912), so the model allows 2.75 KiB.

@@ -37,6 +37,8 @@ sub-tiles of epi_n output columns, each loaded, transformed, cast and stored on 
               (default 1): programs per output tile, each summing one run of K into a float32
               partial product, added up (and the epilogue applied) by XLA after the kernel: a
               decode step's few rows give too few output tiles to keep every SM reading B.
+              The default is small tiles, but products of at least 512 rows and columns take
+              128-row tiles of 256 columns in 8 warps, or 128 in 4 (`TritonMatmulConfig.default`).
   interpret   as gpu-triton, without compiler params.
   gpu-mosaic  mgpu_pipeline  "warp_specialized": a persistent kernel (one block per SM) in
                              which a memory warpgroup issues TMA copies and two compute

@@ -11,7 +11,8 @@ ln_strategy (default two_phase, which any tiles allow):
                program; default 8, or m) normalising it: the product is written and read once
                more, with no constraint on the tiles. Any m and n on Triton (rows padded to a
                power of two and masked, ln_rows a power of two, default 8 or fewer for fewer
-               rows, the last program masked); elsewhere ln_rows divides m, as the engine's
+               rows or wide ones (TRITON_ROW_ELEMENTS), the last program masked; its warps
+               follow its elements, `row_warps`); elsewhere ln_rows divides m, as the engine's
                blocks must (TPU: a multiple of 8, or m).
   "tile_stats" (gpu-mosaic: WGMMA accumulators cannot hold whole 4096-wide rows) a split
                reduction: phase 1 is the Mosaic GPU matmul whose epilogue also stores, per row
@@ -137,11 +138,15 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
     # The row engine's footprint of phase 2, its rows in and out at the stored product's width
     # (float32 or the input dtype; the output is never wider).
     stored = jnp.float32 if own.ln_store == "float32" else dtype
-    ln_bytes = layer_norm.KERNEL.footprint(_row_config(core, own.rows(m), target), (m, n), stored, target)
+    ln_bytes = layer_norm.KERNEL.footprint(_row_config(own.rows(m), n, target), (m, n), stored, target)
     return max(matmul_bytes, ln_bytes)
 
 
-TRITON_ROW_ELEMENTS = 65536  # the two_phase row kernel's elements a program on gpu-triton (by default)
+# The two_phase row kernel's elements a program on gpu-triton by default: 64 f32 values a thread in
+# 8 warps. On the H200 (BENCHMARKS.md, thirty-third session; us of matmul + layer norm) 4 rows of
+# 14336 ran 1101.5 against 387.5 for 1 row and 372.5 for 2 (the rows spilled); at 4096^3 4 rows
+# 220.9, 1 row 221.3, 8 rows 225.5; at 4096 x 11008 x 4096 1, 2 and 4 rows within 0.3%.
+TRITON_ROW_ELEMENTS = 16384
 
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
@@ -189,7 +194,7 @@ def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target:
     if own.ln_strategy == "two_phase" and target == "gpu-mosaic":
         raise Unsupported("gpu-mosaic: two_phase's row kernel is not a Mosaic GPU kernel; use tile_stats")
     if own.ln_strategy == "two_phase":
-        why = layer_norm.KERNEL.check_config(_row_config(core, rows, target), (m, shape[1]), dtype, target)
+        why = layer_norm.KERNEL.check_config(_row_config(rows, shape[1], target), (m, shape[1]), dtype, target)
         if why:
             raise ConfigError(f"two_phase's row kernel (ln_rows = {rows}): {why}")
     n = shape[1]
@@ -209,20 +214,26 @@ def check_config(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, tar
     return refusal(lambda: _checked(config, shape, dtype, target))
 
 
-def _row_config(core: matmul_core.MatmulConfig, rows: int, target: str) -> dict[str, Any]:
+def row_warps(elements: int) -> int:
+    """Warps of a Triton program that holds `elements` of a row block in registers: 8 past 8192.
+    On the H200 (BENCHMARKS.md, thirty-third session) two_phase's row kernel at 4 rows of 11008
+    ran 947 us with 4 warps (32 registers a thread: the rows spilled) and 97 us with 8."""
+    return 4 if elements <= 8192 else 8
+
+
+def _row_config(rows: int, n: int, target: str) -> dict[str, Any]:
     """two_phase's phase 2 as a config of the row engine's layer norm: whole rows (one_pass),
-    `rows` a program; on Triton with the matmul's warps, the rows past m masked."""
+    `rows` a program; on Triton with `row_warps` of its elements, the rows past m masked."""
     if target == "gpu-triton":
-        return {"block_rows": rows, "rows_per_program": rows, "num_warps": core.num_warps, "num_stages": 1}
+        return {"block_rows": rows, "rows_per_program": rows, "num_warps": row_warps(rows * n), "num_stages": 1}
     return {"block_rows": rows}
 
 
-def _row_norm(core: matmul_core.MatmulConfig, rows: int, shape: tuple[int, ...], dtype: Any,
-              platform: Platform):
+def _row_norm(rows: int, shape: tuple[int, ...], dtype: Any, platform: Platform):
     """two_phase's phase 2: the row engine's layer norm (`kernels.layer_norm`, the same eps) over
     the stored product, written in `dtype` (the engine reads any input dtype as float32)."""
     m, n, _ = shape
-    return layer_norm.KERNEL.build(_row_config(core, rows, platform.target), (m, n), dtype, platform)
+    return layer_norm.KERNEL.build(_row_config(rows, n, platform.target), (m, n), dtype, platform)
 
 
 def _tile_stats(phase1, own: LayerNormKnobs, shape: tuple[int, ...], dtype: Any, platform: Platform):
@@ -306,7 +317,7 @@ def _triton_normalise(rows: int, shape: tuple[int, ...], dtype: Any, platform: P
 
         call = pallas_call(
             body, platform=dataclasses.replace(platform, target="gpu-triton"),
-            config={"num_warps": 4 if rows * chunk <= 8192 else 8, "num_stages": 1},
+            config={"num_warps": row_warps(rows * chunk), "num_stages": 1},
             out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(dtype)), grid=(m // rows,),
             name="tile_stats_layer_norm")
         return call(stats, product, gamma.reshape(1, n), beta.reshape(1, n))
@@ -322,7 +333,7 @@ def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: 
         return phase1
     if own.ln_strategy == "tile_stats":
         return _tile_stats(phase1, own, shape, dtype, platform)
-    phase2 = _row_norm(core, own.rows(shape[0]), shape, dtype, platform)
+    phase2 = _row_norm(own.rows(shape[0]), shape, dtype, platform)
 
     def two_phase(a: jax.Array, b: jax.Array, gamma: jax.Array, beta: jax.Array) -> jax.Array:
         return phase2(phase1(a, b), gamma, beta)

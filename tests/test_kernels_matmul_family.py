@@ -8,6 +8,7 @@ layouts, Mosaic GPU's shared-memory budget). Timing and real-hardware numerics a
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import jax
@@ -308,17 +309,50 @@ def test_the_mosaic_gpu_layer_norm_default_stores_bf16_and_normalises_in_triton(
     assert "float32" == module.default_config(shape, "gpu-triton")["ln_store"]  # other targets unchanged
 
 
-@pytest.mark.parametrize("shape,rows", [((3000, 14336, 1000), 4), ((4096, 11008, 4096), 4), ((4096, 4096, 4096), 8),
-                                        ((3, 768, 64), 4), ((64, 131072, 64), 1)])
+@pytest.mark.parametrize("shape,rows", [((3000, 14336, 1000), 1), ((4096, 11008, 4096), 1), ((4096, 4096, 4096), 4),
+                                        ((1024, 4224, 1024), 2), ((3, 768, 64), 4), ((64, 131072, 64), 1)])
 def test_the_triton_layer_norm_default_stays_in_its_space_at_wide_rows(shape, rows):
     # A sweep on the H200 answered the Triton default "invalid" at 14336 and 11008 columns (8 rows
-    # a program: over the space's 65536 elements), so those tasks started from a random draw.
+    # a program: over the space's 65536 elements), so those tasks started from a random draw; 4
+    # rows of 14336 then ran 1101.5 us against 387.5 for 1 (the rows spilled; thirty-third session).
     module = kernels.load("matmul_layernorm")
     default = module.default_config(shape, "gpu-triton")
     assert default["ln_rows"] == rows and module.check_config(default, shape, jnp.bfloat16, "gpu-triton") is None
     space = load_space(ROOT / "search_spaces" / "matmul_layernorm.yaml")
     if rows * shape[1] <= module.TRITON_ROW_ELEMENTS:
         assert space.violated(default, shape, "bfloat16", "gpu-triton") is None
+
+
+def test_the_two_phase_row_kernel_takes_warps_for_its_elements_not_the_matmuls():
+    # On the H200 (thirty-third session) 4 rows of 11008 in the matmul's 4 warps took 947 us (32
+    # registers a thread: the rows spilled), in 8 warps 97 us.
+    config = _blocks(64, 64, 32, ln_strategy="two_phase", ln_rows=1, **TRITON)
+    for n, row_warps in ((14336, 8), (4096, 4)):
+        text = _lower("matmul_layernorm", config, "gpu-triton", shape=(64, n, 128))
+        assert re.findall(r'name = "(matmul|layer_norm)", num_stages = \d+ : i32, num_warps = (\d+)', text) == [
+            ("matmul", "4"), ("layer_norm", str(row_warps))]
+
+
+@pytest.mark.parametrize("name,shape,tile,warps", [
+    ("matmul", (4096, 11008, 4096), (128, 256), 8), ("matmul", (1001, 50257, 4096), (128, 256), 8),
+    ("matmul", (1024, 4224, 1024), (128, 128), 4),  # a ragged 256-column tile where 128 columns are whole
+    ("matmul", (512, 4096, 4096), (128, 128), 4),   # 64 tiles of 128 x 256: half an H200 idle
+    ("bmm", (16, 2048, 2048, 2048), (128, 256), 8), ("broadcast_matmul", (64, 2048, 2048, 2048), (128, 256), 8),
+    ("matmul_layernorm", (3000, 14336, 1000), (128, 256), 8), ("matmul_subtiled_epilogue", (2048, 2048, 2048), (128, 256), 8),
+    ("matmul", (500, 4096, 4096), (64, 64), 4), ("bmm", (64, 256, 2048, 2048), (64, 64), 4)])  # under 512 rows
+def test_the_triton_default_of_a_large_product_takes_large_tiles(name, shape, tile, warps):
+    # On the H200 (BENCHMARKS.md, thirty-third session; us, against the earlier 64 x 64 x 32 tiles):
+    # matmul 4096^3 181.7 / 448.8 (XLA 183.7), 4096 x 11008 x 4096 496.5 / 1252.3, matmul + layer
+    # norm 4096 x 11008 x 4096 617.1 / 2213.9, 1024 x 4224 x 1024 in 128 x 128 tiles 14.4 / 30.3.
+    module = kernels.load(name)
+    default = module.default_config(shape, "gpu-triton")
+    assert (default["block_m"], default["block_n"], default["num_warps"]) == (*tile, warps)
+    m = shape[-3]
+    assert -(-m // default["block_m"]) % default["group_m"] == 0
+    assert module.check_config(default, shape, jnp.bfloat16, "gpu-triton") is None
+    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    assert space.violated(default, shape, "bfloat16", "gpu-triton") is None
+    assert "__gpu$xla.gpu.triton" in _lower(name, default, "gpu-triton", shape=shape)
 
 
 def test_the_layer_norm_space_offers_the_triton_phase_2_up_to_4_rows_at_any_width():
