@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from kernels.knobs import ConfigError, Knobs, Unsupported, parse
 from kernels.lowering import round_up, triton_dot_buffers
+from kernels.mgpu_launch import SMEM_BYTES
 
 LANES = 128  # TPU vector lanes: the m/l scratch is (block_q, LANES)
 MGPU_ROW_UNIT = 8  # Mosaic GPU's swizzled TMA layouts address rows in groups of 8
@@ -54,7 +55,7 @@ class AttentionConfig(Knobs):
         return (bq + 2 * bkv) * dim * item + bq * (bkv + dim) * 4
 
     @classmethod
-    def default(cls, shape: tuple[int, ...]) -> AttentionConfig:
+    def default(cls, shape: tuple[int, ...], causal: bool = False) -> AttentionConfig:
         """Blocks of 64 (a sequence they do not divide is padded)."""
         return cls(64, 64)
 
@@ -88,7 +89,7 @@ class TpuAttentionConfig(AttentionConfig):
         return fixed + self.buffers * 2 * bkv * dim * item
 
     @classmethod
-    def default(cls, shape: tuple[int, ...]) -> TpuAttentionConfig:
+    def default(cls, shape: tuple[int, ...], causal: bool = False) -> TpuAttentionConfig:
         """The streaming strategy with blocks of 128 (lanes; a ragged sequence is padded)."""
         return cls(LANES, LANES)
 
@@ -110,6 +111,17 @@ class TritonAttentionConfig(AttentionConfig):
         dim, item = self.padded_dim(shape[3]), jnp.dtype(dtype).itemsize
         bq, bkv = self.block_q, self.block_kv
         return bq * dim * item + triton_dot_buffers(self.num_stages, self.num_warps, bq) * 2 * bkv * dim * item
+
+    @classmethod
+    def default(cls, shape: tuple[int, ...], causal: bool = False) -> TritonAttentionConfig:
+        """128-row Q blocks, 64-row K/V blocks, 8 warps, 3 stages (2 where 3 overflow shared memory
+        at wide heads; else 64-row blocks in 4 warps, 2 stages). On the H200 (BENCHMARKS.md,
+        thirty-third session; us against 64 x 64 in 4 warps, 2 stages): (4, 32, 4096, 128) 2840.0 /
+        3742.6, causal 1592.6 / 1829.9; (1, 32, 2048, 80) 227.0 / 255.2, causal 153.3 / 159.7."""
+        for config in (cls(128, 64, num_warps=8, num_stages=3), cls(128, 64, num_warps=8, num_stages=2)):
+            if config.footprint(shape, jnp.bfloat16) <= SMEM_BYTES:
+                return config
+        return cls(64, 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,9 +181,17 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         return wgs * self.block_q * dim * item + 2 * self.steps(seq) * self.block_kv * dim * item + 2560
 
     @classmethod
-    def default(cls, shape: tuple[int, ...]) -> MosaicGpuAttentionConfig:
-        """The warp-specialized kernel with 64-row blocks."""
-        return cls(64, 64)
+    def default(cls, shape: tuple[int, ...], causal: bool = False) -> MosaicGpuAttentionConfig:
+        """The warp-specialized kernel with 64-row Q blocks and 128-row K/V blocks (64 where two
+        slots of 128 overflow shared memory at wide heads), the softmax of one warpgroup beside the
+        other's matmuls (pingpong) when causal, inside each warpgroup's own (intra_overlap)
+        otherwise. On the H200 (BENCHMARKS.md, thirty-third session; us against 64-row K/V blocks
+        and pingpong): (4, 32, 4096, 128) 1578.7 / 2043.3 (pingpong 1682.3; cuDNN 1638.4, torch SDPA
+        1602.5), causal 913.7 / 1065.7 (intra_overlap 1066.5; torch SDPA 919.6); (1, 32, 2048,
+        80) 146.8 / 177.1, causal 123.8 / 136.8."""
+        schedule = "pingpong" if causal else "intra_overlap"
+        wide = cls(64, 128, ws_schedule=schedule)
+        return wide if wide.footprint(shape, jnp.bfloat16) <= SMEM_BYTES else cls(64, 64, ws_schedule=schedule)
 
 
 CONFIGS: dict[str, type[AttentionConfig]] = {

@@ -26,7 +26,8 @@ Strategies and knobs (all targets: block_q, block_kv):
               attn_strategy "unroll": K and V of the (batch, head) are blocks of the grid, loaded
                   whole into VMEM; a `fori_loop` slices them with `pl.ds`. No inner DMA waits,
                   but VMEM grows with seq (see `footprint`).
-  gpu-triton  num_warps, num_stages (default 2): one program per Q block looping over K/V blocks.
+  gpu-triton  num_warps, num_stages: one program per Q block looping over K/V blocks (default:
+              128-row Q and 64-row K/V blocks, 8 warps, 3 stages; `TritonAttentionConfig.default`).
   interpret   the gpu-triton kernel without compiler params.
   gpu-mosaic  mgpu_pipeline "warp_specialized" (the default): FlashAttention-3 structure after JAX's
                   ops/gpu/attention_mgpu.py (two compute warpgroups of block_q rows each, one
@@ -36,9 +37,11 @@ Strategies and knobs (all targets: block_q, block_kv):
               mgpu_pipeline "pipelined": one warpgroup per block_q rows, `plgpu.emit_pipeline`
                   over K/V blocks carrying (acc, m, l); causal masks every block (no skipping).
               max_concurrent_steps: K/V pipeline depth (>= 2).
-              ws_schedule (warp-specialized only): "pingpong" (the default): the two compute
-                  warpgroups take turns on the tensor cores (a schedule barrier), each waiting
-                  for its own QK^T before its softmax; "intra_overlap" (FlashAttention-3's
+              ws_schedule (warp-specialized only; by default pingpong when causal, intra_overlap
+                  otherwise, with 128-row K/V blocks: `MosaicGpuAttentionConfig.default`):
+                  "pingpong": the two compute warpgroups take turns on the tensor cores (a
+                  schedule barrier), each waiting for its own QK^T before its softmax;
+                  "intra_overlap" (FlashAttention-3's
                   intra-warpgroup pipelining): each warpgroup issues QK^T of block j and P V of
                   block j - 1 together and runs block j's softmax while P V is in flight.
 
@@ -140,9 +143,9 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
     return as_config(config, target).footprint(shape, dtype)
 
 
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """Modest blocks and the streaming strategy, valid at any supported shape."""
-    return CONFIGS[target].default(shape).to_dict()
+def default_config(shape: tuple[int, ...], target: str, causal: bool = False) -> dict[str, Any]:
+    """The target's default (`AttentionConfig.default`), valid at any supported shape."""
+    return CONFIGS[target].default(shape, causal).to_dict()
 
 
 def build(config: AnyConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
@@ -265,11 +268,15 @@ def variant(causal: bool) -> Members:
     def flops_(shape: tuple[int, ...]) -> int:
         return attention_flops(shape, causal=causal)
 
+    def default_config_(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+        return default_config(shape, target, causal)
+
     def build_(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
         return build(config, shape, dtype, platform, causal=causal)
 
     reference_.__doc__ = f"{kind.capitalize()} attention in plain jax.numpy, computed in float32."
     flops_.__doc__ = "2 b h s^2 d: half of the non-causal count." if causal else "4 b h s^2 d for Q K^T and P V."
     build_.__doc__ = f"The Pallas {kind} attention for `config`: a function of (q, k, v)."
+    default_config_.__doc__ = f"The target's default for the {kind} kernel (`AttentionConfig.default`)."
     return Members(SHAPE_NAMES, TARGETS, reference_, make_inputs, shape_of, flops_, bytes_moved, footprint,
-                   default_config, check_config, build_)
+                   default_config_, check_config, build_)
