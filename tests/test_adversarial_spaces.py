@@ -6,6 +6,7 @@ the error line stays short however large the offending value is.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -118,6 +119,23 @@ def test_hostile_space_is_one_bounded_error(tmp_path, name, content, fragment):
     assert fragment in err, err[:500]
     assert elapsed < TIMEOUT_S / 2
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
+
+
+@pytest.mark.parametrize("command", ["sweep", "verify", "keygen"])
+def test_a_bad_input_is_answered_before_jax_ray_or_optuna_is_imported(tmp_path, command):
+    """A typo in a space (or a missing bundle, a key path that is a folder) costs a fraction of a
+    second, not the seconds JAX and Ray take to import; the sweep imports them once its inputs hold."""
+    space = tmp_path / "space.yaml"
+    space.write_text(HEAD + PARAMS + "bogus: 1\n")
+    argv = {"sweep": ["sweep", str(space), "--out", str(tmp_path / "run"), "--quiet"],
+            "verify": ["verify", str(tmp_path / "missing"), "--trust", str(tmp_path / "key.pub")],
+            "keygen": ["keygen", str(tmp_path)]}[command]
+    code = ("import json, sys; from farm import cli; rc = cli.main(json.loads(sys.argv[1])); "
+            "print(rc, [m for m in ('jax', 'ray', 'optuna', 'kernels.lowering') if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.split(maxsplit=1) == ["2", "[]\n"], proc.stdout + proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_merge_keys_do_not_multiply(tmp_path):

@@ -7,7 +7,7 @@ from typing import Any
 
 import farm
 from farm.measure.capacity import profiles as capacity_profiles
-from kernels.lowering import TARGETS
+from kernels.targets import TARGETS
 
 DEFAULT_KEY = ".keys/dev_ed25519.pem"
 KEY_ENV = "FARM_SIGNING_KEY"        # the signing key's path, or the PEM itself (for Ray jobs)

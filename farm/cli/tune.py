@@ -140,11 +140,9 @@ def _resume_settings(args: argparse.Namespace) -> tuple[list[Any], Any]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    """Validate everything, run (or resume) the sweep, write the signed bundle, print winners."""
-    from farm.bundle import signing
+    """Validate everything, run (or resume) the sweep, write the signed bundle, print winners.
+    Spaces and tasks are read first: a bad file is answered before Ray and JAX are imported."""
     from farm.run.destination import Destination
-    from farm.run.progress import SweepProgress
-    from farm.run.sweep import run_sweep
     from farm.search import spaces
 
     if args.allow_kernel_module:  # --resume reloads the run's spaces through the same switch
@@ -157,6 +155,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         destination = Destination.parse(args.out)
         settings = _sweep_settings(args, destination.run_dir)
     key = signing_key(args)
+    from farm.bundle import signing
+    from farm.run.progress import SweepProgress
+    from farm.run.sweep import run_sweep
 
     if args.quiet:
         result = run_sweep(planned, settings, key, resume=bool(args.resume))

@@ -8,7 +8,7 @@ from typing import Any
 
 from farm.errors import SpaceError
 from farm.search.constraints import Constraint, ConstraintSyntaxError
-from kernels.lowering import TARGETS
+from kernels.targets import TARGETS
 
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -24,7 +24,7 @@ from farm.errors import FarmError
 from farm.search.space_parts import DTYPES
 from farm.search.spaces import SearchSpace, parse_space
 from farm.tasks import TuningTask
-from kernels.lowering import TARGETS
+from kernels.targets import TARGETS
 
 MAX_BYTES = 16 << 20     # a tasks file larger than this is refused before it is read
 MAX_LINES = 100_000      # so is one with more lines
