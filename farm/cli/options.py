@@ -192,6 +192,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=_positive_int,
                         help="runs of a trial whose worker died before it is recorded worker_lost (default 2)")
     parser.add_argument("--quiet", action="store_true", help="no progress (neither the live view nor log lines)")
+    parser.add_argument("--progress-every", type=_positive_float, default=5.0, metavar="SECONDS",
+                        help="seconds between progress log lines off a terminal (default 5)")
     parser.add_argument("--allow-kernel-module", action="store_true", help="accept a space's `kernel:` given as a "
                         "module path (importing it runs its code); also FARM_ALLOW_KERNEL_MODULES=1")
 

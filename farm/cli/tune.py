@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -162,7 +163,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.quiet:
         result = run_sweep(planned, settings, key, resume=bool(args.resume))
     else:
-        with SweepProgress(planned, time_budget_s=settings.time_budget_s) as progress:
+        with SweepProgress(planned, time_budget_s=settings.time_budget_s, every_s=args.progress_every) as progress:
             result = run_sweep(planned, settings, key, resume=bool(args.resume), on_record=progress.update,
                                on_start=progress.mark_started)
     summary = result.summary
@@ -209,7 +210,8 @@ def cmd_retune(args: argparse.Namespace) -> int:
     settings = _sweep_settings(args, out)
     options = rules.RetuneSettings(top=args.top, trials=args.trials, noise=args.noise,
                                    max_regression=args.max_regression, escalate=not args.no_escalate)
-    result = retune.retune(planned, previous, settings, key, options, progress=None if args.quiet else SweepProgress)
+    shown = None if args.quiet else functools.partial(SweepProgress, every_s=args.progress_every)
+    result = retune.retune(planned, previous, settings, key, options, progress=shown)
     print(result.markdown)
     print(f"run folder: {result.run_dir}\nbundle: {result.bundle}\nreport: {result.run_dir / report.REPORT_MD}, "
           f"{result.run_dir / report.REPORT_JSON}")
