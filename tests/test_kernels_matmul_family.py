@@ -338,7 +338,8 @@ def test_the_two_phase_row_kernel_takes_warps_for_its_elements_not_the_matmuls()
     ("matmul", (1024, 4224, 1024), (128, 128), 4),  # a ragged 256-column tile where 128 columns are whole
     ("matmul", (512, 4096, 4096), (128, 128), 4),   # 64 tiles of 128 x 256: half an H200 idle
     ("bmm", (16, 2048, 2048, 2048), (128, 256), 8), ("broadcast_matmul", (64, 2048, 2048, 2048), (128, 256), 8),
-    ("matmul_layernorm", (3000, 14336, 1000), (128, 256), 8), ("matmul_subtiled_epilogue", (2048, 2048, 2048), (128, 256), 8),
+    ("matmul_layernorm", (3000, 14336, 1000), (128, 256), 8),
+    ("matmul_subtiled_epilogue", (2048, 2048, 2048), (128, 256), 8),
     ("matmul", (500, 4096, 4096), (64, 64), 4), ("bmm", (64, 256, 2048, 2048), (64, 64), 4)])  # under 512 rows
 def test_the_triton_default_of_a_large_product_takes_large_tiles(name, shape, tile, warps):
     # On the H200 (BENCHMARKS.md, thirty-third session; us, against the earlier 64 x 64 x 32 tiles):
