@@ -56,25 +56,48 @@ def _records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / runlog.TRIALS_LOG).read_text().splitlines()]
 
 
-@pytest.mark.parametrize("torn", ["trials", "journal", "both"])
-def test_a_torn_last_line_is_cut_and_the_run_resumes(finished_run, signing_key, repo, torn):
-    run = finished_run
-    before = _records(run)
+def _tear(run: Path, torn: str) -> None:
+    """What a `kill -9` mid-write leaves: a half line at the end of the trial log, the journal, or both."""
     if torn in ("trials", "both"):
         with open(run / runlog.TRIALS_LOG, "a") as f:
             f.write('{"task_key": "softmax/16x128/float32/interpret", "trial": 9, "conf')
     if torn in ("journal", "both"):
         with open(run / runlog.JOURNAL, "a") as f:
             f.write('{"op_code": 5, "worker_id": "x", "trial_id": 9')
+
+
+def _journal_takes_new_entries(run: Path) -> None:
+    study = optuna.load_study(study_name="softmax/16x128/float32/interpret", storage=studies.storage(run))
+    trial = study.ask()
+    study.tell(trial, 1.0)
+    assert len(optuna.load_study(study_name=study.study_name, storage=studies.storage(run)).trials) == \
+        len(study.trials)
+
+
+def test_a_torn_last_line_is_cut_and_the_run_resumes(finished_run, signing_key, repo):
+    """Both files torn, then `farm sweep --resume` in a fresh process: every line parses again,
+    nothing is measured twice, and the journal takes new entries."""
+    run = finished_run
+    before = _records(run)
+    _tear(run, "both")
     proc = _farm(["sweep", "--resume", str(run), "--key", str(signing_key[0]), *COMMON], repo)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "torn last line" in proc.stderr
     assert _records(run) == before                         # every line parses; nothing measured again
-    study = optuna.load_study(study_name="softmax/16x128/float32/interpret", storage=studies.storage(run))
-    trial = study.ask()                                     # the journal takes new entries again
-    study.tell(trial, 1.0)
-    assert len(optuna.load_study(study_name=study.study_name, storage=studies.storage(run)).trials) == \
-        len(study.trials)
+    _journal_takes_new_entries(run)
+
+
+@pytest.mark.parametrize("torn", ["trials", "journal"])
+def test_each_file_torn_alone_is_cut_before_a_resume(finished_run, torn):
+    """The repair a resume runs first (`runlog.prepare_resume`), one file torn at a time: the
+    other file is left as it was."""
+    run = finished_run
+    before = {name: (run / name).read_bytes() for name in (runlog.TRIALS_LOG, runlog.JOURNAL)}
+    _tear(run, torn)
+    with runlog.RunLock(run):
+        runlog.prepare_resume(run)
+    assert {name: (run / name).read_bytes() for name in before} == before
+    _journal_takes_new_entries(run)
 
 
 def test_a_stale_journal_lock_does_not_stall_a_resume(finished_run, signing_key, repo):
