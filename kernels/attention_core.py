@@ -41,9 +41,9 @@ Strategies and knobs (all targets: block_q, block_kv):
                   otherwise, with 128-row K/V blocks: `MosaicGpuAttentionConfig.default`):
                   "pingpong": the two compute warpgroups take turns on the tensor cores (a
                   schedule barrier), each waiting for its own QK^T before its softmax;
-                  "intra_overlap" (FlashAttention-3's
-                  intra-warpgroup pipelining): each warpgroup issues QK^T of block j and P V of
-                  block j - 1 together and runs block j's softmax while P V is in flight.
+                  "intra_overlap" (FlashAttention-3's intra-warpgroup pipelining): each
+                  warpgroup issues QK^T of block j and P V of block j - 1 together and runs
+                  block j's softmax while P V is in flight.
 
 TPU VMEM model (`TpuAttentionConfig.footprint`, bytes; it = dtype bytes, 128 = lanes of the m/l scratch):
   Q and O tiles, double-buffered:   2 * 2 * block_q * head_dim * it

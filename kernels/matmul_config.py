@@ -313,6 +313,7 @@ class TritonMatmulConfig(InterpretMatmulConfig):
 # they make at least TRITON_MIN_TILES tiles (an H200 has 132 SMs: 64 tiles of 128 x 256 left half
 # of them idle at 512 x 4096 x 4096).
 TRITON_LARGE, TRITON_MIN_TILES = 512, 128
+
 # Shared memory Mosaic GPU adds to a kernel's own buffers (barriers, alignment). JAX 0.10.2 adds at
 # most 1 KiB; JAX 0.11.2 on the H200 counted up to 1616 bytes more than that for the same configs
 # (232528 bytes for one this model, with 1 KiB, put at 230912), so the model allows 2.75 KiB.
