@@ -81,7 +81,7 @@ def test_killing_worker_processes_loses_no_trial(ray_local, tmp_path, signing_ke
     assert len({t["config"] for t in measured}) == 12
 
 
-RESUME_SPACE = space("tests.fixtures.faulty_softmax", [[16, 128], [32, 128]], trials=8, block_rows=[8, 16],
+RESUME_SPACE = space("tests.fixtures.faulty_softmax", [[16, 128]], trials=8, block_rows=[8, 16],
                      fault=["slow"], delay_ms=[0, 10, 20, 40])
 
 
@@ -113,7 +113,7 @@ def test_killed_driver_resumes_without_measuring_anything_twice(tmp_path, signin
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the embedded Ray it started
     proc.wait(timeout=60)
     before = _measured(killed)
-    assert 3 <= sum(map(len, before.values())) < 16
+    assert 3 <= sum(map(len, before.values())) < 8
 
     proc = _farm(["--resume", str(killed), *common], repo)
     assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
@@ -124,7 +124,7 @@ def test_killed_driver_resumes_without_measuring_anything_twice(tmp_path, signin
     # The budget (8 trials a task) is the whole grid: every config measured once, as in a run
     # that was never killed.
     grid = {(rows, delay) for rows in (8, 16) for delay in (0, 10, 20, 40)}
-    assert len(after) == 2
+    assert len(after) == 1
     for task, configs in after.items():
         assert {(json.loads(c)["block_rows"], json.loads(c)["delay_ms"]) for c in configs} == grid, task
 
