@@ -117,7 +117,9 @@ class TritonAttentionConfig(AttentionConfig):
         """128-row Q blocks, 64-row K/V blocks, 8 warps, 3 stages (2 where 3 overflow shared memory
         at wide heads; else 64-row blocks in 4 warps, 2 stages). On the H200 (BENCHMARKS.md,
         thirty-third session; us against 64 x 64 in 4 warps, 2 stages): (4, 32, 4096, 128) 2840.0 /
-        3742.6, causal 1592.6 / 1829.9; (1, 32, 2048, 80) 227.0 / 255.2, causal 153.3 / 159.7."""
+        3742.6, causal 1592.6 / 1829.9; (1, 32, 2048, 80) 227.0 / 255.2, causal 153.3 / 159.7.
+        At head dim 128 that stages 128 KiB: within sm80's and sm90's shared memory (163 and 227
+        KiB a block), not sm86's or sm89's 99 KiB, where a tuned bundle's config is needed."""
         for config in (cls(128, 64, num_warps=8, num_stages=3), cls(128, 64, num_warps=8, num_stages=2)):
             if config.footprint(shape, jnp.bfloat16) <= SMEM_BYTES:
                 return config

@@ -296,7 +296,9 @@ class TritonMatmulConfig(InterpretMatmulConfig):
         thirty-third session; us against the small tiles): matmul 4096^3 181.7 / 448.8 (XLA
         183.7), 8192^3 1406.8 (XLA 1451.5), 4096 x 11008 x 4096 496.5 / 1252.3, 1001 x 50257 x
         4096 1035.0 / 2183.6; in 128 x 128 tiles 1024 x 4224 x 1024 14.4 / 30.3 (128 x 256:
-        38.9) and 512 x 4096 x 4096 29.1 / 51.7 (128 x 256, 64 tiles: 42.1)."""
+        38.9) and 512 x 4096 x 4096 29.1 / 51.7 (128 x 256, 64 tiles: 42.1). The large tiles
+        stage 144 KiB of bf16 operands: within sm80's and sm90's shared memory (163 and 227 KiB
+        a block), not sm86's or sm89's 99 KiB, where a tuned bundle's config is needed."""
         config = super().default(problem)
         if min(problem.m, problem.n) < TRITON_LARGE or problem.epilogue.full_rows:
             return config
