@@ -276,12 +276,6 @@ def test_a_run_folder_keeps_resolved_spaces_so_resume_needs_no_base_file(tmp_pat
     assert [p.space.params for p in again] == [p.space.params for p in planned]
 
 
-# Every shipped task's valid configs are enumerated within the searcher's bounds
-# (`farm.search.valid_set`), so its sweep never draws a config twice or one that breaks a
-# constraint. Adding a knob must keep it so, or its search silently gets worse: two knobs added to
-# the row spaces once took the norms past the limit of the time, and their sweeps measured 38-74
-# distinct configs of 400-trial budgets on the H200; the matmul family's Mosaic GPU tasks were
-# sampled so until the bound counted the walk's work instead of the product (BENCHMARKS.md).
 def _not_enumerable(path: Path) -> list[tuple[str, str]]:
     """The targets of one space whose first task's valid configs cannot be enumerated."""
     from farm.search.valid_set import ValidSet
@@ -297,6 +291,12 @@ def _not_enumerable(path: Path) -> list[tuple[str, str]]:
     return left_out
 
 
+# Every shipped task's valid configs are enumerated within the searcher's bounds
+# (`farm.search.valid_set`), so its sweep never draws a config twice or one that breaks a
+# constraint. Adding a knob must keep it so, or its search silently gets worse: two knobs added to
+# the row spaces once took the norms past the limit of the time, and their sweeps measured 38-74
+# distinct configs of 400-trial budgets on the H200; the matmul family's Mosaic GPU tasks were
+# sampled so until the bound counted the walk's work instead of the product (BENCHMARKS.md).
 def test_shipped_tasks_stay_enumerable(repo):
     # Pure Python on one core while pytest holds the other idle: two processes walk the spaces.
     paths = sorted((repo / "search_spaces").glob("*.yaml"), key=lambda p: -p.stat().st_size)
