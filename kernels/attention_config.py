@@ -19,6 +19,7 @@ from kernels.mgpu_launch import SMEM_BYTES
 
 LANES = 128  # TPU vector lanes: the m/l scratch is (block_q, LANES)
 MGPU_ROW_UNIT = 8  # Mosaic GPU's swizzled TMA layouts address rows in groups of 8
+MGPU_SWIZZLES = (128, 64, 32)  # the swizzles (bytes) of WGMMA's shared-memory operands
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,12 +135,16 @@ class MosaicGpuAttentionConfig(AttentionConfig):
     mgpu_pipeline: Literal["warp_specialized", "pipelined"] = "warp_specialized"
     max_concurrent_steps: int = 2
     ws_schedule: Literal["pingpong", "intra_overlap"] = "pingpong"
+    swizzle: Literal[128, 64, 32] = 128
 
     def validate(self) -> None:
-        """A K/V pipeline at least two steps deep; ws_schedule only for the warp-specialized kernel."""
+        """A K/V pipeline at least two steps deep; ws_schedule only for the warp-specialized kernel;
+        a swizzle WGMMA reads (128, 64 or 32 bytes)."""
         super().validate()
         if self.max_concurrent_steps < 2:
             raise Unsupported("gpu-mosaic: max_concurrent_steps must be at least 2")
+        if self.swizzle not in MGPU_SWIZZLES:
+            raise ConfigError(f"gpu-mosaic: swizzle must be one of {MGPU_SWIZZLES}, got {self.swizzle}")
         if self.ws_schedule != "pingpong" and not self.warp_specialized:
             raise Unsupported("gpu-mosaic: ws_schedule applies to the warp_specialized kernel only")
 
@@ -164,8 +169,10 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         return max(round_up(seq, MGPU_ROW_UNIT), self.rows_per_block(), self.block_kv)
 
     def padded_dim(self, dim: int) -> int:
-        """The 128-byte swizzled tiles hold 64 columns: head dims such as 80 or 96 run as 128."""
-        return round_up(dim, 64)
+        """The head dim in whole swizzled tiles of 2-byte elements: a 128-byte swizzle holds 64
+        columns (80 and 96 run as 128), a 64-byte one 32 (80 and 96 run as 96), a 32-byte one 16
+        (80 runs as 80)."""
+        return round_up(dim, self.swizzle // 2)
 
     def check(self, shape: tuple[int, ...], dtype: Any) -> None:
         """The common checks, and what WGMMA and these kernels support (the head dim is padded)."""
@@ -187,13 +194,23 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         """The warp-specialized kernel with 64-row Q blocks and 128-row K/V blocks (64 where two
         slots of 128 overflow shared memory at wide heads), the softmax of one warpgroup beside the
         other's matmuls (pingpong) when causal, inside each warpgroup's own (intra_overlap)
-        otherwise. On the H200 (BENCHMARKS.md, thirty-third session; us against 64-row K/V blocks
-        and pingpong): (4, 32, 4096, 128) 1578.7 / 2043.3 (pingpong 1682.3; cuDNN 1638.4, torch SDPA
-        1602.5), causal 913.7 / 1065.7 (intra_overlap 1066.5; torch SDPA 919.6); (1, 32, 2048,
-        80) 146.8 / 177.1, causal 123.8 / 136.8."""
-        schedule = "pingpong" if causal else "intra_overlap"
-        wide = cls(64, 128, ws_schedule=schedule)
-        return wide if wide.footprint(shape, jnp.bfloat16) <= SMEM_BYTES else cls(64, 64, ws_schedule=schedule)
+        otherwise, and the head dim in the swizzle that pads it least (`least_padding_swizzle`).
+        On the H200 (BENCHMARKS.md, thirty-third session; us against 64-row K/V blocks and
+        pingpong): (4, 32, 4096, 128) 1578.7 / 2043.3 (pingpong 1682.3; cuDNN 1638.4, torch SDPA
+        1602.5), causal 913.7 / 1065.7 (intra_overlap 1066.5; torch SDPA 919.6)."""
+        schedule, swizzle = "pingpong" if causal else "intra_overlap", least_padding_swizzle(shape[3])
+        wide = cls(64, 128, ws_schedule=schedule, swizzle=swizzle)
+        return wide if wide.footprint(shape, jnp.bfloat16) <= SMEM_BYTES else cls(64, 64, ws_schedule=schedule,
+                                                                                   swizzle=swizzle)
+
+
+def least_padding_swizzle(dim: int, itemsize: int = 2) -> int:
+    """The widest of `MGPU_SWIZZLES` whose tiles hold the head dim in the fewest columns: 128
+    bytes at multiples of 64 (2-byte) columns, 64 at 96, 32 at 80 (run as 80, not as 128). On the
+    H200 (BENCHMARKS.md, thirty-fourth session; us, the 128-byte swizzle's padding copies
+    included): (4, 32, 4096, 80) 1330.7 against 1768.0 (cuDNN 1549.6), causal 720.8 against 1184.6;
+    (1, 32, 2048, 96) 101.7 (64 bytes) against 148.9 (128)."""
+    return min(MGPU_SWIZZLES, key=lambda swizzle: (round_up(dim, swizzle // itemsize), -swizzle))
 
 
 CONFIGS: dict[str, type[AttentionConfig]] = {

@@ -195,10 +195,11 @@ def _intra_overlap_loop(qo_smem: Any, k_smem: Any, v_smem: Any, barriers: tuple[
     return pl.run_scoped(run, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC((bq, dim), jnp.float32))
 
 
-def _smem_transforms() -> tuple[Any, ...]:
+def _smem_transforms(swizzle: int, dtype: Any) -> tuple[Any, ...]:
+    """Q, K, V and O tiles in shared memory: 8 rows by one swizzle's bytes of columns."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    return plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle)
 
 
 def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any,
@@ -337,7 +338,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                 plgpu.barrier_wait(v_consumed.at[slot])
 
     def entry(q_ref, k_ref, v_ref, out_ref):
-        tf = _smem_transforms()
+        tf = _smem_transforms(config.swizzle, dtype)
         smem = (plgpu.SMEM((compute_wgs, bq, dim), dtype, transforms=tf),
                 plgpu.SMEM((steps, bkv, dim), dtype, transforms=tf),
                 plgpu.SMEM((steps, bkv, dim), dtype, transforms=tf))
@@ -370,6 +371,7 @@ def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: 
     scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
     q_blocks = pl.cdiv(seq, bq)
     limit = ragged_keys(kv_len, bkv, causal)
+    tf = _smem_transforms(config.swizzle, dtype)
 
     def kernel(q_ref, k_ref, v_ref, out_ref):
         b, h = lax.axis_index("batch"), lax.axis_index("heads")
@@ -392,7 +394,7 @@ def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: 
 
             init = (jnp.zeros((bq, dim), jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32),
                     jnp.zeros((bq,), jnp.float32))
-            kv_spec = plgpu.BlockSpec((bkv, dim), lambda j: (j, 0), transforms=_smem_transforms())
+            kv_spec = plgpu.BlockSpec((bkv, dim), lambda j: (j, 0), transforms=tf)
             acc, _, l_i = plgpu.emit_pipeline(
                 step, grid=(pl.cdiv(kv_len, bkv),), in_specs=[kv_spec, kv_spec], max_concurrent_steps=steps,
                 init_carry=init)(k_ref.at[b, h], v_ref.at[b, h])
@@ -402,7 +404,7 @@ def _pipelined(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: 
             plgpu.copy_smem_to_gmem(qo_smem, out_ref.at[b, h, pl.ds(q_base, bq)])
             plgpu.wait_smem_to_gmem(0)
 
-        pl.run_scoped(scoped, plgpu.SMEM((bq, dim), dtype, transforms=_smem_transforms()), plgpu.Barrier())
+        pl.run_scoped(scoped, plgpu.SMEM((bq, dim), dtype, transforms=tf), plgpu.Barrier())
 
     call = mosaic_kernel(
         kernel, platform=platform, out_shape=(jax.ShapeDtypeStruct(shape, dtype),),
