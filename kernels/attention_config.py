@@ -195,10 +195,19 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         slots of 128 overflow shared memory at wide heads), the softmax of one warpgroup beside the
         other's matmuls (pingpong) when causal, inside each warpgroup's own (intra_overlap)
         otherwise, and the head dim in the swizzle that pads it least (`least_padding_swizzle`).
-        On the H200 (BENCHMARKS.md, thirty-third session; us against 64-row K/V blocks and
-        pingpong): (4, 32, 4096, 128) 1578.7 / 2043.3 (pingpong 1682.3; cuDNN 1638.4, torch SDPA
-        1602.5), causal 913.7 / 1065.7 (intra_overlap 1066.5; torch SDPA 919.6)."""
-        schedule, swizzle = "pingpong" if causal else "intra_overlap", least_padding_swizzle(shape[3])
+        Not causal at head dims of at most 64 columns in 64- or 128-byte swizzles (32, 64): the
+        pipelined kernel (one warpgroup a block, so more blocks a SM), 64-row Q and 128-row K/V
+        blocks; not at 40 (48 columns in the 32-byte swizzle), where it lost.
+        On the H200 (BENCHMARKS.md; us): (4, 32, 4096, 128) 1578.7 against 2043.3 for 64-row K/V
+        blocks and pingpong (cuDNN 1638.4, torch SDPA 1602.5), causal 913.7 / 1065.7 (torch SDPA
+        919.6; thirty-third session); head dim 64 (thirty-fourth session), (4, 32, 4096, 64) pipelined
+        1080.7 against warp-specialized 1333.5 (cuDNN 1143.8, torch SDPA 1126.2), causal
+        warp-specialized 644.6 against pipelined 1262.3 (torch SDPA 624.6); (16, 16, 1024, 32) pipelined
+        119.9 against 158.9 (torch SDPA 157.9); (2, 8, 4096, 40) pipelined 214.3 against 179.3."""
+        swizzle = least_padding_swizzle(shape[3])
+        if not causal and swizzle >= 64 and round_up(shape[3], swizzle // 2) <= 64:
+            return cls(64, 128, mgpu_pipeline="pipelined", swizzle=swizzle)
+        schedule = "pingpong" if causal else "intra_overlap"
         wide = cls(64, 128, ws_schedule=schedule, swizzle=swizzle)
         return wide if wide.footprint(shape, jnp.bfloat16) <= SMEM_BYTES else cls(64, 64, ws_schedule=schedule,
                                                                                    swizzle=swizzle)

@@ -256,8 +256,11 @@ def test_the_gpu_defaults_take_the_blocks_the_h200_ran_fastest(shape, mosaic_kv,
         module = kernels.load(name)
         space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
         mosaic, triton = (module.default_config(shape, t) for t in ("gpu-mosaic", "gpu-triton"))
-        schedule = "pingpong" if name == "flash_attention_causal" else "intra_overlap"
-        assert (mosaic["block_q"], mosaic["block_kv"], mosaic["ws_schedule"]) == (64, mosaic_kv, schedule)
+        causal = name == "flash_attention_causal"
+        pipeline = "warp_specialized" if causal or shape[3] != 64 else "pipelined"  # see the next test
+        schedule = "intra_overlap" if pipeline == "warp_specialized" and not causal else "pingpong"
+        assert (mosaic["block_q"], mosaic["block_kv"], mosaic["mgpu_pipeline"], mosaic["ws_schedule"]) == (
+            64, mosaic_kv, pipeline, schedule)
         assert (triton["block_q"], triton["block_kv"], triton["num_warps"], triton["num_stages"]) == (
             128, 64, 8, triton_stages)
         for target, config in (("gpu-mosaic", mosaic), ("gpu-triton", triton)):
@@ -293,6 +296,24 @@ def test_mosaic_gpu_runs_the_head_dim_in_the_swizzle_that_pads_it_least(dim, swi
     if swizzle != 128:  # the 128-byte swizzle pads the same head dim with copies
         wide = {**config, "swizzle": 128}
         assert "stablehlo.pad" in _lower("flash_attention", wide, "gpu-mosaic", shape)
+
+
+@pytest.mark.parametrize("dim,plain_pipeline", [(32, "pipelined"), (64, "pipelined"), (40, "warp_specialized"),
+                                                (80, "warp_specialized"), (128, "warp_specialized")])
+def test_plain_attention_at_narrow_heads_defaults_to_the_pipelined_kernel(dim, plain_pipeline):
+    # On the H200 (BENCHMARKS.md, thirty-fourth session; us, pipelined against warp-specialized):
+    # (4, 32, 4096, 64) 1080.7 / 1333.5 (torch SDPA 1126.2), (16, 16, 1024, 32) 119.9 / 158.9, but
+    # (2, 8, 4096, 40), 48 columns in the 32-byte swizzle, 214.3 / 179.3; causal (4, 32, 4096, 64)
+    # 1262.3 / 644.6: causal attention keeps the warp-specialized kernel.
+    shape = (2, 8, 1024, dim)
+    plain = kernels.load("flash_attention").default_config(shape, "gpu-mosaic")
+    causal = kernels.load("flash_attention_causal").default_config(shape, "gpu-mosaic")
+    assert (plain["mgpu_pipeline"], causal["mgpu_pipeline"]) == (plain_pipeline, "warp_specialized")
+    for name, config in (("flash_attention", plain), ("flash_attention_causal", causal)):
+        assert kernels.load(name).check_config(config, shape, "bfloat16", "gpu-mosaic") is None
+        assert load_space(ROOT / "search_spaces" / f"{name}.yaml").violated(config, shape, "bfloat16",
+                                                                            "gpu-mosaic") is None
+    assert "mosaic_gpu" in _lower("flash_attention", plain, "gpu-mosaic", shape)
 
 
 @pytest.mark.parametrize("name", NAMES)
