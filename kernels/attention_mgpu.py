@@ -317,7 +317,10 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             for i in range(steps):
                 @pl.when(i < cta_kv_steps)
                 def _prefetch():
-                    kv = (b, h, pl.ds(i * bkv, bkv))
+                    # A traced start (i, as i < cta_kv_steps here): at sequences shorter than the
+                    # slots' blocks (197 tokens in two 128-row blocks) a static window past the
+                    # sequence's end is refused while tracing; TMA reads zeros there.
+                    kv = (b, h, pl.ds(jnp.minimum(i, cta_kv_steps) * bkv, bkv))
                     plgpu.copy_gmem_to_smem(k_ref.at[kv], k_smem.at[i], k_loaded.at[i])
                     plgpu.copy_gmem_to_smem(v_ref.at[kv], v_smem.at[i], v_loaded.at[i])
 

@@ -343,6 +343,21 @@ def test_the_search_offers_a_narrower_swizzle_only_where_it_pads_less(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("seq", [197, 129, 300])
+def test_the_warp_specialized_kernel_lowers_at_sequences_shorter_than_its_slots(name, seq):
+    # Found on the H200 (thirty-fourth session): at ViT's 197 tokens the default's second 128-row
+    # K/V slot was prefetched through a static window past the sequence's end (padded to 200), which
+    # JAX refuses while tracing ("Out of bound slice: start=128, size=128, ... dim=200"). Lowering
+    # for CUDA checks the windows' bounds; the GPU interpreter runs whole blocks only.
+    for schedule, steps in (("pingpong", 2), ("intra_overlap", 3)):
+        config = {"block_q": 64, "block_kv": 128, "mgpu_pipeline": "warp_specialized", "ws_schedule": schedule,
+                  "max_concurrent_steps": steps}
+        assert "mosaic_gpu" in _lower(name, config, "gpu-mosaic", (2, 3, seq, 64))
+    default = kernels.load(name).default_config((2, 3, seq, 128), "gpu-mosaic")
+    assert "mosaic_gpu" in _lower(name, default, "gpu-mosaic", (2, 3, seq, 128))
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_default_configs_and_the_search_cover_sequences_no_block_divides(name):
     from farm.search.valid_set import ValidSet
 
