@@ -381,7 +381,8 @@ def test_default_configs_and_the_search_cover_sequences_no_block_divides(name):
 def test_head_dims_off_the_kernels_grid_run_padded_with_the_real_scale(name, target, config, dim):
     # On the H200 head_dim 80 failed to compile on Triton (its arrays are powers of two) and
     # gpu-mosaic refused it (thirty-second session). Q, K and V now run padded with zeros to 128
-    # (Triton: a power of two; Mosaic GPU: 64s), scaled by 1 / sqrt(dim); O is sliced back.
+    # (Triton: a power of two; Mosaic GPU: 64s in these configs' 128-byte swizzle, where the
+    # default's narrower swizzles pad less), scaled by 1 / sqrt(dim); O is sliced back.
     module = kernels.load(name)
     shape = (1, 2, 256, dim)
     assert module.check_config(config, shape, "bfloat16", target) is None
