@@ -316,6 +316,21 @@ def test_plain_attention_at_narrow_heads_defaults_to_the_pipelined_kernel(dim, p
     assert "mosaic_gpu" in _lower("flash_attention", plain, "gpu-mosaic", shape)
 
 
+def test_a_bundle_row_from_before_the_swizzle_knob_keeps_its_meaning():
+    # Rows tuned before the knob name no swizzle: they run in the 128-byte swizzle they were timed
+    # in (head dim 80 as 128), and stay valid for the kernel and its space (a deployment's lookup).
+    old = {"block_q": 64, "block_kv": 128, "mgpu_pipeline": "warp_specialized", "max_concurrent_steps": 2,
+           "ws_schedule": "pingpong"}
+    shape = (1, 2, 256, 80)
+    for name in NAMES:
+        module = kernels.load(name)
+        assert module.check_config(old, shape, "bfloat16", "gpu-mosaic") is None
+        assert load_space(ROOT / "search_spaces" / f"{name}.yaml").violated(old, shape, "bfloat16",
+                                                                            "gpu-mosaic") is None
+        assert module.footprint(old, shape, jnp.bfloat16, "gpu-mosaic") == module.footprint(
+            {**old, "swizzle": 128}, shape[:3] + (128,), jnp.bfloat16, "gpu-mosaic")
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("pipeline,dim,swizzle", [("warp_specialized", 80, 32), ("pipelined", 96, 64),
                                                   ("pipelined", 80, 32)])
