@@ -28,6 +28,7 @@ import kernels  # noqa: E402
 from farm.measure import compile_pool  # noqa: E402
 from farm.measure.compiler import timing_inputs  # noqa: E402
 from farm.tasks import TuningTask  # noqa: E402
+from kernels.protocol import task_default  # noqa: E402
 
 GPU_TASKS = [TuningTask("softmax", (8192, 50257), "bfloat16", "gpu-triton"),
              TuningTask("rms_norm", (8192, 4096), "bfloat16", "gpu-triton"),
@@ -53,7 +54,7 @@ def main() -> None:
     rows = []
     for task in tasks:
         module = kernels.load(task.kernel)
-        config = module.default_config(task.shape, task.target)
+        config = task_default(module, task.shape, task.target, task.dtype)
         started = time.perf_counter()
         reply = pool.compile(task, config, interpret=not gpu, timeout_s=600)
         wall = time.perf_counter() - started
@@ -88,7 +89,7 @@ def finals_check(pool: compile_pool.CompilePool, task: TuningTask, gpu: bool) ->
     from farm.measure import finalists, roofline, timing
 
     module = kernels.load(task.kernel)
-    default = module.default_config(task.shape, task.target)
+    default = task_default(module, task.shape, task.target, task.dtype)
     configs = [default] + [{**default, "num_warps": w} for w in (2, 4, 16) if w != default.get("num_warps")]
     fns = {}
     for config in configs:
@@ -114,7 +115,7 @@ def dispatch_check(pool: compile_pool.CompilePool, task: TuningTask, gpu: bool) 
     from farm.measure.compiler import build_executables
 
     module = kernels.load(task.kernel)
-    config = module.default_config(task.shape, task.target)
+    config = task_default(module, task.shape, task.target, task.dtype)
     sets = timing_inputs(module, task, 0, 2)
     here, _ = build_executables(module, task, config, not gpu, sets[0])
     from kernels.lowering import Platform

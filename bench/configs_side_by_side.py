@@ -28,6 +28,7 @@ from farm.measure import finalists, roofline, validate  # noqa: E402
 from farm.measure.compiler import abstract_inputs, timing_inputs  # noqa: E402
 from farm.tasks import TuningTask, config_json  # noqa: E402
 from kernels.lowering import Platform  # noqa: E402
+from kernels.protocol import task_default  # noqa: E402
 
 
 def config_arguments(description: str, target: str = "gpu-triton") -> argparse.ArgumentParser:
@@ -54,7 +55,7 @@ def main() -> None:
     check_inputs = module.make_inputs(shape, dtype, jax.random.key(11))
     ref = module.reference(*validate.upcast(check_inputs))
     fns, rows = {"xla (jax.jit reference)": jax.jit(module.reference)}, []
-    default = module.default_config(shape, args.target)
+    default = task_default(module, shape, args.target, dtype)
     for text in ["{}", *args.config]:
         config = {**default, **json.loads(text)}
         name = config_json(config)

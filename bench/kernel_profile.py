@@ -40,6 +40,7 @@ from bench.configs_side_by_side import config_arguments  # noqa: E402
 from farm.measure import validate  # noqa: E402
 from farm.tasks import config_json  # noqa: E402
 from kernels.lowering import TARGETS, Platform  # noqa: E402
+from kernels.protocol import task_default  # noqa: E402
 
 CALLS = 20
 
@@ -120,7 +121,7 @@ def main() -> None:
     reference = module.reference(*validate.upcast(inputs))
     for text in args.config:
         target, text = _target_prefix(text, args.target)
-        config = {**module.default_config(shape, target), **json.loads(text)}
+        config = {**task_default(module, shape, target, dtype), **json.loads(text)}
         name = config_json(config) if target == args.target else f"{target}:{config_json(config)}"
         fns[name] = jax.jit(module.build(config, shape, dtype, Platform(target)))
         # Checked with poisoned outputs (elements the kernel never writes read NaN), timed without.

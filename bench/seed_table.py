@@ -100,6 +100,7 @@ from farm.search import (
     spaces,  # noqa: E402
 )
 from kernels.lowering import Platform  # noqa: E402
+from kernels.protocol import task_default  # noqa: E402
 
 # bench/gpu_suite.py's order; other spaces follow alphabetically.
 ORDER = ["softmax", "batch_softmax", "softmax_two_pass", "layer_norm", "rms_norm", "rms_norm_bwd", "welford",
@@ -297,7 +298,7 @@ def build_rows(paths: Sequence[Path], targets: Sequence[str], winners: dict[str,
                                          "sweep_median_s": won["median_s"], "source": won["source"]}
             else:
                 module = kernels.load(t.kernel)
-                row.targets[t.target] = {"config": module.default_config(t.shape, t.target),
+                row.targets[t.target] = {"config": task_default(module, t.shape, t.target, t.dtype),
                                          "config_source": "default (no winner found)", "sweep_median_s": None}
     for row in rows.values():   # where some target was tuned, untuned defaults would only add noise
         if any(e["config_source"] == "winner" for e in row.targets.values()):
@@ -1048,7 +1049,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows, errors = build_rows(paths, ["interpret"] if args.small else targets, winners)
     if args.small and gpu:   # interpret shapes, built for the GPU targets
         for row in rows:
-            row.targets = {t: {"config": kernels.load(row.kernel).default_config(row.shape, t),
+            row.targets = {t: {"config": task_default(kernels.load(row.kernel), row.shape, t, row.dtype),
                                "config_source": "default (--small)", "sweep_median_s": None}
                            for t in targets if t in kernels.load(row.kernel).TARGETS}
     args.first_shape = {}

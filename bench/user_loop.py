@@ -35,6 +35,7 @@ import kernels  # noqa: E402
 from farm.deploy import runtime  # noqa: E402
 from farm.measure import timing, validate  # noqa: E402
 from kernels.lowering import Platform  # noqa: E402
+from kernels.protocol import task_default  # noqa: E402
 
 MODEL = [("rms_norm", (8192, 4096)), ("rms_norm", (8192, 5120)), ("swiglu", (8, 2048, 11008)),
          ("softmax", (4096, 50257)), ("softmax", (4096, 128256))]
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         sets = [module.make_inputs(shape, jnp.dtype(dtype), jax.random.key(i)) for i in range(3)]
         choice = tuned.choice(*sets[0])
         platform = Platform(choice_target(registry, name, shape, dtype), interpret=args.small)
-        default = jax.jit(module.build(module.default_config(shape, platform.target), shape, jnp.dtype(dtype),
+        default = jax.jit(module.build(task_default(module, shape, platform.target, dtype), shape, jnp.dtype(dtype),
                                        platform))
         xla = jax.jit(lambda *xs, m=module: m.reference(*xs))
         error = validate.relative_error(jax.block_until_ready(tuned(*sets[0])),

@@ -56,8 +56,9 @@ class AttentionConfig(Knobs):
         return (bq + 2 * bkv) * dim * item + bq * (bkv + dim) * 4
 
     @classmethod
-    def default(cls, shape: tuple[int, ...], causal: bool = False) -> AttentionConfig:
-        """Blocks of 64 (a sequence they do not divide is padded)."""
+    def default(cls, shape: tuple[int, ...], causal: bool = False, dtype: Any = jnp.bfloat16) -> AttentionConfig:
+        """Blocks of 64 (a sequence they do not divide is padded). dtype: the inputs' (the targets
+        whose blocks it sizes say so)."""
         return cls(64, 64)
 
 
@@ -90,7 +91,7 @@ class TpuAttentionConfig(AttentionConfig):
         return fixed + self.buffers * 2 * bkv * dim * item
 
     @classmethod
-    def default(cls, shape: tuple[int, ...], causal: bool = False) -> TpuAttentionConfig:
+    def default(cls, shape: tuple[int, ...], causal: bool = False, dtype: Any = jnp.bfloat16) -> TpuAttentionConfig:
         """The streaming strategy with blocks of 128 (lanes; a ragged sequence is padded)."""
         return cls(LANES, LANES)
 
@@ -114,17 +115,18 @@ class TritonAttentionConfig(AttentionConfig):
         return bq * dim * item + triton_dot_buffers(self.num_stages, self.num_warps, bq) * 2 * bkv * dim * item
 
     @classmethod
-    def default(cls, shape: tuple[int, ...], causal: bool = False) -> TritonAttentionConfig:
+    def default(cls, shape: tuple[int, ...], causal: bool = False,
+                dtype: Any = jnp.bfloat16) -> TritonAttentionConfig:
         """128-row Q blocks, 64-row K/V blocks, 8 warps, 3 stages (2 where 3 overflow shared memory
         at wide heads; else 64-row blocks in 4 warps, 2 stages). On the H200 (BENCHMARKS.md,
         thirty-third session; us against 64 x 64 in 4 warps, 2 stages): (4, 32, 4096, 128) 2840.0 /
         3742.6, causal 1592.6 / 1829.9; (1, 32, 2048, 80) 227.0 / 255.2, causal 153.3 / 159.7.
         At head dim 128 that stages 128 KiB: within sm80's and sm90's shared memory (163 and 227
-        KiB a block), not sm86's or sm89's 99 KiB, where a tuned bundle's config is needed."""
-        for config in (cls(128, 64, num_warps=8, num_stages=3), cls(128, 64, num_warps=8, num_stages=2)):
-            if config.footprint(shape, jnp.bfloat16) <= SMEM_BYTES:
-                return config
-        return cls(64, 64)
+        KiB a block), not sm86's or sm89's 99 KiB, where a tuned bundle's config is needed. Sized at
+        the inputs' dtype: float32 blocks take twice the bytes (64-row blocks, or 32 at wide heads)."""
+        candidates = (cls(128, 64, num_warps=8, num_stages=3), cls(128, 64, num_warps=8, num_stages=2),
+                      cls(64, 64), cls(32, 32))
+        return next((c for c in candidates if c.footprint(shape, dtype) <= SMEM_BYTES), cls(64, 64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +192,8 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         return wgs * self.block_q * dim * item + 2 * self.steps(seq) * self.block_kv * dim * item + 2560
 
     @classmethod
-    def default(cls, shape: tuple[int, ...], causal: bool = False) -> MosaicGpuAttentionConfig:
+    def default(cls, shape: tuple[int, ...], causal: bool = False,
+                dtype: Any = jnp.bfloat16) -> MosaicGpuAttentionConfig:
         """The warp-specialized kernel with 64-row Q blocks and 128-row K/V blocks (64 where two
         slots of 128 overflow shared memory at wide heads), the softmax of one warpgroup beside the
         other's matmuls (pingpong) when causal, inside each warpgroup's own (intra_overlap)
@@ -209,8 +212,8 @@ class MosaicGpuAttentionConfig(AttentionConfig):
             return cls(64, 128, mgpu_pipeline="pipelined", swizzle=swizzle)
         schedule = "pingpong" if causal else "intra_overlap"
         wide = cls(64, 128, ws_schedule=schedule, swizzle=swizzle)
-        return wide if wide.footprint(shape, jnp.bfloat16) <= SMEM_BYTES else cls(64, 64, ws_schedule=schedule,
-                                                                                   swizzle=swizzle)
+        return wide if wide.footprint(shape, dtype) <= SMEM_BYTES else cls(64, 64, ws_schedule=schedule,
+                                                                            swizzle=swizzle)
 
 
 def least_padding_swizzle(dim: int, itemsize: int = 2) -> int:

@@ -143,9 +143,10 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
     return as_config(config, target).footprint(shape, dtype)
 
 
-def default_config(shape: tuple[int, ...], target: str, causal: bool = False) -> dict[str, Any]:
-    """The target's default (`AttentionConfig.default`), valid at any supported shape."""
-    return CONFIGS[target].default(shape, causal).to_dict()
+def default_config(shape: tuple[int, ...], target: str, causal: bool = False, dtype: Any = None) -> dict[str, Any]:
+    """The target's default (`AttentionConfig.default`), valid at any supported shape, within
+    on-chip memory at the inputs' dtype (None: bfloat16)."""
+    return CONFIGS[target].default(shape, causal, jnp.bfloat16 if dtype is None else dtype).to_dict()
 
 
 def build(config: AnyConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
@@ -268,8 +269,8 @@ def variant(causal: bool) -> Members:
     def flops_(shape: tuple[int, ...]) -> int:
         return attention_flops(shape, causal=causal)
 
-    def default_config_(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-        return default_config(shape, target, causal)
+    def default_config_(shape: tuple[int, ...], target: str, dtype: Any = None) -> dict[str, Any]:
+        return default_config(shape, target, causal, dtype)
 
     def build_(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
         return build(config, shape, dtype, platform, causal=causal)

@@ -76,10 +76,11 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
     return matmul_core.footprint(_problem(own, shape), core, dtype, target)
 
 
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """Batch kept as a grid axis, with tiles that divide the matrices."""
+def default_config(shape: tuple[int, ...], target: str, dtype: Any = None) -> dict[str, Any]:
+    """Batch kept as a grid axis, with tiles that divide the matrices (within on-chip memory at
+    the inputs' dtype; None: bfloat16)."""
     own = BroadcastKnobs()
-    return own.to_dict() | matmul_core.default_config(_problem(own, shape), target)
+    return own.to_dict() | matmul_core.default_config(_problem(own, shape), target, dtype)
 
 
 def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str):

@@ -164,9 +164,10 @@ class MatmulConfig(Knobs):
                               f"columns must divide n = {problem.n}")
 
     @classmethod
-    def default(cls, problem: Problem) -> Self:
+    def default(cls, problem: Problem, dtype: Any = jnp.bfloat16) -> Self:
         """Tiles as large as DEFAULT_TILES prefers, dividing the problem where one does (`fit`; all
-        of n when the epilogue needs whole rows); every other knob at its default."""
+        of n when the epilogue needs whole rows); every other knob at its default. dtype: the
+        inputs' (the targets whose tiles it sizes say so)."""
         (m, m_align), (n, n_align), (k, k_align) = cls.DEFAULT_TILES
         full = problem.epilogue.full_rows
         return cls(fit(problem.m, m, m_align), problem.n if full else fit(problem.n, n, n_align),
@@ -287,7 +288,7 @@ class TritonMatmulConfig(InterpretMatmulConfig):
         return triton_dot_buffers(self.num_stages, self.num_warps, bm) * (bm * bk + bk * bn) * item
 
     @classmethod
-    def default(cls, problem: Problem) -> TritonMatmulConfig:
+    def default(cls, problem: Problem, dtype: Any = jnp.bfloat16) -> TritonMatmulConfig:
         """Small tiles (`InterpretMatmulConfig.DEFAULT_TILES`), but products of at least
         TRITON_LARGE rows and columns (each batch entry's) take 128-row tiles, 8 of them a column
         sweep (or 4, or 1: group_m divides the row tiles), and 256 columns in 8 warps (else 128 in
@@ -298,17 +299,19 @@ class TritonMatmulConfig(InterpretMatmulConfig):
         4096 1035.0 / 2183.6; in 128 x 128 tiles 1024 x 4224 x 1024 14.4 / 30.3 (128 x 256:
         38.9) and 512 x 4096 x 4096 29.1 / 51.7 (128 x 256, 64 tiles: 42.1). The large tiles
         stage 144 KiB of bf16 operands: within sm80's and sm90's shared memory (163 and 227 KiB
-        a block), not sm86's or sm89's 99 KiB, where a tuned bundle's config is needed."""
-        config = super().default(problem)
+        a block), not sm86's or sm89's 99 KiB, where a tuned bundle's config is needed. float32
+        operands take twice the bytes: the 128-column tiles then (192 KiB), as SMEM_BYTES holds."""
+        config = super().default(problem, dtype)
         if min(problem.m, problem.n) < TRITON_LARGE or problem.epilogue.full_rows:
             return config
         tiles_m = pl.cdiv(problem.m, 128)
         wide = (problem.n % 256 == 0 or problem.n % 128 != 0) and (
             tiles_m * pl.cdiv(problem.n, 256) * max(problem.batch, 1) >= TRITON_MIN_TILES)
-        return dataclasses.replace(config, block_m=128, block_n=256 if wide else 128,
-                                   block_k=fit(problem.k, 64, 16),
-                                   group_m=next(g for g in (8, 4, 1) if tiles_m % g == 0),
-                                   num_warps=8 if wide else 4, num_stages=3)
+        large = dataclasses.replace(config, block_m=128, block_k=fit(problem.k, 64, 16),
+                                    group_m=next(g for g in (8, 4, 1) if tiles_m % g == 0), num_stages=3)
+        candidates = [dataclasses.replace(large, block_n=256, num_warps=8)] if wide else []
+        candidates.append(dataclasses.replace(large, block_n=128, num_warps=4))
+        return next((c for c in candidates if c.footprint(problem, dtype) <= SMEM_BYTES), config)
 
 
 # TritonMatmulConfig.default's large tiles: from this many rows and columns, with 256 columns where
@@ -492,13 +495,13 @@ class MosaicGpuMatmulConfig(MatmulConfig):
         return operands + staging + vectors + stats + MGPU_SMEM_OVERHEAD
 
     @classmethod
-    def default(cls, problem: Problem) -> MosaicGpuMatmulConfig:
+    def default(cls, problem: Problem, dtype: Any = jnp.bfloat16) -> MosaicGpuMatmulConfig:
         """The singly pipelined kernel with 64-aligned tiles (ragged at the edges when none divides);
         a product off the TMA grid stored by the threads (measured faster than the slice on the
         H200 at 4096 x 50257 and 1001 rows: BENCHMARKS.md, twenty-fourth session). Products of at
         least LARGE rows and columns (each batch entry's) take LARGE_TILES where they apply and fit."""
         config = cls(fit(problem.m, 128, 64), fit(problem.n, 128, 64), 64)
-        if config.off_grid(problem, jnp.bfloat16) and not problem.epilogue.row_stats:
+        if config.off_grid(problem, dtype) and not problem.epilogue.row_stats:
             return dataclasses.replace(config, store="threads")
         if min(problem.m, problem.n) < LARGE:
             return config
@@ -509,7 +512,7 @@ class MosaicGpuMatmulConfig(MatmulConfig):
         for cluster in ("n", "m", "none"):
             large = dataclasses.replace(config, **{**LARGE_TILES, "cluster": cluster})
             if (refusal(lambda: large.check(problem, jnp.bfloat16)) is None
-                    and large.footprint(problem, jnp.bfloat16) <= SMEM_BYTES):
+                    and large.footprint(problem, dtype) <= SMEM_BYTES):
                 return large
         return config
 

@@ -112,14 +112,15 @@ def footprint(problem: Problem, config: AnyConfig, dtype: Any, target: str) -> i
     return as_config(config, target).footprint(problem, dtype)
 
 
-def default(problem: Problem, target: str) -> MatmulConfig:
-    """The target's safe config: the plainest strategy with tiles that divide the problem."""
-    return CONFIGS[target].default(problem)
+def default(problem: Problem, target: str, dtype: Any = None) -> MatmulConfig:
+    """The target's safe config: the plainest strategy with tiles that divide the problem, within
+    its on-chip memory at the inputs' dtype (None: bfloat16)."""
+    return CONFIGS[target].default(problem, jnp.bfloat16 if dtype is None else dtype)
 
 
-def default_config(problem: Problem, target: str) -> dict[str, Any]:
+def default_config(problem: Problem, target: str, dtype: Any = None) -> dict[str, Any]:
     """`default` as a dict."""
-    return default(problem, target).to_dict()
+    return default(problem, target, dtype).to_dict()
 
 
 def build(problem: Problem, config: AnyConfig, dtype: Any, platform: Platform) -> Callable[..., jax.Array]:
@@ -181,9 +182,10 @@ def entry_points(problem_of: Callable[[tuple[int, ...]], Problem], what: str) ->
         """On-chip bytes of one program (VMEM on TPU, shared memory on GPU); see matmul_core."""
         return footprint(problem_of(shape), config, dtype, target)
 
-    def default_config_(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-        """Tiles that divide the matrices and fit every target's on-chip memory."""
-        return default_config(problem_of(shape), target)
+    def default_config_(shape: tuple[int, ...], target: str, dtype: Any = None) -> dict[str, Any]:
+        """Tiles that divide the matrices and fit every target's on-chip memory at the inputs'
+        dtype (None: bfloat16)."""
+        return default_config(problem_of(shape), target, dtype)
 
     def check_config_(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target: str) -> str | None:
         """None when `build` accepts the config, else why not."""

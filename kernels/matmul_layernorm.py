@@ -149,19 +149,20 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
 TRITON_ROW_ELEMENTS = 16384
 
 
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
+def default_config(shape: tuple[int, ...], target: str, dtype: Any = None) -> dict[str, Any]:
     """The two-phase scheme with the plain matmul's default tiles (any n works), the product stored
     in float32; on gpu-mosaic tile_stats, the product stored in bf16 and normalised by the Triton
     phase 2 (`phase2_rows` rows a program). On the H200 (BENCHMARKS.md, thirty-first session) that
     took 190.7 us against 209.2 for an f32 product and XLA's phase 2 at 4096^3 (XLA's unfused
     210.0), the fastest of the four pairs at all six power-of-two shapes measured, and 292.2 against
     298.3 for XLA's phase 2 over the bf16 product at 4096 x 5120 x 5120; relative error 0.0023
-    against 0.0017 (the bf16 tolerance 0.02; torch's bf16 matmul then layer norm rounds the same)."""
+    against 0.0017 (the bf16 tolerance 0.02; torch's bf16 matmul then layer norm rounds the same).
+    The tiles fit on-chip memory at the inputs' dtype (None: bfloat16)."""
     m, n = shape[0], shape[1]
     if target == "gpu-mosaic":
         own = LayerNormKnobs(ln_strategy="tile_stats", ln_rows=phase2_rows(m, n), ln_store="input",
                              ln_phase2="triton")
-        return own.to_dict() | matmul_core.default_config(_problem(own, shape), target)
+        return own.to_dict() | matmul_core.default_config(_problem(own, shape), target, dtype)
     own = LayerNormKnobs(ln_strategy="two_phase")
     # Triton's row kernel masks the rows past m, and its tiles are powers of two; at most 65536
     # elements a program, as the space asks (8 rows of 14336 were outside it, and a sweep on the
@@ -171,7 +172,7 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
         rows //= 2
     knobs = dataclasses.replace(own, ln_rows=rows).to_dict()
     del knobs["ln_phase2"]  # only tile_stats has a phase 2 to choose
-    return knobs | matmul_core.default_config(_problem(own, shape), target)
+    return knobs | matmul_core.default_config(_problem(own, shape), target, dtype)
 
 
 def phase2_rows(m: int, n: int) -> int:

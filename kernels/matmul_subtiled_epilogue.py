@@ -74,9 +74,10 @@ def footprint(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target
     return matmul_core.footprint(_problem(shape), config, dtype, target)
 
 
-def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """The plain matmul default with the epilogue split in halves along the columns."""
-    config = matmul_core.default(_problem(shape), target)
+def default_config(shape: tuple[int, ...], target: str, dtype: Any = None) -> dict[str, Any]:
+    """The plain matmul default (at the inputs' dtype; None: bfloat16) with the epilogue split in
+    halves along the columns."""
+    config = matmul_core.default(_problem(shape), target, dtype)
     bn = config.block_n
     align = 128 if target == "tpu" else 16
     knobs = {"epi_n": bn // 2 if bn // 2 >= align and bn % 2 == 0 else bn}

@@ -13,6 +13,7 @@ raises (a `kernels.knobs.ConfigError`) for exactly the configs it refuses.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, ModuleType
@@ -54,7 +55,8 @@ class Kernel(Protocol):
         """On-chip bytes one program needs (VMEM on TPU, shared memory on GPU), for pruning."""
 
     def default_config(self, shape: Shape, target: str) -> dict[str, Any]:
-        """A complete, safe config: a point of the kernel's search space for `target`."""
+        """A complete, safe config: a point of the kernel's search space for `target`. A kernel
+        whose defaults depend on the element size takes `dtype=` as well (see `task_default`)."""
 
     def check_config(self, config: dict[str, Any], shape: Shape, dtype: Any, target: str) -> str | None:
         """None when `build` accepts the config, else a short reason it refuses it."""
@@ -120,6 +122,22 @@ OPTIONAL: Mapping[str, Any] = MappingProxyType({"TOLERANCE": MappingProxyType({}
 def check_module(module: ModuleType) -> list[str]:
     """The names of the protocol that `module` lacks (empty when it is a complete kernel)."""
     return [name for name in REQUIRED if not hasattr(module, name)]
+
+
+def task_default(module: Any, shape: Shape, target: str, dtype: Any) -> dict[str, Any]:
+    """The kernel's default for a task: `default_config(shape, target, dtype=dtype)` where the
+    kernel's default_config takes a dtype (the matmul family's and attention's GPU tiles then fit
+    shared memory in float32 too), else `default_config(shape, target)`."""
+    if _takes_dtype(module.default_config):
+        return module.default_config(shape, target, dtype=dtype)
+    return module.default_config(shape, target)
+
+
+def _takes_dtype(function: Callable[..., Any]) -> bool:
+    try:
+        return "dtype" in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a callable without a signature: the two-argument form
+        return False
 
 
 def hook(module: Any, name: str) -> Any:

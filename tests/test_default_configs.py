@@ -67,3 +67,52 @@ def test_the_gpu_default_is_in_the_shipped_space_at_users_shapes(tmp_path, targe
             if why:
                 found.append((kernel, shape, why))
     assert found == [], "\n".join(map(str, found))
+
+
+# The matmul family's and attention's large GPU tiles were sized in bfloat16: in float32 the
+# gpu-triton defaults at matmul 4096^3 and attention (4, 32, 4096, 128) took 288 and 256 KiB of
+# shared memory by their own footprint, over the 227 KiB an H100 or H200 block has. The defaults now
+# take the task's dtype (`kernels.protocol.task_default`).
+GPU_DTYPES = ("float32", "float16", "bfloat16")
+GPU_CASES = sorted({(space.kernel, tuple(shape)) for space in spaces.load_spaces(sorted((REPO / "search_spaces")
+                                                                                         .glob("*.yaml")))
+                    for target in space.targets for shape in target.shapes})
+
+
+@pytest.mark.parametrize("kernel,shape", GPU_CASES, ids=[f"{k}-{'x'.join(map(str, s))}" for k, s in GPU_CASES])
+def test_gpu_defaults_fit_shared_memory_in_every_dtype_the_kernel_takes(kernel, shape):
+    from kernels.mgpu_launch import SMEM_BYTES
+    from kernels.protocol import task_default
+
+    module = kernels.load(kernel)
+    for target in ("gpu-triton", "gpu-mosaic"):
+        if target not in module.TARGETS:
+            continue
+        for dtype in GPU_DTYPES:
+            config = task_default(module, shape, target, dtype)
+            if module.check_config(config, shape, dtype, target) is not None:
+                assert dtype == "float32", (target, dtype)  # Mosaic GPU's WGMMA kernels take 2-byte types
+                continue
+            assert module.footprint(config, shape, dtype, target) <= SMEM_BYTES, (target, dtype, config)
+
+
+def test_the_dtype_reaches_the_defaults_that_depend_on_it():
+    from farm.deploy.registry import DEFAULT, Registry, TuningMissWarning
+    from kernels.protocol import task_default
+
+    matmul, attention, softmax = (kernels.load(k) for k in ("matmul", "flash_attention", "softmax"))
+    mm, att = (4096, 4096, 4096), (4, 32, 4096, 128)
+    # bfloat16 keeps the tiles the H200 measured (BENCHMARKS.md, thirty-third session)
+    assert task_default(matmul, mm, "gpu-triton", "bfloat16") == matmul.default_config(mm, "gpu-triton")
+    wide = task_default(matmul, mm, "gpu-triton", "bfloat16")
+    assert (wide["block_n"], wide["num_warps"]) == (256, 8)
+    narrow = task_default(matmul, mm, "gpu-triton", "float32")
+    assert (narrow["block_m"], narrow["block_n"], narrow["num_warps"], narrow["num_stages"]) == (128, 128, 4, 3)
+    assert task_default(attention, att, "gpu-triton", "float32")["num_stages"] == 2
+    assert task_default(attention, att, "gpu-triton", "bfloat16")["num_stages"] == 3
+    # a kernel whose default_config takes no dtype is called as before
+    assert task_default(softmax, (64, 256), "gpu-triton", "float32") == softmax.default_config((64, 256), "gpu-triton")
+    # a deployment without a tuned row runs the default of the task's dtype
+    with pytest.warns(TuningMissWarning):
+        choice = Registry().lookup("matmul", mm, "float32", "gpu-triton")
+    assert choice.rule == DEFAULT and dict(choice.config) == narrow

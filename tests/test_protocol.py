@@ -42,7 +42,11 @@ def test_every_registered_kernel_satisfies_the_protocol(name):
         declared = getattr(protocol.Kernel, member, None)
         if callable(declared) and "inputs" not in inspect.signature(declared).parameters:
             expected = len(inspect.signature(declared).parameters) - 1  # self
-            assert len(inspect.signature(getattr(module, member)).parameters) == expected, member
+            params = inspect.signature(getattr(module, member)).parameters.values()
+            assert len([p for p in params if p.default is inspect.Parameter.empty]) == expected, member
+            # beyond them only default_config's optional dtype (kernels.protocol.task_default)
+            extra = {p.name for p in params if p.default is not inspect.Parameter.empty}
+            assert extra <= ({"dtype"} if member == "default_config" else set()), (member, extra)
 
 
 @pytest.mark.parametrize("name", _kernels())
@@ -148,11 +152,11 @@ def test_one_default_per_knob():
     # to Triton and what footprint assumes; Mosaic GPU's mgpu_pipeline default is default_config's.
     mm = matmul_config.TritonMatmulConfig(64, 64, 32)
     assert kernels.load("matmul").default_config(MM, "gpu-triton")["num_stages"] == mm.num_stages
-    # attention's default takes 3 stages by choice where they fit; its last fallback (a head dim
-    # of 512, where neither 3 nor 2 stages of 128-row Q blocks fit) is the class's own defaults
-    att = attention_config.TritonAttentionConfig(64, 64)
+    # attention's default takes 3 stages by choice where they fit; its smaller fallbacks (a head
+    # dim of 512, where neither 128-row nor 64-row Q blocks fit) take the class's own warps and stages
+    att = attention_config.TritonAttentionConfig(32, 32)
     assert kernels.load("flash_attention").default_config((1, 2, 256, 512), "gpu-triton") == att.to_dict()
-    assert kernels.load("flash_attention").footprint({"block_q": 64, "block_kv": 64}, ATT, jnp.bfloat16,
+    assert kernels.load("flash_attention").footprint({"block_q": 32, "block_kv": 32}, ATT, jnp.bfloat16,
                                                      "gpu-triton") == att.footprint(ATT, jnp.bfloat16)
     assert kernels.load("matmul").default_config(MM, "gpu-mosaic")["mgpu_pipeline"] == \
         matmul_config.MosaicGpuMatmulConfig(64, 64, 64).mgpu_pipeline

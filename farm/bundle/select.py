@@ -13,6 +13,7 @@ from farm.measure import outcomes
 from farm.measure.finalists import FinalTiming
 from farm.measure.finalists import winner as finalist_winner
 from farm.tasks import TuningTask, config_json
+from kernels.protocol import task_default
 
 
 def best_record(records: Sequence[TrialRecord]) -> TrialRecord | None:
@@ -73,7 +74,7 @@ def winner_rows(tasks: Sequence[TuningTask], records: Sequence[TrialRecord], *, 
     for task in tasks:
         task_records = by_task.get(task.key, [])
         best = best_record(task_records)
-        default = config_json(kernels.load(task.kernel).default_config(task.shape, task.target))
+        default = config_json(task_default(kernels.load(task.kernel), task.shape, task.target, task.dtype))
         default_ok = best_record([r for r in task_records if r.config == default])
         timings = list((finals or {}).get(task.key, ()))
         final = finalist_winner(timings)

@@ -27,6 +27,7 @@ from farm.bundle.trust import TrustLike
 from farm.deploy import recording
 from farm.deploy.misses import Miss
 from farm.errors import BundleError, FarmError
+from kernels.protocol import task_default
 
 if TYPE_CHECKING:
     from farm.deploy.tuned import TunedKernel
@@ -307,8 +308,8 @@ class Registry:
                 config = json.loads(row.config_json)
                 if self._valid(kernel, config, shape, dtype, target):
                     return _choice(row, NEAREST, log_distance(row.shape, shape), config)
-        module = kernels.load(kernel)
-        return Choice(MappingProxyType(dict(module.default_config(shape, target))), DEFAULT)
+        default = task_default(kernels.load(kernel), shape, target, dtype)
+        return Choice(MappingProxyType(dict(default)), DEFAULT)
 
     def _valid(self, kernel: str, config: Mapping[str, Any], shape: tuple[int, ...], dtype: str,
                target: str) -> bool:

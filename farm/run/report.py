@@ -23,6 +23,7 @@ from farm.measure import outcomes
 from farm.run import runlog
 from farm.run.progress import format_duration, format_seconds
 from farm.tasks import config_json
+from kernels.protocol import task_default
 
 REPORT_MD = "report.md"
 PLOTS_DIR = "report"
@@ -64,7 +65,7 @@ def task_reports(records: list[TrialRecord]) -> list[TaskReport]:
     reports = []
     for key, group in by_task.items():
         first = group[0]
-        default = config_json(kernels.load(first.kernel).default_config(tuple(first.shape), first.target))
+        default = config_json(task_default(kernels.load(first.kernel), tuple(first.shape), first.target, first.dtype))
         ok = [r for r in group if r.outcome == outcomes.OK and r.median_s is not None]
         curve, best_so_far, index = [], float("inf"), 0
         for r in group:

@@ -42,6 +42,7 @@ from farm.search import studies
 from farm.search.plan import PlannedTask
 from farm.search.searcher import Answer, Searcher
 from farm.tasks import config_json
+from kernels.protocol import task_default
 
 logger = logging.getLogger(__name__)
 BUNDLE_DIR = "bundle"
@@ -279,7 +280,7 @@ class _Sweep:
         refs = {}
         for worker in list(self.pool.workers):
             task = by_pool[worker.slot.pool]
-            config = kernels.load(task.kernel).default_config(task.shape, task.target)
+            config = task_default(kernels.load(task.kernel), task.shape, task.target, task.dtype)
             refs[worker.actor.run.remote(task, config, 0, light)] = (worker, task.key)
         limit = compile_s + self.settings.timing_timeout_s
         warmed = {}
@@ -415,7 +416,7 @@ class _Sweep:
             count = 0 if self.task_pool[p.task.key] == "cpu" else FINALISTS
         if count < 1:
             return []
-        default = config_json(kernels.load(p.task.kernel).default_config(p.task.shape, p.task.target))
+        default = config_json(task_default(kernels.load(p.task.kernel), p.task.shape, p.task.target, p.task.dtype))
         return select.finalists([r for r in self.records if r.task_key == p.task.key], count, default)
 
     def _summarize(self, wall: float, measured_s: float, duty: dict[str, float], finals_s: float) -> dict[str, Any]:

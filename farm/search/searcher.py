@@ -47,6 +47,7 @@ from farm.search import pruning, studies
 from farm.search.plan import PlannedTask
 from farm.search.valid_set import ValidSet, ValidSetSampler
 from farm.tasks import config_json
+from kernels.protocol import task_default
 
 # How many invalid or pruned configs a task may draw per trial of budget before it stops.
 SKIPPED_DRAWS_PER_TRIAL = 50
@@ -163,7 +164,7 @@ class Searcher:
                                                                  seed=studies.task_seed(planned, seed))
         study = studies.open_study(planned, storage, chosen)
         searcher = cls(planned, study, module, valid_set=candidates, **options)
-        default = module.default_config(planned.task.shape, planned.task.target)
+        default = task_default(module, planned.task.shape, planned.task.target, planned.task.dtype)
         if not studies.enqueue_warm_start(study, searcher.params, list(warm_start), default):
             # a task whose shape leaves no config within the space: the default is still asked,
             # and answered invalid with the constraint it breaks, so that the run says why
