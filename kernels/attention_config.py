@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from kernels.knobs import ConfigError, Knobs, Unsupported, parse
 from kernels.lowering import round_up, triton_dot_buffers
-from kernels.mgpu_launch import SMEM_BYTES
+from kernels.mgpu_launch import defaults_shared_memory
 
 LANES = 128  # TPU vector lanes: the m/l scratch is (block_q, LANES)
 MGPU_ROW_UNIT = 8  # Mosaic GPU's swizzled TMA layouts address rows in groups of 8
@@ -122,11 +122,12 @@ class TritonAttentionConfig(AttentionConfig):
         thirty-third session; us against 64 x 64 in 4 warps, 2 stages): (4, 32, 4096, 128) 2840.0 /
         3742.6, causal 1592.6 / 1829.9; (1, 32, 2048, 80) 227.0 / 255.2, causal 153.3 / 159.7.
         At head dim 128 that stages 128 KiB: within sm80's and sm90's shared memory (163 and 227
-        KiB a block), not sm86's or sm89's 99 KiB, where a tuned bundle's config is needed. Sized at
+        KiB a block), not sm86's or sm89's 99 KiB, where the deployment's registry, which
+        knows its GPU (`defaults_shared_memory`), gets the smaller candidates. Sized at
         the inputs' dtype: float32 blocks take twice the bytes (64-row blocks, or 32 at wide heads)."""
         candidates = (cls(128, 64, num_warps=8, num_stages=3), cls(128, 64, num_warps=8, num_stages=2),
                       cls(64, 64), cls(32, 32))
-        return next((c for c in candidates if c.footprint(shape, dtype) <= SMEM_BYTES), cls(64, 64))
+        return next((c for c in candidates if c.footprint(shape, dtype) <= defaults_shared_memory()), cls(64, 64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,8 +213,8 @@ class MosaicGpuAttentionConfig(AttentionConfig):
             return cls(64, 128, mgpu_pipeline="pipelined", swizzle=swizzle)
         schedule = "pingpong" if causal else "intra_overlap"
         wide = cls(64, 128, ws_schedule=schedule, swizzle=swizzle)
-        return wide if wide.footprint(shape, dtype) <= SMEM_BYTES else cls(64, 64, ws_schedule=schedule,
-                                                                            swizzle=swizzle)
+        fits = wide.footprint(shape, dtype) <= defaults_shared_memory()
+        return wide if fits else cls(64, 64, ws_schedule=schedule, swizzle=swizzle)
 
 
 def least_padding_swizzle(dim: int, itemsize: int = 2) -> int:

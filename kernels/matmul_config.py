@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 
 from kernels.knobs import ConfigError, Knobs, Unsupported, parse, refusal
 from kernels.lowering import round_up, triton_dot_buffers
-from kernels.mgpu_launch import SMEM_BYTES
+from kernels.mgpu_launch import defaults_shared_memory
 
 
 def _identity(acc: jax.Array) -> jax.Array:
@@ -299,8 +299,10 @@ class TritonMatmulConfig(InterpretMatmulConfig):
         4096 1035.0 / 2183.6; in 128 x 128 tiles 1024 x 4224 x 1024 14.4 / 30.3 (128 x 256:
         38.9) and 512 x 4096 x 4096 29.1 / 51.7 (128 x 256, 64 tiles: 42.1). The large tiles
         stage 144 KiB of bf16 operands: within sm80's and sm90's shared memory (163 and 227 KiB
-        a block), not sm86's or sm89's 99 KiB, where a tuned bundle's config is needed. float32
-        operands take twice the bytes: the 128-column tiles then (192 KiB), as SMEM_BYTES holds."""
+        a block), not sm86's or sm89's 99 KiB, where the deployment's registry, which knows its
+        GPU (`defaults_shared_memory`), gets the 128-column tiles. float32
+        operands take twice the bytes: the 128-column tiles then (192 KiB). The tiles fit
+        `defaults_shared_memory()` (an H200's 227 KiB unless the caller names another GPU's)."""
         config = super().default(problem, dtype)
         if min(problem.m, problem.n) < TRITON_LARGE or problem.epilogue.full_rows:
             return config
@@ -311,7 +313,7 @@ class TritonMatmulConfig(InterpretMatmulConfig):
                                     group_m=next(g for g in (8, 4, 1) if tiles_m % g == 0), num_stages=3)
         candidates = [dataclasses.replace(large, block_n=256, num_warps=8)] if wide else []
         candidates.append(dataclasses.replace(large, block_n=128, num_warps=4))
-        return next((c for c in candidates if c.footprint(problem, dtype) <= SMEM_BYTES), config)
+        return next((c for c in candidates if c.footprint(problem, dtype) <= defaults_shared_memory()), config)
 
 
 # TritonMatmulConfig.default's large tiles: from this many rows and columns, with 256 columns where
@@ -512,7 +514,7 @@ class MosaicGpuMatmulConfig(MatmulConfig):
         for cluster in ("n", "m", "none"):
             large = dataclasses.replace(config, **{**LARGE_TILES, "cluster": cluster})
             if (refusal(lambda: large.check(problem, jnp.bfloat16)) is None
-                    and large.footprint(problem, dtype) <= SMEM_BYTES):
+                    and large.footprint(problem, dtype) <= defaults_shared_memory()):
                 return large
         return config
 

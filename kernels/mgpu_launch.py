@@ -12,7 +12,9 @@ Importing this module needs `absl-py` (Mosaic GPU imports it); the GPU is needed
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -25,6 +27,27 @@ from kernels.lowering import Platform, poison_value
 DEFAULT_NUM_SMS = 132
 # Shared memory one block may use on sm_90 (H100/H200): 227 KiB.
 SMEM_BYTES = 232448
+_DEFAULTS_SMEM: contextvars.ContextVar[int | None] = contextvars.ContextVar("defaults_smem", default=None)
+
+
+def defaults_shared_memory() -> int:
+    """The shared memory a block has on the GPU the GPU targets' defaults are chosen for: what
+    `defaults_for_shared_memory` says, else SMEM_BYTES (an H100's or H200's, where they were measured)."""
+    return _DEFAULTS_SMEM.get() or SMEM_BYTES
+
+
+@contextlib.contextmanager
+def defaults_for_shared_memory(bytes_per_block: int | None) -> Iterator[None]:
+    """Choose the defaults inside for a GPU whose blocks have `bytes_per_block` of shared memory
+    (None: SMEM_BYTES): the deployment's registry says so for the GPU it runs on (sm86's and
+    sm89's 99 KiB, an A100's 163 KiB)."""
+    if bytes_per_block is not None and bytes_per_block <= 0:
+        raise ValueError(f"shared memory per block must be positive, got {bytes_per_block}")
+    token = _DEFAULTS_SMEM.set(bytes_per_block)
+    try:
+        yield
+    finally:
+        _DEFAULTS_SMEM.reset(token)
 
 
 def num_sms() -> int:

@@ -116,3 +116,35 @@ def test_the_dtype_reaches_the_defaults_that_depend_on_it():
     with pytest.warns(TuningMissWarning):
         choice = Registry().lookup("matmul", mm, "float32", "gpu-triton")
     assert choice.rule == DEFAULT and dict(choice.config) == narrow
+
+
+def test_a_deployment_on_a_gpu_with_less_shared_memory_gets_configs_that_fit_it(tmp_path):
+    # An sm89 (L40S, RTX 4090) or sm86 block has 99 KiB of shared memory. A row tuned on an H200
+    # (the large Triton tiles: 144 KiB) is refused there and the default is chosen for it: 128 x 128
+    # tiles (96 KiB). The registry reads the GPU it runs on; `onchip_bytes` names it here, on a CPU.
+    from farm.deploy.registry import DEFAULT, EXACT, Registry, TuningMissWarning
+    from kernels.mgpu_launch import SMEM_BYTES, defaults_for_shared_memory
+    from tests import bundles as B
+
+    sm89 = 101376
+    matmul, attention = kernels.load("matmul"), kernels.load("flash_attention")
+    mm, att = (4096, 4096, 4096), (4, 32, 4096, 128)
+    h200 = matmul.default_config(mm, "gpu-triton")
+    assert matmul.footprint(h200, mm, "bfloat16", "gpu-triton") > sm89
+    private, public = B.keypair(tmp_path / "keys", "ci")
+    bundle = B.write(tmp_path / "bundle", [B.row("matmul", mm, h200, target="gpu-triton", dtype="bfloat16")], private)
+    assert Registry.load(bundle, [public], onchip_bytes={"gpu-triton": SMEM_BYTES}).lookup(
+        "matmul", mm, "bfloat16", "gpu-triton").rule == EXACT
+    on_sm89 = Registry.load(bundle, [public], onchip_bytes={"gpu-triton": sm89})
+    with pytest.warns(TuningMissWarning):
+        choice = on_sm89.lookup("matmul", mm, "bfloat16", "gpu-triton")
+    assert choice.rule == DEFAULT and (choice.config["block_n"], choice.config["num_warps"]) == (128, 4)
+    assert matmul.footprint(dict(choice.config), mm, "bfloat16", "gpu-triton") <= sm89
+    with defaults_for_shared_memory(sm89):
+        small = attention.default_config(att, "gpu-triton")
+    assert (small["block_q"], small["num_stages"]) == (128, 2)
+    assert attention.footprint(small, att, "bfloat16", "gpu-triton") <= sm89
+    # outside the context the H200's defaults again
+    assert attention.default_config(att, "gpu-triton")["num_stages"] == 3
+    with pytest.raises(ValueError, match="positive"), defaults_for_shared_memory(0):
+        pass

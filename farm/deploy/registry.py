@@ -145,8 +145,13 @@ class Registry:
     """Tuned configs of a verified bundle, indexed for fast lookups; see the module docstring."""
 
     def __init__(self, rows: Sequence[_Row] = (), *, source: str = "<empty>", manifest: Mapping[str, Any] | None = None,
-                 signed: bool = False, spaces: Sequence[Any] | None = None) -> None:
+                 signed: bool = False, spaces: Sequence[Any] | None = None,
+                 onchip_bytes: Mapping[str, int] | None = None) -> None:
+        """onchip_bytes: per GPU target, the shared memory a block has on the GPU the configs will
+        run on; a target not named there is read from this process's GPU (`farm.measure.capacity`),
+        and off a GPU is unbounded (no config is refused for its size)."""
         self.source, self.manifest, self.signed = source, dict(manifest or {}), signed
+        self._onchip: dict[str, int | None] = dict(onchip_bytes or {})
         self.software_mismatches: list[tuple[str, dict[str, tuple[Any, Any]]]] = []
         self._spaces = {space.kernel: space for space in spaces or ()}
         self._exact: dict[tuple, _Row] = {}
@@ -173,16 +178,16 @@ class Registry:
     @classmethod
     def load(cls, path: str | Path, trusted_keys: TrustLike, *, allow_unsigned: bool = False,
              software_policy: str = "warn", software: Mapping[str, Any] | None = None,
-             spaces: Sequence[Any] | None = None) -> Registry:
+             spaces: Sequence[Any] | None = None, onchip_bytes: Mapping[str, int] | None = None) -> Registry:
         """A registry from a verified bundle, run, deployment folder or archive (farm.bundle.locate)."""
         if software_policy not in POLICIES:
             raise FarmError(f"software_policy: expected one of {POLICIES}, got {software_policy!r}")
         with open_bundle(path, trusted_keys, allow_unsigned=allow_unsigned) as opened:
-            return cls._from_opened(opened, software_policy, software, spaces)
+            return cls._from_opened(opened, software_policy, software, spaces, onchip_bytes)
 
     @classmethod
     def _from_opened(cls, opened: OpenedBundle, policy: str, software: Mapping[str, Any] | None,
-                     spaces: Sequence[Any] | None) -> Registry:
+                     spaces: Sequence[Any] | None, onchip_bytes: Mapping[str, int] | None = None) -> Registry:
         table = opened.configs(columns=_COLUMNS)
         columns = [table.column(name).to_pylist() for name in _COLUMNS]
         rows: list[_Row] = []
@@ -197,7 +202,8 @@ class Registry:
                 rows.append(_Row(task_key, kernel, tuple(shape), dtype, target, device_kind, config, median_s,
                                  created.isoformat() if isinstance(created, datetime) else created or ""))
                 fingerprints.setdefault(fingerprint, []).append(task_key)
-            registry = cls(rows, source=opened.where, manifest=opened.manifest, signed=opened.signed, spaces=spaces)
+            registry = cls(rows, source=opened.where, manifest=opened.manifest, signed=opened.signed, spaces=spaces,
+                           onchip_bytes=onchip_bytes)
         finally:
             if collecting:
                 gc.enable()
@@ -308,14 +314,32 @@ class Registry:
                 config = json.loads(row.config_json)
                 if self._valid(kernel, config, shape, dtype, target):
                     return _choice(row, NEAREST, log_distance(row.shape, shape), config)
-        default = task_default(kernels.load(kernel), shape, target, dtype)
+        from kernels.mgpu_launch import defaults_for_shared_memory  # JAX: imported when first needed
+
+        with defaults_for_shared_memory(self._onchip_bytes(target)):
+            default = task_default(kernels.load(kernel), shape, target, dtype)
         return Choice(MappingProxyType(dict(default)), DEFAULT)
+
+    def _onchip_bytes(self, target: str) -> int | None:
+        """Shared memory a block has on the GPU a GPU target's configs run on (None: unknown, or
+        not a GPU target); read once per target from this process's GPU unless given."""
+        if target not in GPU_TARGETS:
+            return None
+        if target not in self._onchip:
+            from farm.measure import capacity
+
+            self._onchip[target] = capacity.detect(target).onchip_bytes
+        return self._onchip[target]
 
     def _valid(self, kernel: str, config: Mapping[str, Any], shape: tuple[int, ...], dtype: str,
                target: str) -> bool:
         """Whether the kernel (and its given search space) admits `config` for this task."""
+        module = kernels.load(kernel)
         try:
-            if kernels.load(kernel).check_config(dict(config), shape, dtype, target) is not None:
+            if module.check_config(dict(config), shape, dtype, target) is not None:
+                return False
+            onchip = self._onchip_bytes(target)  # a config tuned on a GPU with more shared memory
+            if onchip is not None and module.footprint(dict(config), shape, dtype, target) > onchip:
                 return False
         except Exception:  # noqa: BLE001 - a config from another kernel version: not valid here
             return False

@@ -28,8 +28,11 @@ Lookup rules, in order (`Choice.rule` says which one chose the config):
      newest row.
   3. "default": the kernel's `default_config(shape, target)`.
 A config is valid for a task when the kernel's own `check_config` accepts it (the legality of a
-config is stated once, with the kernel) and, when search spaces are given (`spaces=`, loaded
-`farm.search.spaces.SearchSpace` objects), the kernel's space admits it too.
+config is stated once, with the kernel), on a GPU target when its footprint fits the shared memory
+of this process's GPU (`farm.measure.capacity`; or `onchip_bytes=` per target: a row tuned on an
+H200 is refused on a GPU with 99 KiB a block, and the default is chosen for that GPU), and, when
+search spaces are given (`spaces=`, loaded `farm.search.spaces.SearchSpace` objects), the
+kernel's space admits it too. Defaults are chosen for the task's dtype (`kernels.protocol.task_default`).
 Rows with status `no_valid_config` are never chosen.
 
 Misses: each distinct task a registry resolves is kept in `lookups()` (kernel, shape, dtype,
