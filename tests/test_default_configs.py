@@ -123,6 +123,7 @@ def test_a_deployment_on_a_gpu_with_less_shared_memory_gets_configs_that_fit_it(
     # (the large Triton tiles: 144 KiB) is refused there and the default is chosen for it: 128 x 128
     # tiles (96 KiB). The registry reads the GPU it runs on; `onchip_bytes` names it here, on a CPU.
     from farm.deploy.registry import DEFAULT, EXACT, Registry, TuningMissWarning
+    from farm.errors import FarmError
     from kernels.mgpu_launch import SMEM_BYTES, defaults_for_shared_memory
     from tests import bundles as B
 
@@ -148,3 +149,6 @@ def test_a_deployment_on_a_gpu_with_less_shared_memory_gets_configs_that_fit_it(
     assert attention.default_config(att, "gpu-triton")["num_stages"] == 3
     with pytest.raises(ValueError, match="positive"), defaults_for_shared_memory(0):
         pass
+    for bad in ({"gpu-triton": 0}, {"tpu": sm89}, {"gpu-mosaic": "99 KiB"}):
+        with pytest.raises(FarmError, match="onchip_bytes: expected a positive number of bytes per GPU target"):
+            Registry(onchip_bytes=bad)

@@ -151,6 +151,10 @@ class Registry:
         run on; a target not named there is read from this process's GPU (`farm.measure.capacity`),
         and off a GPU is unbounded (no config is refused for its size)."""
         self.source, self.manifest, self.signed = source, dict(manifest or {}), signed
+        for name, size in (onchip_bytes or {}).items():
+            if name not in GPU_TARGETS or isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise FarmError(f"onchip_bytes: expected a positive number of bytes per GPU target "
+                                f"({', '.join(GPU_TARGETS)}), got {name!r}: {size!r}")
         self._onchip: dict[str, int | None] = dict(onchip_bytes or {})
         self.software_mismatches: list[tuple[str, dict[str, tuple[Any, Any]]]] = []
         self._spaces = {space.kernel: space for space in spaces or ()}
