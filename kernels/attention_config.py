@@ -209,8 +209,9 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         warp-specialized 644.6 against pipelined 1262.3 (torch SDPA 624.6); (16, 16, 1024, 32) pipelined
         119.9 against 158.9 (torch SDPA 157.9); (2, 8, 4096, 40) pipelined 214.3 against 179.3."""
         swizzle = least_padding_swizzle(shape[3])
-        if not causal and swizzle >= 64 and round_up(shape[3], swizzle // 2) <= 64:
-            return cls(64, 128, mgpu_pipeline="pipelined", swizzle=swizzle)
+        pipelined = cls(64, 128, mgpu_pipeline="pipelined", swizzle=swizzle)
+        if not causal and swizzle >= 64 and pipelined.padded_dim(shape[3]) <= 64:
+            return pipelined
         schedule = "pingpong" if causal else "intra_overlap"
         wide = cls(64, 128, ws_schedule=schedule, swizzle=swizzle)
         fits = wide.footprint(shape, dtype) <= defaults_shared_memory()

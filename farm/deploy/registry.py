@@ -338,8 +338,8 @@ class Registry:
     def _valid(self, kernel: str, config: Mapping[str, Any], shape: tuple[int, ...], dtype: str,
                target: str) -> bool:
         """Whether the kernel (and its given search space) admits `config` for this task."""
-        module = kernels.load(kernel)
         try:
+            module = kernels.load(kernel)
             if module.check_config(dict(config), shape, dtype, target) is not None:
                 return False
             onchip = self._onchip_bytes(target)  # a config tuned on a GPU with more shared memory
