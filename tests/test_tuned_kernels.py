@@ -93,8 +93,30 @@ def test_target_follows_the_device_and_an_explicit_target_still_works(registry):
 def test_gpu_target_is_the_faster_tuned_one_else_triton(registry):
     assert registry.gpu_target("softmax", (64, 256), "float32") == "gpu-mosaic"
     assert registry.gpu_target("softmax", (128, 512), jnp.float32) == "gpu-triton"
-    assert registry.gpu_target("softmax", (96, 256), "float32") == "gpu-triton"  # no row at that task
     assert registry.gpu_target("softmax", (64, 256), "float32", targets=("gpu-triton",)) == "gpu-triton"
+    # No row at the task: the target faster at the nearest shape timed on both
+    assert registry.gpu_target("softmax", (96, 256), "float32") == "gpu-mosaic"  # nearest: 64 x 256
+    assert registry.gpu_target("softmax", (128, 1000), "float32") == "gpu-triton"  # nearest: 128 x 512
+    assert registry.gpu_target("softmax", (96, 256), "float32", device_kind="cpu") == "gpu-mosaic"
+    # ... on the device kind asked for, and nothing compared: the first target
+    assert registry.gpu_target("softmax", (96, 256), "float32", device_kind="NVIDIA H200") == "gpu-triton"
+    assert registry.gpu_target("softmax", (96, 256), "bfloat16") == "gpu-triton"
+    assert registry.gpu_target("rms_norm", (32, 512), "float32") == "gpu-triton"
+    assert registry.gpu_target("softmax", (96, 256), "float32", targets=("gpu-mosaic", "gpu-triton")) == "gpu-mosaic"
+
+
+def test_gpu_target_compares_targets_on_one_device_kind(tmp_path):
+    # Triton timed on one GPU, Mosaic GPU on another: not a comparison; each GPU's own rows are
+    private, public = B.keypair(tmp_path / "keys", "ci")
+    rows = [B.row("softmax", (64, 256), {"block_rows": 8}, target="gpu-triton", device_kind="A", median_s=1e-5),
+            B.row("softmax", (64, 256), {"block_rows": 8}, target="gpu-mosaic", device_kind="B", median_s=2e-6),
+            B.row("softmax", (64, 1024), {"block_rows": 8}, target="gpu-triton", device_kind="B", median_s=3e-5),
+            B.row("softmax", (64, 1024), {"block_rows": 8}, target="gpu-mosaic", device_kind="B", median_s=4e-5)]
+    registry = runtime.Registry.load(B.write(tmp_path / "bundle", rows, private), public, spaces=())
+    targets = ("gpu-mosaic", "gpu-triton")
+    assert registry.gpu_target("softmax", (64, 300), "float32", targets=targets) == "gpu-triton"
+    assert registry.gpu_target("softmax", (64, 300), "float32", device_kind="B", targets=targets) == "gpu-triton"
+    assert registry.gpu_target("softmax", (64, 300), "float32", device_kind="A", targets=targets) == "gpu-mosaic"
 
 
 def _loss(fn):

@@ -296,12 +296,33 @@ class Registry:
 
     def gpu_target(self, kernel: str, shape: Sequence[int], dtype: Any, device_kind: str | None = None,
                    targets: Sequence[str] = GPU_TARGETS) -> str:
-        """Of `targets`, the one with an exact row for this task and the fastest median; else the first."""
+        """Of `targets`: the one with an exact row for this task and the fastest median; else the
+        fastest at the nearest shape (log2 distance) that the bundle timed on several of them on one
+        device kind (`device_kind`'s when given); else the first."""
         shape, dtype = tuple(int(d) for d in shape), _dtype_name(dtype)
         timed = [(row.median_s, target) for target in targets
                  if (row := self._exact.get((kernel, shape, dtype, target, device_kind))) is not None
                  and row.median_s is not None]
-        return min(timed)[1] if timed else targets[0]
+        if timed:
+            return min(timed)[1]
+        compared = self._timed_side_by_side(kernel, len(shape), dtype, device_kind, targets)
+        if compared and all(d > 0 for d in shape):
+            nearest = min(compared, key=lambda key: (log_distance(key[0], shape), key))
+            return min((median, target) for target, median in compared[nearest].items())[1]
+        return targets[0]
+
+    def _timed_side_by_side(self, kernel: str, rank: int, dtype: str, device_kind: str | None,
+                            targets: Sequence[str]) -> dict[tuple[tuple[int, ...], str], dict[str, float]]:
+        """{(shape, device kind): {target: its fastest median}} where several of `targets` were timed."""
+        medians: dict[tuple[tuple[int, ...], str], dict[str, float]] = {}
+        for target in targets:
+            for row in self._groups.get((kernel, dtype, target), ()):
+                if (row.median_s is None or len(row.shape) != rank or min(row.shape, default=0) <= 0
+                        or device_kind not in (None, row.device_kind)):
+                    continue
+                by_target = medians.setdefault((row.shape, row.device_kind or ""), {})
+                by_target[target] = min(by_target.get(target, math.inf), row.median_s)
+        return {key: by_target for key, by_target in medians.items() if len(by_target) > 1}
 
     def _resolve(self, kernel: str, shape: tuple[int, ...], dtype: str, target: str,
                  device_kind: str | None) -> Choice:

@@ -42,7 +42,8 @@ file, every task without an exact row is appended to that file once (farm.deploy
 
 Targets: `tuned(kernel)` without a target follows `jax.devices()[0]`: "interpret" (Pallas
 interpret mode) on CPU, "tpu" on TPU, and on a GPU, per task, whichever of gpu-triton and
-gpu-mosaic has an exact row with the faster median (else gpu-triton).
+gpu-mosaic has an exact row with the faster median; without one, whichever ran faster at the
+nearest shape the bundle timed both at (on the device kind asked for, when given); else gpu-triton.
 
 Gradients: a kernel whose module declares BACKWARD (kernels.protocol.Backward) is wrapped in a
 `jax.custom_vjp` that runs its backward kernel, itself looked up and tuned; any other kernel
