@@ -35,15 +35,15 @@ class AttentionConfig(Knobs):
             raise ConfigError(f"blocks must be positive, got {self.to_dict()}")
 
     def padded_seq(self, seq: int) -> int:
-        """The sequence length this target's kernel runs: seq rounded up to whole Q and K/V
-        blocks. `attention_core.build` pads Q, K and V with zeros to it, masks the keys past seq
-        (the causal mask already does for every real query) and slices the output back."""
-        return round_up(seq, math.lcm(self.block_q, self.block_kv))
+        """The sequence length `attention_core.build` pads Q, K and V to by copies: seq itself
+        here. The Triton and plain interpret kernel masks its loads and stores at the end
+        (`attention_core._generic_attention`); the keys past seq are masked in every kernel."""
+        return seq
 
     def padded_dim(self, dim: int) -> int:
-        """The head dim this target's kernel runs: dim itself here. `attention_core.build` pads Q, K
-        and V with zeros to it (zeros add nothing to Q K^T, and O's extra columns are sliced off);
-        the softmax scale stays 1 / sqrt(dim)."""
+        """The head dim this target's kernel computes with: dim itself here. Where it is wider, the
+        extra columns are zeros (loaded masked on Triton, padded by copies on the other targets),
+        which add nothing to Q K^T, and O's are dropped; the softmax scale stays 1 / sqrt(dim)."""
         return dim
 
     def check(self, shape: tuple[int, ...], dtype: Any) -> None:
@@ -81,6 +81,11 @@ class TpuAttentionConfig(AttentionConfig):
         if self.block_kv % LANES or shape[3] % LANES:
             raise Unsupported(f"tpu: block_kv and head_dim must be multiples of {LANES}")
 
+    def padded_seq(self, seq: int) -> int:
+        """seq rounded up to whole Q and K/V blocks: `attention_core.build` pads Q, K and V with
+        zeros to it and slices O back."""
+        return round_up(seq, math.lcm(self.block_q, self.block_kv))
+
     def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
         """VMEM, by the model in `kernels.attention_core`."""
         _, _, seq, dim = shape
@@ -105,7 +110,8 @@ class TritonAttentionConfig(AttentionConfig):
 
     def padded_dim(self, dim: int) -> int:
         """Triton's arrays are powers of two (and its dots at least 16 deep): head dims such as 80
-        or 96 run as 128. On the H200 head_dim 80 failed to compile before (thirty-second session)."""
+        or 96 run as 128, their extra columns loaded as zeros by masks (no copies). On the H200
+        head_dim 80 failed to compile before (thirty-second session)."""
         return max(16, 1 << (dim - 1).bit_length())
 
     def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:

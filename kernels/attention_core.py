@@ -8,11 +8,13 @@ causality changes the reference, so it is a kernel of its own rather than a knob
 kernels skip the key blocks after a query block's last row, and on a GPU take their query
 blocks heaviest first (`q_block_order`).
 
-Any sequence length (a prompt of 4000 tokens): the target's kernel runs `padded_seq(seq)` rows,
-the inputs padded with zeros to it by `build` (none on Mosaic GPU when seq is whole 8-row
-groups: its last blocks run past the end, where TMA reads zeros and drops the writes). The keys
-past seq are masked (`key_mask`, `ragged_keys`) where no causal mask hides them, and the K/V
-loops stop at the last block holding keys (`kv_blocks`).
+Any sequence length (a prompt of 4000 tokens) and head dim (80): the Triton and plain interpret
+kernel loads its tiles masked at the sequence's end and the head's last column and stores O
+masked, with no copies; the TPU and Mosaic GPU kernels run `padded_seq(seq)` rows, the inputs
+padded with zeros to it by `build` (none on Mosaic GPU when seq is whole 8-row groups: its last
+blocks run past the end, where TMA reads zeros and drops the writes). The keys past seq are
+masked (`key_mask`, `ragged_keys`) where no causal mask hides them, and the K/V loops stop at
+the last block holding keys (`kv_blocks`).
 
 Files by job: `kernels.attention_config` (one typed config per target: knob defaults,
 legality, footprint, default config), `kernels.attention_tpu` and `kernels.attention_mgpu`
@@ -153,22 +155,24 @@ def build(config: AnyConfig, shape: tuple[int, ...], dtype: Any, platform: Platf
           causal: bool) -> Callable[..., jax.Array]:
     """The Pallas attention for `config` on `platform`, causal or not: a function of (q, k, v).
 
-    Any sequence length: the target's kernel runs `padded_seq(seq)` rows (Q, K and V padded
-    with zeros to it when longer than seq) and masks the keys from seq on (`kv_len`). Any head
-    dim: the kernel runs `padded_dim(dim)` columns (zeros), scaled by 1 / sqrt(dim)."""
+    Any sequence length and head dim. Triton (and the plain interpreter) load Q, K and V masked
+    at the sequence's end and the head's last column (zeros past them) and store O masked: no
+    copies. The TPU and Mosaic GPU kernels run `padded_seq` rows and `padded_dim` columns, Q, K and V padded with zeros to them by copies where those exceed the shape (none
+    on Mosaic GPU in most cases: see `MosaicGpuAttentionConfig.padded_seq`). Every kernel masks
+    the keys from seq on (`kv_len`) and scales by 1 / sqrt(dim)."""
     typed = check(config, shape, dtype, platform.target)
+    if platform.target in ("gpu-triton", "interpret"):
+        return _generic_attention(typed, shape, dtype, platform, causal)
     seq, dim = shape[2], shape[3]
     runs = shape[:2] + (typed.padded_seq(seq), typed.padded_dim(dim))
     if platform.target == "tpu":
         from kernels import attention_tpu
 
         kernel = attention_tpu.build(typed, runs, dtype, platform, causal, kv_len=seq, head_dim=dim)
-    elif platform.target == "gpu-mosaic":
+    else:
         from kernels import attention_mgpu
 
         kernel = attention_mgpu.build(typed, runs, dtype, platform, causal, kv_len=seq, head_dim=dim)
-    else:
-        kernel = _generic_attention(typed, runs, dtype, platform, causal, kv_len=seq, head_dim=dim)
     if runs == shape:
         return kernel
     pad = [(0, 0), (0, 0), (0, runs[2] - seq), (0, runs[3] - dim)]
@@ -214,25 +218,45 @@ def ragged_keys(kv_len: int, bkv: int, causal: bool) -> int | None:
 
 
 def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: Any, platform: Platform,
-                       causal: bool, kv_len: int, head_dim: int) -> Callable[..., jax.Array]:
-    """The Triton (and plain interpret) kernel for a checked config and a shape of whole blocks,
-    whose first kv_len keys are real and first head_dim columns too: a function of (q, k, v)."""
+                       causal: bool) -> Callable[..., jax.Array]:
+    """The Triton (and plain interpret) kernel for a checked config, at any shape: a function of
+    (q, k, v). A program holds a Q block; its tiles are `padded_dim(dim)` columns wide (Triton's
+    are powers of two). Loads past the sequence's end or the head's last column read zeros and
+    stores there are dropped (masks, only where the shape needs them), so nothing is copied."""
     batch, heads, seq, dim = shape
-    limit = ragged_keys(kv_len, config.block_kv, causal)
-    bq, bkv = config.block_q, config.block_kv
-    scale = 1.0 / math.sqrt(head_dim)
+    bq, bkv, width = config.block_q, config.block_kv, config.padded_dim(dim)
+    limit = ragged_keys(seq, bkv, causal)
+    scale = 1.0 / math.sqrt(dim)
     sq = pl.squeezed
-    q_blocks = seq // bq
+    q_blocks = -(-seq // bq)
+
+    def tile(start: Any, rows: int) -> tuple[tuple[Any, Any], jax.Array | None]:
+        """The window of `rows` rows from `start`, and which of its elements are in the array."""
+        window = (pl.ds(start, rows), pl.ds(0, width))
+        keep = None
+        if seq % rows:
+            keep = (start + lax.broadcasted_iota(jnp.int32, (rows, width), 0)) < seq
+        if width != dim:
+            cols = lax.broadcasted_iota(jnp.int32, (rows, width), 1) < dim
+            keep = cols if keep is None else keep & cols
+        return window, keep
+
+    def load(ref: Any, start: Any, rows: int) -> jax.Array:
+        window, keep = tile(start, rows)
+        if keep is None:
+            return ref[window]
+        from jax.experimental.pallas import triton as pltriton
+
+        return pltriton.load(ref.at[window], mask=keep, other=0)
 
     def body(q_ref, k_ref, v_ref, o_ref):
         qi = q_block_order(pl.program_id(2), q_blocks, causal)
-        q = q_ref[...]
+        q = load(q_ref, qi * bq, bq)
         rows = qi * bq + lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)
 
         def step(j, carry):
             m, l, acc = carry
-            kv = pl.ds(j * bkv, bkv)
-            k, v = k_ref[kv, :], v_ref[kv, :]
+            k, v = load(k_ref, j * bkv, bkv), load(v_ref, j * bkv, bkv)
             s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * scale
             keep = key_mask(j * bkv + lax.broadcasted_iota(jnp.int32, (bq, bkv), 1), rows if causal else None,
                             limit)
@@ -245,16 +269,23 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
             return m_next, l * alpha + jnp.sum(p, axis=1), acc
 
         init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
-                jnp.zeros((bq, dim), jnp.float32))
-        _, l, acc = lax.fori_loop(0, kv_blocks(qi, bq, bkv, kv_len, causal), step, init)
-        o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+                jnp.zeros((bq, width), jnp.float32))
+        _, l, acc = lax.fori_loop(0, kv_blocks(qi, bq, bkv, seq, causal), step, init)
+        out = (acc / l[:, None]).astype(o_ref.dtype)
+        window, keep = tile(qi * bq, bq)
+        if keep is None:
+            o_ref[window] = out
+        else:
+            from jax.experimental.pallas import triton as pltriton
 
-    q_spec = pl.BlockSpec((sq, sq, bq, dim), lambda b, h, i: (b, h, q_block_order(i, q_blocks, causal), 0))
-    kv_spec = pl.BlockSpec((sq, sq, seq, dim), lambda b, h, i: (b, h, 0, 0))
+            pltriton.store(o_ref.at[window], out, mask=keep)
+
+    # Whole (seq, dim) heads as blocks: each program reads and writes its rows through `tile`
+    spec = pl.BlockSpec((sq, sq, seq, dim), lambda b, h, i: (b, h, 0, 0))
     return pallas_call(
         body, platform=platform, config=config.to_dict(),
         out_shape=jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)), grid=(batch, heads, q_blocks),
-        in_specs=[q_spec, kv_spec, kv_spec], out_specs=q_spec, name="flash_attention",
+        in_specs=[spec, spec, spec], out_specs=spec, name="flash_attention",
     )
 
 

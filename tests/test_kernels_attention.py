@@ -410,3 +410,21 @@ def test_head_dims_off_the_kernels_grid_run_padded_with_the_real_scale(name, tar
     # so Mosaic GPU's sequence is whole blocks there
     run = (1, 1, 256, dim) if target == "gpu-mosaic" else (1, 2, 200, dim)
     assert _error(name, config, target, run, jnp.bfloat16) <= validate.tolerance("bfloat16")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_triton_reads_any_sequence_and_head_dim_in_place_through_masks(name):
+    # ViT's 197 tokens, a 1001-token prompt, head dims 80 and 40: Triton's tiles are powers of two,
+    # loaded masked at the sequence's end and the head's last column and stored masked, so Q, K
+    # and V are not padded by copies nor O sliced back (they were before: a pad per input)
+    module = kernels.load(name)
+    for shape in ((2, 3, 197, 64), (1, 2, 1001, 80), (1, 1, 100, 40)):
+        text = _lower(name, module.default_config(shape, "gpu-triton"), "gpu-triton", shape)
+        assert "__gpu$xla.gpu.triton" in text
+        assert "stablehlo.pad" not in text and "stablehlo.slice" not in text, shape
+    # numerics (poisoned outputs: every element must be written): a sequence shorter than a block
+    # at a head dim off the power-of-two grid, and the last Q and K/V blocks both part blocks
+    config = {"block_q": 32, "block_kv": 16, "num_warps": 4, "num_stages": 2}
+    for shape in ((1, 2, 20, 24), (2, 1, 75, 48)):
+        assert module.check_config(config, shape, jnp.float32, "gpu-triton") is None
+        assert _error(name, config, "gpu-triton", shape) <= validate.tolerance("float32")
