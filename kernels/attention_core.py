@@ -8,9 +8,10 @@ causality changes the reference, so it is a kernel of its own rather than a knob
 kernels skip the key blocks after a query block's last row, and on a GPU take their query
 blocks heaviest first (`q_block_order`).
 
-Any sequence length (a prompt of 4000 tokens): the target's kernel runs `padded_seq(seq)` rows,
-the inputs padded with zeros to it by `build` (none on Mosaic GPU when seq is whole 8-row
-groups: its last blocks run past the end, where TMA reads zeros and drops the writes). The keys
+Any sequence length (a prompt of 4000 tokens): the target's kernel runs `padded_seq(seq, dim)`
+rows, the inputs padded with zeros to it by `build` (none on Mosaic GPU when seq is whole 8-row
+groups, or any length at least a block in the warp-specialized kernel at head dims up to 128: its
+last blocks run past the end, where TMA reads zeros and drops the writes). The keys
 past seq are masked (`key_mask`, `ragged_keys`) where no causal mask hides them, and the K/V
 loops stop at the last block holding keys (`kv_blocks`).
 
@@ -158,7 +159,8 @@ def build(config: AnyConfig, shape: tuple[int, ...], dtype: Any, platform: Platf
     dim: the kernel runs `padded_dim(dim)` columns (zeros), scaled by 1 / sqrt(dim)."""
     typed = check(config, shape, dtype, platform.target)
     seq, dim = shape[2], shape[3]
-    runs = shape[:2] + (typed.padded_seq(seq), typed.padded_dim(dim))
+    # Pallas's GPU interpreter cannot read past an array's end as TMA does: it runs whole 8-row groups
+    runs = shape[:2] + (typed.padded_seq(seq, None if platform.interpret else dim), typed.padded_dim(dim))
     if platform.target == "tpu":
         from kernels import attention_tpu
 
