@@ -34,10 +34,11 @@ class AttentionConfig(Knobs):
         if min(self.block_q, self.block_kv) < 1:
             raise ConfigError(f"blocks must be positive, got {self.to_dict()}")
 
-    def padded_seq(self, seq: int) -> int:
+    def padded_seq(self, seq: int, dim: int | None = None) -> int:
         """The sequence length `attention_core.build` pads Q, K and V to by copies: seq itself
         here. The Triton and plain interpret kernel masks its loads and stores at the end
-        (`attention_core._generic_attention`); the keys past seq are masked in every kernel."""
+        (`attention_core._generic_attention`); the keys past seq are masked in every kernel.
+        dim: the head dim (the targets whose padding depends on it say so)."""
         return seq
 
     def padded_dim(self, dim: int) -> int:
@@ -81,7 +82,7 @@ class TpuAttentionConfig(AttentionConfig):
         if self.block_kv % LANES or shape[3] % LANES:
             raise Unsupported(f"tpu: block_kv and head_dim must be multiples of {LANES}")
 
-    def padded_seq(self, seq: int) -> int:
+    def padded_seq(self, seq: int, dim: int | None = None) -> int:
         """seq rounded up to whole Q and K/V blocks: `attention_core.build` pads Q, K and V with
         zeros to it and slices O back."""
         return round_up(seq, math.lcm(self.block_q, self.block_kv))
@@ -170,12 +171,24 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         """Query rows one block computes: block_q per compute warpgroup."""
         return (2 if self.warp_specialized else 1) * self.block_q
 
-    def padded_seq(self, seq: int) -> int:
+    def padded_seq(self, seq: int, dim: int | None = None) -> int:
         """The sequence length the kernel runs. TMA zero-fills reads past the sequence's end and
         drops writes past it, so part blocks at the end run as they are, with no copies, when
-        seq is a whole number of 8-row groups (what the swizzled layouts address) and at least
-        one block; other lengths are padded to that."""
-        return max(round_up(seq, MGPU_ROW_UNIT), self.rows_per_block(), self.block_kv)
+        the sequence is at least one block and either a whole number of 8-row groups (what the
+        swizzled tiles' view of global memory addresses) or copied by single rows
+        (`copies_single_rows(dim)`: ViT's 197 tokens at head dim 64); other lengths are padded."""
+        block = max(self.rows_per_block(), self.block_kv)
+        if seq >= block and dim is not None and self.copies_single_rows(dim):
+            return seq
+        return max(round_up(seq, MGPU_ROW_UNIT), block)
+
+    def copies_single_rows(self, dim: int) -> bool:
+        """Whether the kernel can copy Q, K, V and O through a view tiled by single rows, which
+        takes any sequence length: the warp-specialized kernel, at a head dim of one or two whole
+        swizzles (16, 32, 64 or 128 2-byte columns). Its 8-row tiles, which WGMMA reads, are
+        aliased with that view: one copy a tile when one swizzle wide (the same bytes), else one
+        per 8 rows and swizzle (`attention_mgpu._copy_slabs`)."""
+        return self.warp_specialized and dim == self.padded_dim(dim) and dim <= self.swizzle
 
     def padded_dim(self, dim: int) -> int:
         """The head dim in whole swizzled tiles of 2-byte elements: a 128-byte swizzle holds 64
@@ -207,7 +220,9 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         otherwise, and the head dim in the swizzle that pads it least (`least_padding_swizzle`).
         Not causal at head dims of at most 64 columns in 64- or 128-byte swizzles (32, 64): the
         pipelined kernel (one warpgroup a block, so more blocks a SM), 64-row Q and 128-row K/V
-        blocks; not at 40 (48 columns in the 32-byte swizzle), where it lost.
+        blocks; not at 40 (48 columns in the 32-byte swizzle), where it lost, nor where the
+        sequence is off the 8-row grid and the warp-specialized kernel runs it unpadded
+        (`copies_single_rows`): the pipelined kernel's K/V pipeline copies through 8-row tiles.
         On the H200 (BENCHMARKS.md; us): (4, 32, 4096, 128) 1578.7 against 2043.3 for 64-row K/V
         blocks and pingpong (cuDNN 1638.4, torch SDPA 1602.5), causal 913.7 / 1065.7 (torch SDPA
         919.6; thirty-third session); head dim 64 (thirty-fourth session), (4, 32, 4096, 64) pipelined
@@ -215,11 +230,12 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         warp-specialized 644.6 against pipelined 1262.3 (torch SDPA 624.6); (16, 16, 1024, 32) pipelined
         119.9 against 158.9 (torch SDPA 157.9); (2, 8, 4096, 40) pipelined 214.3 against 179.3."""
         swizzle = least_padding_swizzle(shape[3])
-        pipelined = cls(64, 128, mgpu_pipeline="pipelined", swizzle=swizzle)
-        if not causal and swizzle >= 64 and pipelined.padded_dim(shape[3]) <= 64:
-            return pipelined
         schedule = "pingpong" if causal else "intra_overlap"
         wide = cls(64, 128, ws_schedule=schedule, swizzle=swizzle)
+        pipelined = cls(64, 128, mgpu_pipeline="pipelined", swizzle=swizzle)
+        off_grid = wide.padded_seq(shape[2], shape[3]) != pipelined.padded_seq(shape[2], shape[3])
+        if not causal and swizzle >= 64 and pipelined.padded_dim(shape[3]) <= 64 and not off_grid:
+            return pipelined
         fits = wide.footprint(shape, dtype) <= defaults_shared_memory()
         return wide if fits else cls(64, 64, ws_schedule=schedule, swizzle=swizzle)
 

@@ -10,8 +10,9 @@ blocks heaviest first (`q_block_order`).
 
 Any sequence length (a prompt of 4000 tokens) and head dim (80): the Triton and plain interpret
 kernel loads its tiles masked at the sequence's end and the head's last column and stores O
-masked, with no copies; the TPU and Mosaic GPU kernels run `padded_seq(seq)` rows, the inputs
-padded with zeros to it by `build` (none on Mosaic GPU when seq is whole 8-row groups: its last
+masked, with no copies; the TPU and Mosaic GPU kernels run `padded_seq(seq, dim)` rows, the
+inputs padded with zeros to it by `build` (none on Mosaic GPU when seq is whole 8-row groups, or
+any length at least a block in the warp-specialized kernel at head dims up to 128: its last
 blocks run past the end, where TMA reads zeros and drops the writes). The keys past seq are
 masked (`key_mask`, `ragged_keys`) where no causal mask hides them, and the K/V loops stop at
 the last block holding keys (`kv_blocks`).
@@ -157,14 +158,16 @@ def build(config: AnyConfig, shape: tuple[int, ...], dtype: Any, platform: Platf
 
     Any sequence length and head dim. Triton (and the plain interpreter) load Q, K and V masked
     at the sequence's end and the head's last column (zeros past them) and store O masked: no
-    copies. The TPU and Mosaic GPU kernels run `padded_seq` rows and `padded_dim` columns, Q, K and V padded with zeros to them by copies where those exceed the shape (none
-    on Mosaic GPU in most cases: see `MosaicGpuAttentionConfig.padded_seq`). Every kernel masks
-    the keys from seq on (`kv_len`) and scales by 1 / sqrt(dim)."""
+    copies. The TPU and Mosaic GPU kernels run `padded_seq` rows and `padded_dim` columns, Q, K
+    and V padded with zeros to them by copies where those exceed the shape (on Mosaic GPU rarely:
+    see `MosaicGpuAttentionConfig.padded_seq`). Every kernel masks the keys from seq on
+    (`kv_len`) and scales by 1 / sqrt(dim)."""
     typed = check(config, shape, dtype, platform.target)
     if platform.target in ("gpu-triton", "interpret"):
         return _generic_attention(typed, shape, dtype, platform, causal)
     seq, dim = shape[2], shape[3]
-    runs = shape[:2] + (typed.padded_seq(seq), typed.padded_dim(dim))
+    # Pallas's GPU interpreter cannot read past an array's end as TMA does: it runs whole 8-row groups
+    runs = shape[:2] + (typed.padded_seq(seq, None if platform.interpret else dim), typed.padded_dim(dim))
     if platform.target == "tpu":
         from kernels import attention_tpu
 
