@@ -52,3 +52,4 @@ KERNEL = rows.RowKernel(MATH, SHAPE_NAMES)
 shape_of = KERNEL.shape_of
 # Mosaic GPU's staged rows (the batch flattened into rows) on gpu-mosaic, the row engine elsewhere.
 check_config, footprint, default_config, build = mosaic_rows.protocol(KERNEL, STAGED)
+default_gpu_targets = KERNEL.default_gpu_targets

@@ -104,6 +104,7 @@ KERNEL = rows.RowKernel(rows.reduction_math(NAME, CROSS_ENTROPY, vector_inputs=1
 shape_of = KERNEL.shape_of
 # Mosaic GPU's staged rows on gpu-mosaic, the row engine's strategies on every other target.
 check_config, footprint, default_config, _build = mosaic_rows.protocol(KERNEL, STAGED)
+default_gpu_targets = KERNEL.default_gpu_targets
 
 
 def reference(logits: jax.Array, labels: jax.Array) -> jax.Array:

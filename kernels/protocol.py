@@ -113,11 +113,17 @@ class OptionalHooks(Protocol):
         """Device-memory bytes a call needs (inputs, outputs, temporaries), for pruning tasks that
         cannot fit. Default None: the farm uses `bytes_moved`."""
 
+    def default_gpu_targets(self, shape: Shape, dtype: Any, targets: tuple[str, ...]) -> tuple[str, ...]:
+        """`targets` (the GPU targets that run on the deployment's GPU, in the farm's order:
+        `kernels.targets.gpu_targets_for`) reordered so that the one whose default config runs
+        this task fastest comes first: what a deployment runs a task its bundle lacks on.
+        Default None: the farm's order."""
+
 
 REQUIRED = ("NAME", "SHAPE_NAMES", "TARGETS", "build", "reference", "make_inputs", "shape_of", "flops",
             "bytes_moved", "footprint", "default_config", "check_config")
 OPTIONAL: Mapping[str, Any] = MappingProxyType({"TOLERANCE": MappingProxyType({}), "MEMORY_PARAMS": None,
-                                                "BACKWARD": None, "hbm_bytes": None})
+                                                "BACKWARD": None, "hbm_bytes": None, "default_gpu_targets": None})
 
 def check_module(module: ModuleType) -> list[str]:
     """The names of the protocol that `module` lacks (empty when it is a complete kernel)."""

@@ -125,3 +125,4 @@ KERNEL = rows.RowKernel(MATH, SHAPE_NAMES, hint="; use batch_softmax for 3-D sha
 shape_of = KERNEL.shape_of
 # Mosaic GPU's staged rows on gpu-mosaic, the row engine's strategies on every other target.
 check_config, footprint, default_config, build = mosaic_rows.protocol(KERNEL, STAGED)
+default_gpu_targets = KERNEL.default_gpu_targets

@@ -62,6 +62,7 @@ STAGED = rows.StagedMath(
     apply=_normalize_staged)
 # Mosaic GPU's staged rows on gpu-mosaic, the row engine's strategies on every other target.
 check_config, footprint, _staged_default, build = mosaic_rows.protocol(KERNEL, STAGED)
+default_gpu_targets = KERNEL.default_gpu_targets
 
 reference = softmax.reference
 make_inputs = softmax.make_inputs

@@ -114,9 +114,37 @@ def test_gpu_target_compares_targets_on_one_device_kind(tmp_path):
             B.row("softmax", (64, 1024), {"block_rows": 8}, target="gpu-mosaic", device_kind="B", median_s=4e-5)]
     registry = runtime.Registry.load(B.write(tmp_path / "bundle", rows, private), public, spaces=())
     targets = ("gpu-mosaic", "gpu-triton")
-    assert registry.gpu_target("softmax", (64, 300), "float32", targets=targets) == "gpu-triton"
-    assert registry.gpu_target("softmax", (64, 300), "float32", device_kind="B", targets=targets) == "gpu-triton"
-    assert registry.gpu_target("softmax", (64, 300), "float32", device_kind="A", targets=targets) == "gpu-mosaic"
+    assert registry.gpu_target("softmax", (64, 600), "float32", targets=targets) == "gpu-triton"
+    assert registry.gpu_target("softmax", (64, 600), "float32", device_kind="B", targets=targets) == "gpu-triton"
+    assert registry.gpu_target("softmax", (64, 600), "float32", device_kind="A", targets=targets) == "gpu-mosaic"
+    # farther than NEAREST_WARN_DISTANCE from any shape timed on both (64 x 1024 is 1.77 away):
+    # the order given, skipping a target whose default the task refuses (Mosaic GPU's staged
+    # rows need 128 bytes a row)
+    assert registry.gpu_target("softmax", (64, 300), "float32", targets=targets) == "gpu-mosaic"
+    assert registry.gpu_target("softmax", (64, 100), "float32", targets=targets) == "gpu-triton"
+
+
+@pytest.mark.parametrize("capability,expected", [("9.0", ("gpu-mosaic", "gpu-triton")), ("8.0", ("gpu-triton",)),
+                                                 ("8.9", ("gpu-triton",)), ("10.0", ("gpu-triton",)),
+                                                 (None, ("gpu-triton",)), ("", ("gpu-triton",))])
+def test_gpu_mosaic_runs_on_hopper_only_and_is_tried_first_there(capability, expected):
+    from kernels.targets import gpu_targets_for
+
+    assert gpu_targets_for(capability) == expected
+
+
+def test_row_kernels_put_triton_first_for_a_few_long_rows():
+    # A decode step's sampling softmax: Triton's default spreads the row over programs
+    # (split_cols), 3.4 us against Mosaic GPU's 7.0 at (1, 151936) on the H200
+    from kernels import cross_entropy, rms_norm, softmax
+
+    hopper = ("gpu-mosaic", "gpu-triton")
+    assert softmax.default_gpu_targets((1, 151936), "bfloat16", hopper) == ("gpu-triton", "gpu-mosaic")
+    assert cross_entropy.default_gpu_targets((7, 151936), "bfloat16", hopper) == ("gpu-triton", "gpu-mosaic")
+    assert softmax.default_gpu_targets((4096, 50257), "bfloat16", hopper) == hopper
+    assert rms_norm.default_gpu_targets((4096, 5120), "bfloat16", hopper) == hopper
+    assert softmax.default_gpu_targets((1, 151936), "bfloat16", ("gpu-triton",)) == ("gpu-triton",)
+    assert softmax.default_gpu_targets((1, 151936), "bfloat16", ("gpu-mosaic",)) == ("gpu-mosaic",)
 
 
 def _loss(fn):
@@ -397,3 +425,19 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k != runtime.RECORD_ENV}
+
+
+def test_a_tuned_kernel_tries_the_gpu_targets_of_its_device_in_its_order(registry):
+    # The device as JAX describes a GPU (its kind and compute capability): an H200, an A100
+    from types import SimpleNamespace
+
+    h200 = SimpleNamespace(device_kind="NVIDIA H200", compute_capability="9.0")
+    a100 = SimpleNamespace(device_kind="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
+    fn = runtime.tuned("softmax", registry=registry)
+    assert fn._gpu_targets((4096, 50257), "bfloat16", h200) == ("gpu-mosaic", "gpu-triton")
+    assert fn._gpu_targets((1, 151936), "bfloat16", h200) == ("gpu-triton", "gpu-mosaic")
+    assert fn._gpu_targets((4096, 50257), "bfloat16", a100) == ("gpu-triton",)
+    # a bundle's faster Mosaic GPU row is not taken where Mosaic GPU cannot run
+    assert registry.gpu_target("softmax", (64, 256), "float32", targets=fn._gpu_targets((64, 256), "float32", a100)) \
+        == "gpu-triton"
+    assert runtime.tuned("swiglu", registry=registry)._gpu_targets((1, 8, 256), "bfloat16", h200) == ("gpu-triton",)

@@ -296,20 +296,34 @@ class Registry:
 
     def gpu_target(self, kernel: str, shape: Sequence[int], dtype: Any, device_kind: str | None = None,
                    targets: Sequence[str] = GPU_TARGETS) -> str:
-        """Of `targets`: the one with an exact row for this task and the fastest median; else the
-        fastest at the nearest shape (log2 distance) that the bundle timed on several of them on one
-        device kind (`device_kind`'s when given); else the first."""
+        """Of `targets` (those that run on the GPU, in the order to try their defaults): the one
+        with an exact row for this task and the fastest median; else the fastest at the nearest
+        shape (log2 distance at most NEAREST_WARN_DISTANCE) that the bundle timed on several of
+        them on one device kind (`device_kind`'s when given); else the first whose default
+        config the task accepts (`targets[0]` if none does)."""
         shape, dtype = tuple(int(d) for d in shape), _dtype_name(dtype)
         timed = [(row.median_s, target) for target in targets
                  if (row := self._exact.get((kernel, shape, dtype, target, device_kind))) is not None
                  and row.median_s is not None]
         if timed:
             return min(timed)[1]
-        compared = self._timed_side_by_side(kernel, len(shape), dtype, device_kind, targets)
-        if compared and all(d > 0 for d in shape):
-            nearest = min(compared, key=lambda key: (log_distance(key[0], shape), key))
-            return min((median, target) for target, median in compared[nearest].items())[1]
-        return targets[0]
+        if all(d > 0 for d in shape):
+            compared = self._timed_side_by_side(kernel, len(shape), dtype, device_kind, targets)
+            near = [(log_distance(key[0], shape), key) for key in compared]
+            near = [item for item in near if item[0] <= NEAREST_WARN_DISTANCE]
+            if near:
+                return min((median, target) for target, median in compared[min(near)[1]].items())[1]
+        return next((t for t in targets if self._default_valid(kernel, shape, dtype, t)), targets[0])
+
+    def _default_valid(self, kernel: str, shape: tuple[int, ...], dtype: str, target: str) -> bool:
+        """Whether the kernel's default config for the task, sized for this GPU, is valid there."""
+        if target not in kernels.load(kernel).TARGETS:
+            return False
+        try:
+            default = self._default(kernel, shape, dtype, target)
+        except Exception:  # noqa: BLE001 - a default the kernel cannot make here: not this target
+            return False
+        return self._valid(kernel, default, shape, dtype, target)
 
     def _timed_side_by_side(self, kernel: str, rank: int, dtype: str, device_kind: str | None,
                             targets: Sequence[str]) -> dict[tuple[tuple[int, ...], str], dict[str, float]]:
@@ -339,11 +353,14 @@ class Registry:
                 config = json.loads(row.config_json)
                 if self._valid(kernel, config, shape, dtype, target):
                     return _choice(row, NEAREST, log_distance(row.shape, shape), config)
+        return Choice(MappingProxyType(self._default(kernel, shape, dtype, target)), DEFAULT)
+
+    def _default(self, kernel: str, shape: tuple[int, ...], dtype: str, target: str) -> dict[str, Any]:
+        """The kernel's default config for the task, sized for the GPU the target runs on."""
         from kernels.mgpu_launch import defaults_for_shared_memory  # JAX: imported when first needed
 
         with defaults_for_shared_memory(self._onchip_bytes(target)):
-            default = task_default(kernels.load(kernel), shape, target, dtype)
-        return Choice(MappingProxyType(dict(default)), DEFAULT)
+            return dict(task_default(kernels.load(kernel), shape, target, dtype))
 
     def _onchip_bytes(self, target: str) -> int | None:
         """Shared memory a block has on the GPU a GPU target's configs run on (None: unknown, or

@@ -41,9 +41,13 @@ once per task (TuningMissWarning). While `record(path)` is active, or FARM_RECOR
 file, every task without an exact row is appended to that file once (farm.deploy.misses).
 
 Targets: `tuned(kernel)` without a target follows `jax.devices()[0]`: "interpret" (Pallas
-interpret mode) on CPU, "tpu" on TPU, and on a GPU, per task, whichever of gpu-triton and
-gpu-mosaic has an exact row with the faster median; without one, whichever ran faster at the
-nearest shape the bundle timed both at (on the device kind asked for, when given); else gpu-triton.
+interpret mode) on CPU, "tpu" on TPU, and on a GPU, per task, of the GPU targets that run there
+(gpu-mosaic on Hopper, compute capability 9.x, only: `kernels.targets.gpu_targets_for`), the one
+with an exact row and the faster median; without one, whichever ran faster at the nearest shape
+the bundle timed both at (within NEAREST_WARN_DISTANCE; on the device kind asked for, when
+given); else the first whose default config is valid for the task, in the GPU's order (Hopper:
+gpu-mosaic, whose defaults ran faster on 36 of 45 users' tasks on an H200) refined by the
+kernel (`default_gpu_targets`: the row kernels put gpu-triton first for a few long rows).
 
 Gradients: a kernel whose module declares BACKWARD (kernels.protocol.Backward) is wrapped in a
 `jax.custom_vjp` that runs its backward kernel, itself looked up and tuned; any other kernel

@@ -12,8 +12,9 @@ from typing import Any
 
 import kernels
 import kernels.protocol
-from farm.deploy.registry import GPU_TARGETS, Choice, Lookup, NoBackwardKernel, Registry, _dtype_name
+from farm.deploy.registry import Choice, Lookup, NoBackwardKernel, Registry, _dtype_name
 from farm.errors import FarmError
+from kernels.targets import gpu_targets_for
 
 
 def _device_target(platform: str) -> tuple[str | None, bool]:
@@ -34,8 +35,9 @@ class TunedKernel:
 
     The Pallas call is built and jitted once per input shapes and dtypes, and cached. With
     target=None the target follows `jax.devices()[0]`: "interpret" on CPU, "tpu" on TPU, and on
-    a GPU, per task, the GPU target with the faster tuned median in the registry (else
-    "gpu-triton"). Differentiable when the kernel declares a backward kernel (its BACKWARD hook:
+    a GPU, per task, of the GPU targets that run there (gpu-mosaic on Hopper only), the one with
+    the faster tuned median in the registry, else the device's and kernel's order
+    (`Registry.gpu_target`). Differentiable when the kernel declares a backward kernel (its BACKWARD hook:
     the backward kernel is tuned too); otherwise differentiating raises NoBackwardKernel.
     """
 
@@ -70,11 +72,24 @@ class TunedKernel:
             return self.target, self.interpret
         import jax
 
-        target, interpret = _device_target(jax.devices()[0].platform)
+        device = jax.devices()[0]
+        target, interpret = _device_target(device.platform)
         if target is None:
-            gpu = [t for t in GPU_TARGETS if t in self._module.TARGETS]
-            target = self.registry.gpu_target(self.kernel, shape, dtype, self.device_kind, gpu or GPU_TARGETS)
+            target = self.registry.gpu_target(self.kernel, shape, dtype, self.device_kind,
+                                              self._gpu_targets(shape, dtype, device))
         return target, interpret or self.interpret
+
+    def _gpu_targets(self, shape: tuple[int, ...], dtype: str, device: Any) -> tuple[str, ...]:
+        """The kernel's GPU targets that run on `device`, in the order to try their defaults: the
+        GPU's (`kernels.targets.gpu_targets_for`), refined by the kernel's default_gpu_targets hook."""
+        capability = getattr(device, "compute_capability", None)
+        runs = tuple(t for t in gpu_targets_for(capability) if t in self._module.TARGETS)
+        if not runs:
+            raise FarmError(f"tuned({self.kernel!r}): none of the kernel's targets ({', '.join(self._module.TARGETS)}) "
+                            f"runs on {device.device_kind} (compute capability {capability}); GPU targets there: "
+                            f"{', '.join(gpu_targets_for(capability))}")
+        order = kernels.protocol.hook(self._module, "default_gpu_targets")
+        return runs if order is None else tuple(t for t in order(shape, dtype, runs) if t in runs)
 
     def _build(self, inputs: Sequence[Any]) -> tuple[Choice, Callable[..., Any], Lookup]:
         import jax
