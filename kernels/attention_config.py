@@ -184,11 +184,13 @@ class MosaicGpuAttentionConfig(AttentionConfig):
 
     def copies_single_rows(self, dim: int) -> bool:
         """Whether the kernel can copy Q, K, V and O through a view tiled by single rows, which
-        takes any sequence length: the warp-specialized kernel, at a head dim of one or two whole
-        swizzles (16, 32, 64 or 128 2-byte columns). Its 8-row tiles, which WGMMA reads, are
-        aliased with that view: one copy a tile when one swizzle wide (the same bytes), else one
-        per 8 rows and swizzle (`attention_mgpu._copy_slabs`)."""
-        return self.warp_specialized and dim == self.padded_dim(dim) and dim <= self.swizzle
+        takes any sequence length: the warp-specialized kernel, at a head dim of one whole swizzle
+        (16, 32 or 64 2-byte columns), where its 8-row tiles, which WGMMA reads, hold the same bytes
+        as that view: one copy a tile. Two swizzles wide (128 columns), one copy per 8-row slab
+        and swizzle (32 a 128-row K block) was built and measured on the H200: (1, 32, 4001, 128)
+        ran 759.1 us against 434.4 at 4000 rows, more than padding costs (thirty-sixth session),
+        and was removed: such heads are padded."""
+        return self.warp_specialized and dim == self.padded_dim(dim) and 2 * dim <= self.swizzle
 
     def padded_dim(self, dim: int) -> int:
         """The head dim in whole swizzled tiles of 2-byte elements: a 128-byte swizzle holds 64

@@ -12,7 +12,7 @@ Any sequence length (a prompt of 4000 tokens) and head dim (80): the Triton and 
 kernel loads its tiles masked at the sequence's end and the head's last column and stores O
 masked, with no copies; the TPU and Mosaic GPU kernels run `padded_seq(seq, dim)` rows, the
 inputs padded with zeros to it by `build` (none on Mosaic GPU when seq is whole 8-row groups, or
-any length at least a block in the warp-specialized kernel at head dims up to 128: its last
+any length at least a block in the warp-specialized kernel at head dims of one swizzle: its last
 blocks run past the end, where TMA reads zeros and drops the writes). The keys past seq are
 masked (`key_mask`, `ragged_keys`) where no causal mask hides them, and the K/V loops stop at
 the last block holding keys (`kv_blocks`).

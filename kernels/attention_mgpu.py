@@ -207,47 +207,28 @@ def _smem_transforms(swizzle: int, dtype: Any, rows: int = MGPU_ROW_UNIT) -> tup
 
 def _tiles(shapes: tuple[tuple[int, ...], ...], swizzle: int, dtype: Any, single_rows: bool) -> Any:
     """Shared memory tiles of `shapes` (count, rows, dim) for WGMMA and TMA: the tiles themselves,
-    or, single_rows, the tiles aliased (`plgpu.RefUnion`) with their slabs, which the copies use.
-    A tile's slab g * n + c (n: swizzles across dim) is its rows 8g .. 8g + 7, columns of swizzle
-    c, as a row-tiled (count, rows * n, swizzle) view lays them out (`_copy_slabs`). Both views
-    start at the union's start."""
+    or, single_rows (a head dim one swizzle wide), the tiles aliased (`plgpu.RefUnion`) with the
+    same bytes viewed as tiled by single rows, which the copies use: TMA then takes any number of
+    rows in global memory. Both views start at the union's start."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    elems = swizzle // jnp.dtype(dtype).itemsize
     tiled = tuple(plgpu.SMEM(shape, dtype, transforms=_smem_transforms(swizzle, dtype)) for shape in shapes)
     if not single_rows:
         return tiled
-    slabs = tuple(plgpu.SMEM((count, rows * (dim // elems), elems), dtype,
-                             transforms=_smem_transforms(swizzle, dtype, rows=1)) for count, rows, dim in shapes)
-    return plgpu.RefUnion(tiled, slabs)
+    rows = tuple(plgpu.SMEM(shape, dtype, transforms=_smem_transforms(swizzle, dtype, rows=1)) for shape in shapes)
+    return plgpu.RefUnion(tiled, rows)
 
 
-def _copy_slabs(gmem: Any, slabs: Any, barrier: Any = None) -> None:
-    """TMA copies between a (rows, dim) window of global memory and a tile's slabs (`_tiles`):
-    one copy when the tile is one swizzle wide (its slabs are its rows in order), else one per
-    8-row group and swizzle of columns. To shared memory (`barrier` given, which expects that
-    many arrivals: `_slab_copies`) or from it. Rows past the array's end read as zeros and are
-    not written."""
+def _copy(gmem: Any, smem: Any, barrier: Any = None) -> None:
+    """A TMA copy between a window of global memory and a tile: to shared memory when `barrier`
+    is given (it expects one arrival), else from it. With the tiles' single-row view (`_tiles`)
+    rows past the array's end read as zeros and are not written."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    rows, dim = gmem.shape
-    elems = slabs.shape[-1]
-    n = dim // elems
-    pairs = [(gmem, slabs)] if n == 1 else [
-        (gmem.at[pl.ds(g * MGPU_ROW_UNIT, MGPU_ROW_UNIT), pl.ds(c * elems, elems)],
-         slabs.at[pl.ds((g * n + c) * MGPU_ROW_UNIT, MGPU_ROW_UNIT)])
-        for g in range(rows // MGPU_ROW_UNIT) for c in range(n)]
-    for window, slab in pairs:
-        if barrier is None:
-            plgpu.copy_smem_to_gmem(slab, window)
-        else:
-            plgpu.copy_gmem_to_smem(window, slab, barrier)
-
-
-def _slab_copies(rows: int, dim: int, elems: int) -> int:
-    """TMA copies `_copy_slabs` makes for a (rows, dim) tile in swizzles of `elems` columns."""
-    n = dim // elems
-    return 1 if n == 1 else rows // MGPU_ROW_UNIT * n
+    if barrier is None:
+        plgpu.copy_smem_to_gmem(smem, gmem)
+    else:
+        plgpu.copy_gmem_to_smem(gmem, smem, barrier)
 
 
 def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any,
@@ -266,16 +247,14 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
     q_tiles = pl.cdiv(seq, 2 * bq)
     kv_whole = pl.cdiv(kv_len, bkv)  # K/V blocks holding keys
     limit = ragged_keys(kv_len, bkv, causal)
-    single_rows = seq % MGPU_ROW_UNIT != 0  # copied through row-tiled slabs (`padded_seq`)
+    single_rows = seq % MGPU_ROW_UNIT != 0  # copied through the tiles' single-row view (`padded_seq`)
     if single_rows and (platform.interpret or not config.copies_single_rows(dim)):
         raise ValueError(f"a sequence of {seq} rows needs padding to 8-row groups (`padded_seq`)")
-    elems = config.swizzle // dtype.itemsize
-    q_copies, kv_copies = (_slab_copies(rows, dim, elems) if single_rows else 1 for rows in (bq, bkv))
 
     def kernel(q_ref, k_ref, v_ref, out_ref, smem, loaded, consumed, schedule_barrier):
         b, h = lax.axis_index("batch"), lax.axis_index("heads")
         wg = lax.axis_index("wg")
-        (qo_smem2, k_smem, v_smem), (qo_slabs2, k_slabs, v_slabs) = smem if single_rows else (smem, smem)
+        (qo_smem2, k_smem, v_smem), (qo_rows2, k_rows, v_rows) = smem if single_rows else (smem, smem)
         k_loaded, v_loaded, q_loaded = loaded
         k_consumed, v_consumed = consumed
         q_tile = q_block_order(lax.axis_index("q_seq"), q_tiles, causal)
@@ -303,7 +282,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             acc = acc / lax.broadcast_in_dim(l_i, (bq, dim), [0])
             qo_smem[...] = acc.astype(dtype)
             plgpu.commit_smem()
-            _copy_slabs(out_ref.at[b, h, pl.ds(q_base, bq)], qo_slabs2.at[wg])
+            _copy(out_ref.at[b, h, pl.ds(q_base, bq)], qo_rows2.at[wg])
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg < compute_wgs)
@@ -312,7 +291,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             qo_smem = qo_smem2.at[wg]
             q_base = q_tile * (2 * bq) + wg * bq
             kv_steps = jnp.minimum(lax.div(q_base + bq + bkv - 1, bkv), kv_whole) if causal else cta_kv_steps
-            _copy_slabs(q_ref.at[b, h, pl.ds(q_base, bq)], qo_slabs2.at[wg], q_loaded.at[wg])
+            _copy(q_ref.at[b, h, pl.ds(q_base, bq)], qo_rows2.at[wg], q_loaded.at[wg])
             plgpu.barrier_wait(q_loaded.at[wg])
             if intra_overlap:
                 acc, l_i = _intra_overlap_loop(
@@ -374,17 +353,17 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                     # slots' blocks (197 tokens in two 128-row blocks) a static window past the
                     # sequence's end is refused while tracing; TMA reads zeros there.
                     kv = (b, h, pl.ds(jnp.minimum(i, cta_kv_steps) * bkv, bkv))
-                    _copy_slabs(k_ref.at[kv], k_slabs.at[i], k_loaded.at[i])
-                    _copy_slabs(v_ref.at[kv], v_slabs.at[i], v_loaded.at[i])
+                    _copy(k_ref.at[kv], k_rows.at[i], k_loaded.at[i])
+                    _copy(v_ref.at[kv], v_rows.at[i], v_loaded.at[i])
 
             @pl.loop(0, cta_kv_steps - steps)
             def _stream(j):
                 slot = lax.rem(j, jnp.array(steps, j.dtype))
                 kv = (b, h, pl.ds((j + steps) * bkv, bkv))
                 plgpu.barrier_wait(k_consumed.at[slot])
-                _copy_slabs(k_ref.at[kv], k_slabs.at[slot], k_loaded.at[slot])
+                _copy(k_ref.at[kv], k_rows.at[slot], k_loaded.at[slot])
                 plgpu.barrier_wait(v_consumed.at[slot])
-                _copy_slabs(v_ref.at[kv], v_slabs.at[slot], v_loaded.at[slot])
+                _copy(v_ref.at[kv], v_rows.at[slot], v_loaded.at[slot])
 
             # Observe the last releases too, so that no barrier phase goes unobserved.
             @pl.loop(jnp.maximum(cta_kv_steps - steps, 0), cta_kv_steps)
@@ -396,9 +375,8 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
     def entry(q_ref, k_ref, v_ref, out_ref):
         smem = _tiles(((compute_wgs, bq, dim), (steps, bkv, dim), (steps, bkv, dim)), config.swizzle, dtype,
                       single_rows)
-        loaded = (plgpu.Barrier(num_arrivals=kv_copies, num_barriers=steps),
-                  plgpu.Barrier(num_arrivals=kv_copies, num_barriers=steps),
-                  plgpu.Barrier(num_arrivals=q_copies, num_barriers=compute_wgs))
+        loaded = (plgpu.Barrier(num_barriers=steps), plgpu.Barrier(num_barriers=steps),
+                  plgpu.Barrier(num_barriers=compute_wgs))
         consumed = (plgpu.Barrier(num_arrivals=compute_wgs, num_barriers=steps),) * 2
         pl.run_scoped(lambda *scoped: kernel(q_ref, k_ref, v_ref, out_ref, *scoped), smem, loaded,
                       consumed, plgpu.Barrier(num_arrivals=compute_wgs), collective_axes="wg")

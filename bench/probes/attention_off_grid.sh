@@ -6,6 +6,7 @@
 bash .whl/install.sh >/dev/null 2>&1; export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 cases=${@:-flash_attention:32x12x197x64 flash_attention_causal:32x12x197x64 flash_attention:8x12x577x64
   flash_attention:16x16x257x64 flash_attention:4x16x1025x64 flash_attention:16x16x301x32}
+mkdir -p $OUT
 for case in $cases; do
   k=${case%%:*} s=${case#*:}
   timeout 150 python3 bench/kernel_profile.py --kernel $k --shape $s --target gpu-mosaic --config '{}' \
@@ -13,6 +14,6 @@ for case in $cases; do
     --column cudnn --column torch_sdpa --settle-s 1 --out $OUT/${k}_$s.json 2>&1 \
     | grep "us per call\|Error\|error" | grep -v "xla (jax"
 done
-# Head dim 128 (two swizzles: copies by 8-row slabs), off the grid against on it:
+# Head dim 128 (two swizzles: padded since the thirty-sixth session), off the grid against on it:
 #   bash THIS flash_attention:1x32x4001x128 flash_attention:1x32x4000x128 \
 #     flash_attention_causal:1x32x4001x128 flash_attention_causal:1x32x4000x128 flash_attention:8x16x577x128
