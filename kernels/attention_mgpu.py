@@ -219,18 +219,6 @@ def _tiles(shapes: tuple[tuple[int, ...], ...], swizzle: int, dtype: Any, single
     return plgpu.RefUnion(tiled, rows)
 
 
-def _copy(gmem: Any, smem: Any, barrier: Any = None) -> None:
-    """A TMA copy between a window of global memory and a tile: to shared memory when `barrier`
-    is given (it expects one arrival), else from it. With the tiles' single-row view (`_tiles`)
-    rows past the array's end read as zeros and are not written."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    if barrier is None:
-        plgpu.copy_smem_to_gmem(smem, gmem)
-    else:
-        plgpu.copy_gmem_to_smem(gmem, smem, barrier)
-
-
 def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any,
                       platform: Platform, causal: bool, kv_len: int, head_dim: int) -> Callable[..., jax.Array]:
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -282,7 +270,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             acc = acc / lax.broadcast_in_dim(l_i, (bq, dim), [0])
             qo_smem[...] = acc.astype(dtype)
             plgpu.commit_smem()
-            _copy(out_ref.at[b, h, pl.ds(q_base, bq)], qo_rows2.at[wg])
+            plgpu.copy_smem_to_gmem(qo_rows2.at[wg], out_ref.at[b, h, pl.ds(q_base, bq)])
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg < compute_wgs)
@@ -291,7 +279,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             qo_smem = qo_smem2.at[wg]
             q_base = q_tile * (2 * bq) + wg * bq
             kv_steps = jnp.minimum(lax.div(q_base + bq + bkv - 1, bkv), kv_whole) if causal else cta_kv_steps
-            _copy(q_ref.at[b, h, pl.ds(q_base, bq)], qo_rows2.at[wg], q_loaded.at[wg])
+            plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], qo_rows2.at[wg], q_loaded.at[wg])
             plgpu.barrier_wait(q_loaded.at[wg])
             if intra_overlap:
                 acc, l_i = _intra_overlap_loop(
@@ -353,17 +341,17 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                     # slots' blocks (197 tokens in two 128-row blocks) a static window past the
                     # sequence's end is refused while tracing; TMA reads zeros there.
                     kv = (b, h, pl.ds(jnp.minimum(i, cta_kv_steps) * bkv, bkv))
-                    _copy(k_ref.at[kv], k_rows.at[i], k_loaded.at[i])
-                    _copy(v_ref.at[kv], v_rows.at[i], v_loaded.at[i])
+                    plgpu.copy_gmem_to_smem(k_ref.at[kv], k_rows.at[i], k_loaded.at[i])
+                    plgpu.copy_gmem_to_smem(v_ref.at[kv], v_rows.at[i], v_loaded.at[i])
 
             @pl.loop(0, cta_kv_steps - steps)
             def _stream(j):
                 slot = lax.rem(j, jnp.array(steps, j.dtype))
                 kv = (b, h, pl.ds((j + steps) * bkv, bkv))
                 plgpu.barrier_wait(k_consumed.at[slot])
-                _copy(k_ref.at[kv], k_rows.at[slot], k_loaded.at[slot])
+                plgpu.copy_gmem_to_smem(k_ref.at[kv], k_rows.at[slot], k_loaded.at[slot])
                 plgpu.barrier_wait(v_consumed.at[slot])
-                _copy(v_ref.at[kv], v_rows.at[slot], v_loaded.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[kv], v_rows.at[slot], v_loaded.at[slot])
 
             # Observe the last releases too, so that no barrier phase goes unobserved.
             @pl.loop(jnp.maximum(cta_kv_steps - steps, 0), cta_kv_steps)
