@@ -9,9 +9,10 @@ MOSAIC_GPU_MAJOR = 9
 def gpu_targets_for(compute_capability: str | None) -> tuple[str, ...]:
     """The GPU targets whose kernels run on a GPU of this CUDA compute capability ("9.0"; None:
     unknown), in the order a deployment tries their defaults for a task its bundle lacks: on
-    Hopper gpu-mosaic first (its defaults ran faster than gpu-triton's on 36 of 45 users' tasks on
-    an H200, a geometric mean of 0.68x the time: BENCHMARKS.md, thirty-sixth session), on any other
-    GPU gpu-triton alone."""
+    Hopper gpu-mosaic first (on an H200 its defaults ran 16 of 22 users' tasks faster than
+    gpu-triton's, in 0.75x the time, geometric mean; BENCHMARKS.md, thirty-sixth session: the two
+    more tasks measured were a few long rows, which the row kernels send to gpu-triton), on any
+    other GPU gpu-triton alone."""
     major = (compute_capability or "").partition(".")[0]
     if major.isdigit() and int(major) == MOSAIC_GPU_MAJOR:
         return ("gpu-mosaic", "gpu-triton")

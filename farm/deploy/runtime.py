@@ -46,7 +46,7 @@ interpret mode) on CPU, "tpu" on TPU, and on a GPU, per task, of the GPU targets
 with an exact row and the faster median; without one, whichever ran faster at the nearest shape
 the bundle timed both at (within NEAREST_WARN_DISTANCE; on the device kind asked for, when
 given); else the first whose default config is valid for the task, in the GPU's order (Hopper:
-gpu-mosaic, whose defaults ran faster on 36 of 45 users' tasks on an H200) refined by the
+gpu-mosaic, whose defaults ran faster on 16 of 22 users' tasks on an H200) refined by the
 kernel (`default_gpu_targets`: the row kernels put gpu-triton first for a few long rows).
 
 Gradients: a kernel whose module declares BACKWARD (kernels.protocol.Backward) is wrapped in a
