@@ -496,6 +496,14 @@ def test_triton_reads_any_sequence_and_head_dim_in_place_through_masks(name):
         text = _lower(name, module.default_config(shape, "gpu-triton"), "gpu-triton", shape)
         assert "__gpu$xla.gpu.triton" in text
         assert "stablehlo.pad" not in text and "stablehlo.slice" not in text, shape
+    # masks only where the shape needs them: whole blocks at a power-of-two head dim load plainly
+    def jaxpr(shape):
+        inputs = jax.eval_shape(lambda: module.make_inputs(shape, jnp.bfloat16, jax.random.key(0)))
+        built = module.build(module.default_config(shape, "gpu-triton"), shape, jnp.bfloat16, Platform("gpu-triton"))
+        return str(jax.make_jaxpr(built)(*inputs))
+
+    assert "mask=" not in jaxpr((1, 2, 512, 128))
+    assert "mask=" in jaxpr((1, 2, 500, 128)) and "mask=" in jaxpr((1, 2, 512, 80))
     # numerics (poisoned outputs: every element must be written): a sequence shorter than a block
     # at a head dim off the power-of-two grid, and the last Q and K/V blocks both part blocks
     config = {"block_q": 32, "block_kv": 16, "num_warps": 4, "num_stages": 2}
