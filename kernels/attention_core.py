@@ -226,6 +226,8 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
     (q, k, v). A program holds a Q block; its tiles are `padded_dim(dim)` columns wide (Triton's
     are powers of two). Loads past the sequence's end or the head's last column read zeros and
     stores there are dropped (masks, only where the shape needs them), so nothing is copied."""
+    from jax.experimental.pallas import triton as pltriton  # masked loads and stores (interpret mode too)
+
     batch, heads, seq, dim = shape
     bq, bkv, width = config.block_q, config.block_kv, config.padded_dim(dim)
     limit = ragged_keys(seq, bkv, causal)
@@ -246,11 +248,7 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
 
     def load(ref: Any, start: Any, rows: int) -> jax.Array:
         window, keep = tile(start, rows)
-        if keep is None:
-            return ref[window]
-        from jax.experimental.pallas import triton as pltriton
-
-        return pltriton.load(ref.at[window], mask=keep, other=0)
+        return ref[window] if keep is None else pltriton.load(ref.at[window], mask=keep, other=0)
 
     def body(q_ref, k_ref, v_ref, o_ref):
         qi = q_block_order(pl.program_id(2), q_blocks, causal)
@@ -279,8 +277,6 @@ def _generic_attention(config: AttentionConfig, shape: tuple[int, ...], dtype: A
         if keep is None:
             o_ref[window] = out
         else:
-            from jax.experimental.pallas import triton as pltriton
-
             pltriton.store(o_ref.at[window], out, mask=keep)
 
     # Whole (seq, dim) heads as blocks: each program reads and writes its rows through `tile`
