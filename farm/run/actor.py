@@ -78,7 +78,8 @@ class Worker:
         """Where this worker runs, with what software, and its memory capacity for `target`."""
         device = jax.devices()[0]
         return {"host": socket.gethostname(), "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
-                "device_kind": device.device_kind, "platform": device.platform, "software": software.versions(),
+                "device_kind": device.device_kind, "platform": device.platform,
+                "compute_capability": getattr(device, "compute_capability", None), "software": software.versions(),
                 "interpret": self.interpret, "emulate": self.emulate,
                 "compile_processes": self._compile_pool.processes if self._compile_pool else 0,
                 "capacity": capacity.for_target(target, interpret=self.interpret, emulate=self.emulate).to_dict()

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from farm.errors import FarmError
+from kernels.targets import gpu_targets_for
 
 # Ray resource names per pool.
 RESOURCE = {"tpu": "TPU", "gpu": "GPU", "cpu": "CPU"}
@@ -39,6 +40,21 @@ def pool_for(target: str, cluster: Mapping[str, float], interpret: bool) -> str:
         return "cpu"
     raise FarmError(f"--target {target}: the Ray cluster has no {RESOURCE[native]} resources; expected a cluster "
                     f"with {RESOURCE[native]}s, or --interpret to emulate {target} on CPU")
+
+
+def check_device(target: str, pool: str, info: Mapping[str, Any]) -> None:
+    """Raise FarmError when the pool's device (a worker's `info()`) cannot run `target`'s kernels
+    natively: gpu-mosaic's issue Hopper's WGMMA and TMA, so on any other GPU every trial would be
+    a compile error. A pool's workers are taken to share one device kind (as its capacity is)."""
+    if pool != "gpu":
+        return
+    capability = info.get("compute_capability")
+    runs = gpu_targets_for(capability)
+    if target not in runs:
+        raise FarmError(f"--target {target}: its kernels need a Hopper GPU (CUDA compute capability 9.x); this "
+                        f"cluster's GPU workers run on {info.get('device_kind')} (compute capability {capability}), "
+                        f"where the GPU targets are {', '.join(runs)}; drop --target {target}, or give it "
+                        f"Hopper nodes (--node-label)")
 
 
 def node_matches(node: Mapping[str, Any], labels: Mapping[str, str]) -> bool:

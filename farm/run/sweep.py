@@ -258,6 +258,7 @@ class _Sweep:
         capacities: dict[tuple[str, str], capacity.Capacity] = {}
         for pool, target in sorted({(self.task_pool[p.task.key], p.task.target) for p in self.planned}):
             info = self.pool.info(pool, target)
+            placement.check_device(target, pool, info)
             self.pool_info.setdefault(pool, info)
             capacities[pool, target] = capacity.Capacity(**info["capacity"])
         store = studies.storage(self.run_dir)
