@@ -1,5 +1,7 @@
 """Run by tests/test_cluster.py in its own process: a sweep on a multi-node Ray cluster
-(ray.cluster_utils.Cluster) whose nodes advertise TPU chips; one node leaves mid-sweep."""
+(ray.cluster_utils.Cluster) whose nodes advertise TPU chips; one node leaves mid-sweep. Then a
+gpu-mosaic sweep on a node that advertises a GPU its worker cannot use that way (this CPU): refused
+before any trial, leaving no run folder."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,7 @@ from pathlib import Path
 import ray
 from ray.cluster_utils import Cluster
 
+from farm.errors import FarmError
 from farm.measure import outcomes
 from farm.run.sweep import SweepSettings, run_sweep
 from farm.search import plan, spaces
@@ -30,6 +33,7 @@ trials: 4
 def main(out: Path) -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     nodes = [cluster.add_node(num_cpus=2, resources={"TPU": 2}) for _ in range(2)]
+    cluster.add_node(num_cpus=1, num_gpus=1)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}})
@@ -50,11 +54,18 @@ def main(out: Path) -> None:
     result = run_sweep(planned, settings, None, on_record=records.append)
     thread.join(timeout=60)
     placed = result.summary["placement"]
+    (out / "mosaic.yaml").write_text(SPACE.replace("targets: [tpu]", "targets: [gpu-mosaic]"))
+    mosaic = SweepSettings(run_dir=out / "mosaic_run", interpret=True, repetitions=2, depth=1)
+    try:
+        run_sweep(plan.expand([spaces.load_space(out / "mosaic.yaml")]), mosaic, None)
+        refused = None
+    except FarmError as err:
+        refused = str(err)
     # A file, not stdout: Ray's raylet prints its own lines to stdout as the removed node's workers die.
     (out / "result.json").write_text(json.dumps({
         "initial": placed["initial"], "tpu_nodes": [n.node_id for n in nodes], "removed": removed,
         "records": [r.to_dict() for r in result.records], "final_workers": placed["final"],
-        "outcomes": outcomes.MEASURED,
+        "outcomes": outcomes.MEASURED, "mosaic_refused": refused, "mosaic_run_left": (out / "mosaic_run").exists(),
     }))
     ray.shutdown()
     cluster.shutdown()

@@ -169,3 +169,6 @@ def test_multinode_one_worker_per_chip_and_a_node_leaving(tmp_path, repo):
     assert len(measured) == 12 and len({(r["task_key"], r["config"]) for r in measured}) == 12
     assert any(r["requeued"] for r in measured), "no trial was in flight on the node that left"
     assert all(r["attempt"] == 1 for r in measured)  # a node leaving is nobody's fault
+    # gpu-mosaic on a GPU node whose worker reports no Hopper compute capability: refused up front.
+    assert "--target gpu-mosaic: its kernels need a Hopper GPU" in result["mosaic_refused"]
+    assert not result["mosaic_run_left"]
