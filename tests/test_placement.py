@@ -34,3 +34,4 @@ def test_interpret_mode_emulates_any_target_whatever_the_host():
     cpu = {"device_kind": "cpu", "platform": "cpu", "compute_capability": None}
     for target in ("gpu-mosaic", "gpu-triton", "tpu", "interpret"):
         placement.check_device(target, "cpu", cpu)
+    placement.check_device("gpu-mosaic", "gpu", {**A100, "interpret": True})   # --interpret on a GPU host

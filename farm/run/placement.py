@@ -45,8 +45,9 @@ def pool_for(target: str, cluster: Mapping[str, float], interpret: bool) -> str:
 def check_device(target: str, pool: str, info: Mapping[str, Any]) -> None:
     """Raise FarmError when the pool's device (a worker's `info()`) cannot run `target`'s kernels
     natively: gpu-mosaic's issue Hopper's WGMMA and TMA, so on any other GPU every trial would be
-    a compile error. A pool's workers are taken to share one device kind (as its capacity is)."""
-    if pool != "gpu":
+    a compile error. Interpret mode emulates any target anywhere. A pool's workers are taken to
+    share one device kind (as its capacity is)."""
+    if pool != "gpu" or info.get("interpret"):
         return
     capability = info.get("compute_capability")
     runs = gpu_targets_for(capability)
