@@ -55,7 +55,7 @@ def main(out: Path) -> None:
     thread.join(timeout=60)
     placed = result.summary["placement"]
     (out / "mosaic.yaml").write_text(SPACE.replace("targets: [tpu]", "targets: [gpu-mosaic]"))
-    mosaic = SweepSettings(run_dir=out / "mosaic_run", interpret=True, repetitions=2, depth=1)
+    mosaic = SweepSettings(run_dir=out / "mosaic_run", interpret=False, repetitions=2, depth=1)
     try:
         run_sweep(plan.expand([spaces.load_space(out / "mosaic.yaml")]), mosaic, None)
         refused = None
