@@ -139,17 +139,19 @@ class TritonAttentionConfig(AttentionConfig):
 
 @dataclasses.dataclass(frozen=True)
 class MosaicGpuAttentionConfig(AttentionConfig):
-    """Mosaic GPU (Hopper): the FA3-style warp-specialized kernel or a pipelined one, its depth, and
-    how the warp-specialized kernel overlaps softmax with the matmuls (ws_schedule)."""
+    """Mosaic GPU (Hopper): the FA3-style warp-specialized kernel or a pipelined one, its depth, how
+    the warp-specialized kernel overlaps softmax with the matmuls (ws_schedule) and whether its
+    blocks are one a tile or one a SM, looping over the tiles (ws_grid)."""
 
     mgpu_pipeline: Literal["warp_specialized", "pipelined"] = "warp_specialized"
     max_concurrent_steps: int = 2
     ws_schedule: Literal["pingpong", "intra_overlap"] = "pingpong"
     swizzle: Literal[128, 64, 32] = 128
+    ws_grid: Literal["blocks", "persistent"] = "blocks"
 
     def validate(self) -> None:
-        """A K/V pipeline at least two steps deep; ws_schedule only for the warp-specialized kernel;
-        a swizzle WGMMA reads (128, 64 or 32 bytes)."""
+        """A K/V pipeline at least two steps deep; ws_schedule and ws_grid only for the
+        warp-specialized kernel; a swizzle WGMMA reads (128, 64 or 32 bytes)."""
         super().validate()
         if self.max_concurrent_steps < 2:
             raise Unsupported("gpu-mosaic: max_concurrent_steps must be at least 2")
@@ -157,11 +159,19 @@ class MosaicGpuAttentionConfig(AttentionConfig):
             raise ConfigError(f"gpu-mosaic: swizzle must be one of {MGPU_SWIZZLES}, got {self.swizzle}")
         if self.ws_schedule != "pingpong" and not self.warp_specialized:
             raise Unsupported("gpu-mosaic: ws_schedule applies to the warp_specialized kernel only")
+        if self.persistent and not self.warp_specialized:
+            raise Unsupported("gpu-mosaic: ws_grid applies to the warp_specialized kernel only")
 
     @property
     def warp_specialized(self) -> bool:
         """Whether two compute warpgroups share a block (2 * block_q rows)."""
         return self.mgpu_pipeline == "warp_specialized"
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the warp-specialized kernel runs a block a SM, each looping over tiles of 2 *
+        block_q rows, its K/V ring running on from one tile into the next."""
+        return self.ws_grid == "persistent"
 
     def steps(self, seq: int) -> int:
         """K/V pipeline slots: max_concurrent_steps, at most the number of K/V blocks."""

@@ -47,6 +47,10 @@ Strategies and knobs (all targets: block_q, block_kv):
                   "intra_overlap" (FlashAttention-3's intra-warpgroup pipelining): each
                   warpgroup issues QK^T of block j and P V of block j - 1 together and runs
                   block j's softmax while P V is in flight.
+              ws_grid (warp-specialized only): "blocks", a block per tile of 2 * block_q rows
+                  of a head; "persistent", a block per SM looping over the tiles (the heaviest
+                  causal ones first), its K/V ring and barriers running on from tile to tile, so
+                  that the memory warpgroup loads the next tile's K/V while this one ends.
 
 TPU VMEM model (`TpuAttentionConfig.footprint`, bytes; it = dtype bytes, 128 = lanes of the m/l scratch):
   Q and O tiles, double-buffered:   2 * 2 * block_q * head_dim * it

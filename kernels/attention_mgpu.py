@@ -108,13 +108,14 @@ def _softmax_step(qk: jax.Array, acc: jax.Array, m_i: jax.Array, l_i: jax.Array,
 def _intra_overlap_loop(qo_smem: Any, k_smem: Any, v_smem: Any, barriers: tuple[Any, ...], kv_steps: Any,
                         steps: int, bq: int, bkv: int, dim: int, scale_log2: float, dtype: Any,
                         q_base: Any, causal: bool, interpret: bool,
-                        limit: int | None = None) -> tuple[jax.Array, jax.Array]:
+                        limit: int | None = None, ring_base: Any = 0) -> tuple[jax.Array, jax.Array]:
     """FlashAttention-3's intra-warpgroup pipelining over one warpgroup's K/V blocks 0..kv_steps-1.
 
     Step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back, waits for S_j only, runs
     block j's softmax while P V is still on the tensor cores, then waits for it and rescales O.
     Returns (O unnormalised, l). Interpret mode runs the same schedule with `jnp.dot`s. `limit`
-    (`ragged_keys`, not causal): every block masks the keys from limit on.
+    (`ragged_keys`, not causal): every block masks the keys from limit on. ring_base: the K/V ring
+    slot block 0 is in, less one per slot (blocks the block's earlier tiles streamed: persistent).
     """
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -124,7 +125,7 @@ def _intra_overlap_loop(qo_smem: Any, k_smem: Any, v_smem: Any, barriers: tuple[
     unmasked = jnp.minimum(lax.div(q_base, bkv), kv_steps)
 
     def slot(j):
-        j = jnp.asarray(j, jnp.int32)
+        j = jnp.asarray(j, jnp.int32) + ring_base
         return lax.rem(j, jnp.array(steps, jnp.int32))
 
     def softmax(j, qk, m_i, l_i, masked):
@@ -221,9 +222,13 @@ def _tiles(shapes: tuple[tuple[int, ...], ...], swizzle: int, dtype: Any, single
 
 def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], dtype: Any,
                       platform: Platform, causal: bool, kv_len: int, head_dim: int) -> Callable[..., jax.Array]:
+    """Two compute warpgroups of block_q rows each and a memory warpgroup streaming K/V through a
+    ring of `steps` slots. ws_grid "blocks": a block per 2 * block_q rows of a head; "persistent":
+    a block per SM, looping over those tiles (heaviest causal tiles first), the ring and its
+    barriers running on from tile to tile, so that the next tile's K/V load while this one ends."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    from kernels.mgpu_launch import mosaic_kernel
+    from kernels.mgpu_launch import mosaic_kernel, num_sms
 
     batch, heads, seq, dim = shape
     bq, bkv = config.block_q, config.block_kv
@@ -232,32 +237,34 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
     scale_log2 = math.log2(math.e) / math.sqrt(head_dim)  # softmax in base 2, scale folded in
     compute_wgs = 2
     intra_overlap = config.ws_schedule == "intra_overlap"
+    persistent = config.persistent
     q_tiles = pl.cdiv(seq, 2 * bq)
+    tiles = heads * q_tiles * batch
     kv_whole = pl.cdiv(kv_len, bkv)  # K/V blocks holding keys
     limit = ragged_keys(kv_len, bkv, causal)
     single_rows = seq % MGPU_ROW_UNIT != 0  # copied through the tiles' single-row view (`padded_seq`)
     if single_rows and (platform.interpret or not config.copies_single_rows(dim)):
         raise ValueError(f"a sequence of {seq} rows needs padding to 8-row groups (`padded_seq`)")
 
+    def ring(g: Any) -> Any:
+        """The slot of the g-th K/V block a block streams."""
+        return g % steps if isinstance(g, int) else lax.rem(g, jnp.array(steps, g.dtype))
+
     def kernel(q_ref, k_ref, v_ref, out_ref, smem, loaded, consumed, schedule_barrier):
-        b, h = lax.axis_index("batch"), lax.axis_index("heads")
         wg = lax.axis_index("wg")
         (qo_smem2, k_smem, v_smem), (qo_rows2, k_rows, v_rows) = smem if single_rows else (smem, smem)
         k_loaded, v_loaded, q_loaded = loaded
         k_consumed, v_consumed = consumed
-        q_tile = q_block_order(lax.axis_index("q_seq"), q_tiles, causal)
-        # K/V blocks this CTA's 2 * block_q rows need; each compute warpgroup may need fewer.
-        cta_kv_steps = kv_blocks(q_tile, 2 * bq, bkv, kv_len, causal)
 
         def schedule():
             # Lets the two compute warpgroups take turns on the tensor cores.
             plgpu.barrier_arrive(schedule_barrier)
             plgpu.barrier_wait(schedule_barrier)
 
-        def release(j, _, twice=True):
+        def release(base, j, _, twice=True):
             # A K/V block this warpgroup does not need: observe its arrival, release it, and
             # (ping-pong) keep the schedule barrier's phases in step with the other warpgroup.
-            slot = lax.rem(j, jnp.array(steps, j.dtype))
+            slot = ring(base + j)
             plgpu.barrier_wait(k_loaded.at[slot])
             plgpu.barrier_wait(v_loaded.at[slot])
             plgpu.barrier_arrive(k_consumed.at[slot])
@@ -266,17 +273,19 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                 schedule()
                 schedule()
 
-        def store(acc, l_i, qo_smem, q_base):
+        def store(acc, l_i, qo_smem, b, h, q_base):
             acc = acc / lax.broadcast_in_dim(l_i, (bq, dim), [0])
             qo_smem[...] = acc.astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(qo_rows2.at[wg], out_ref.at[b, h, pl.ds(q_base, bq)])
-            plgpu.wait_smem_to_gmem(0)
+            # persistent: the tile's Q may overwrite these bytes once the copy has read them
+            plgpu.wait_smem_to_gmem(0, wait_read_only=persistent)
 
-        @pl.when(wg < compute_wgs)
-        def _compute():
-            plgpu.set_max_registers(232, action="increase")
+        def compute_tile(b, h, q_tile, base):
+            """One warpgroup's block_q rows of a tile, whose first K/V block is the ring's base-th."""
             qo_smem = qo_smem2.at[wg]
+            # K/V blocks the tile's 2 * block_q rows need; each compute warpgroup may need fewer.
+            cta_kv_steps = kv_blocks(q_tile, 2 * bq, bkv, kv_len, causal)
             q_base = q_tile * (2 * bq) + wg * bq
             kv_steps = jnp.minimum(lax.div(q_base + bq + bkv - 1, bkv), kv_whole) if causal else cta_kv_steps
             plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], qo_rows2.at[wg], q_loaded.at[wg])
@@ -284,19 +293,19 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             if intra_overlap:
                 acc, l_i = _intra_overlap_loop(
                     qo_smem, k_smem, v_smem, (k_loaded, v_loaded, k_consumed, v_consumed), kv_steps, steps,
-                    bq, bkv, dim, scale_log2, dtype, q_base, causal, platform.interpret, limit)
+                    bq, bkv, dim, scale_log2, dtype, q_base, causal, platform.interpret, limit, ring_base=base)
                 if causal:  # release the blocks the other warpgroup still needs, unread
-                    lax.fori_loop(kv_steps, cta_kv_steps, functools.partial(release, twice=False), None)
-                store(acc, l_i, qo_smem, q_base)
-                return
+                    lax.fori_loop(kv_steps, cta_kv_steps, functools.partial(release, base, twice=False), None)
+                store(acc, l_i, qo_smem, b, h, q_base)
+                return base + cta_kv_steps
             carry = (jnp.zeros((bq, dim), jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32),
                      jnp.zeros((bq,), jnp.float32))
-            plgpu.barrier_wait(k_loaded.at[0])
+            plgpu.barrier_wait(k_loaded.at[ring(base)])
             pl.when(wg == 1)(schedule)
 
             def kv_step(j, carry, masked=False):
                 acc, m_i, l_i = carry
-                slot = lax.rem(j, jnp.array(steps, j.dtype))
+                slot = ring(base + j)
 
                 qk = _qk(qo_smem, k_smem.at[slot], platform.interpret, while_running=schedule)
                 plgpu.barrier_arrive(k_consumed.at[slot])
@@ -311,7 +320,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
 
                     @pl.when(nxt < kv_steps)
                     def _wait_next():
-                        plgpu.barrier_wait(k_loaded.at[lax.rem(nxt, jnp.array(steps, j.dtype))])
+                        plgpu.barrier_wait(k_loaded.at[ring(base + nxt)])
 
                 acc = _pv(acc, p, v_smem.at[slot], platform.interpret, while_running=wait_next)
                 plgpu.barrier_arrive(v_consumed.at[slot])
@@ -327,13 +336,14 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                 acc, _, l_i = lax.fori_loop(unmasked, kv_steps, functools.partial(kv_step, masked=True),
                                             carry)
 
-                lax.fori_loop(kv_steps, cta_kv_steps, release, None)
+                lax.fori_loop(kv_steps, cta_kv_steps, functools.partial(release, base), None)
             pl.when(wg == 0)(schedule)
-            store(acc, l_i, qo_smem, q_base)
+            store(acc, l_i, qo_smem, b, h, q_base)
+            return base + cta_kv_steps
 
-        @pl.when(wg == compute_wgs)
-        def _memory():
-            plgpu.set_max_registers(40, action="decrease")
+        def memory_tile(b, h, q_tile):
+            """A tile's K/V blocks into a fresh ring (one tile a block)."""
+            cta_kv_steps = kv_blocks(q_tile, 2 * bq, bkv, kv_len, causal)
             for i in range(steps):
                 @pl.when(i < cta_kv_steps)
                 def _prefetch():
@@ -346,19 +356,73 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
 
             @pl.loop(0, cta_kv_steps - steps)
             def _stream(j):
-                slot = lax.rem(j, jnp.array(steps, j.dtype))
+                slot = ring(j)
                 kv = (b, h, pl.ds((j + steps) * bkv, bkv))
                 plgpu.barrier_wait(k_consumed.at[slot])
                 plgpu.copy_gmem_to_smem(k_ref.at[kv], k_rows.at[slot], k_loaded.at[slot])
                 plgpu.barrier_wait(v_consumed.at[slot])
                 plgpu.copy_gmem_to_smem(v_ref.at[kv], v_rows.at[slot], v_loaded.at[slot])
 
+            drain(cta_kv_steps)
+
+        def memory_tiles(b, h, q_tile, base):
+            """A tile's K/V blocks into the ring from its base-th slot on, each once released."""
+            cta_kv_steps = kv_blocks(q_tile, 2 * bq, bkv, kv_len, causal)
+
+            @pl.loop(0, cta_kv_steps)
+            def _stream(j):
+                g = base + j
+                slot = ring(g)
+                kv = (b, h, pl.ds(j * bkv, bkv))
+
+                @pl.when(g >= steps)
+                def _k_free():
+                    plgpu.barrier_wait(k_consumed.at[slot])
+
+                plgpu.copy_gmem_to_smem(k_ref.at[kv], k_rows.at[slot], k_loaded.at[slot])
+
+                @pl.when(g >= steps)
+                def _v_free():
+                    plgpu.barrier_wait(v_consumed.at[slot])
+
+                plgpu.copy_gmem_to_smem(v_ref.at[kv], v_rows.at[slot], v_loaded.at[slot])
+
+            return base + cta_kv_steps
+
+        def drain(streamed):
             # Observe the last releases too, so that no barrier phase goes unobserved.
-            @pl.loop(jnp.maximum(cta_kv_steps - steps, 0), cta_kv_steps)
-            def _drain(j):
-                slot = lax.rem(j, jnp.array(steps, j.dtype))
-                plgpu.barrier_wait(k_consumed.at[slot])
-                plgpu.barrier_wait(v_consumed.at[slot])
+            @pl.loop(jnp.maximum(streamed - steps, 0), streamed)
+            def _drain(g):
+                plgpu.barrier_wait(k_consumed.at[ring(g)])
+                plgpu.barrier_wait(v_consumed.at[ring(g)])
+
+        def each_tile(per_tile):
+            """per_tile(b, h, q_tile, base) over this block's tiles; returns the K/V blocks streamed."""
+            if not persistent:
+                q_tile = q_block_order(lax.axis_index("q_seq"), q_tiles, causal)
+                return per_tile(lax.axis_index("batch"), lax.axis_index("heads"), q_tile, 0)
+
+            @plgpu.nd_loop((q_tiles, batch, heads), collective_axes="sm", init_carry=jnp.int32(0))
+            def streamed(info, carry):
+                q_rank, b, h = info.index
+                return per_tile(b, h, q_block_order(q_rank, q_tiles, causal), carry)
+
+            return streamed
+
+        @pl.when(wg < compute_wgs)
+        def _compute():
+            plgpu.set_max_registers(232, action="increase")
+            each_tile(compute_tile)
+            if persistent:
+                plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == compute_wgs)
+        def _memory():
+            plgpu.set_max_registers(40, action="decrease")
+            if persistent:
+                drain(each_tile(memory_tiles))
+            else:
+                each_tile(lambda b, h, q_tile, _: memory_tile(b, h, q_tile))
 
     def entry(q_ref, k_ref, v_ref, out_ref):
         smem = _tiles(((compute_wgs, bq, dim), (steps, bkv, dim), (steps, bkv, dim)), config.swizzle, dtype,
@@ -369,13 +433,16 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
         pl.run_scoped(lambda *scoped: kernel(q_ref, k_ref, v_ref, out_ref, *scoped), smem, loaded,
                       consumed, plgpu.Barrier(num_arrivals=compute_wgs), collective_axes="wg")
 
+    if persistent:
+        grid, grid_names = (min(num_sms(), tiles),), ("sm",)
+    else:
+        grid, grid_names = (heads, q_tiles, batch), ("heads", "q_seq", "batch")
     call = mosaic_kernel(
         entry, platform=platform, out_shape=(jax.ShapeDtypeStruct(shape, dtype),),
-        grid=(heads, q_tiles, batch), grid_names=("heads", "q_seq", "batch"),
-        num_threads=compute_wgs + 1, thread_name="wg",
+        grid=grid, grid_names=grid_names, num_threads=compute_wgs + 1, thread_name="wg",
         compiler_params=plgpu.CompilerParams(
             approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        name="flash_attention_mgpu_ws")
+        name="flash_attention_mgpu_persistent" if persistent else "flash_attention_mgpu_ws")
     return lambda q, k, v: call(q, k, v)[0]
 
 

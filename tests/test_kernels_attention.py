@@ -148,6 +148,38 @@ def test_mosaic_gpu_kernels_in_the_gpu_interpreter(name, config):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("schedule", ["pingpong", "intra_overlap"])
+def test_the_persistent_kernel_loops_over_tiles_with_its_ring_running_on(name, schedule, monkeypatch):
+    # Two blocks (SMs) over 6 tiles of 128 rows: each block runs 3 tiles, whose K/V blocks (2 and
+    # 4 a tile causal, 4 plain) go through 3 slots, so a tile's first block lands in any slot; the
+    # grid is one block a SM, not a tile.
+    from kernels import mgpu_launch
+
+    monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 2)
+    config = {"block_q": 64, "block_kv": 64, "max_concurrent_steps": 3, "ws_schedule": schedule,
+              "ws_grid": "persistent"}
+    shape = (1, 3, 256, 64)
+    assert _error(name, config, "gpu-mosaic", shape, jnp.bfloat16) <= validate.tolerance("bfloat16")
+    module = kernels.load(name)
+    inputs = jax.eval_shape(lambda: module.make_inputs(shape, jnp.bfloat16, jax.random.key(0)))
+
+    def axes(config):
+        jaxpr = str(jax.make_jaxpr(module.build(config, shape, jnp.bfloat16, Platform("gpu-mosaic")))(*inputs))
+        return {axis for axis in ("sm", "q_seq", "heads") if f"axis_name={axis}" in jaxpr}
+
+    assert axes(config) == {"sm"}
+    assert axes({**config, "ws_grid": "blocks"}) == {"q_seq", "heads"}
+
+
+def test_the_persistent_grid_is_a_knob_of_the_warp_specialized_kernel_alone():
+    from kernels.attention_config import MosaicGpuAttentionConfig
+
+    assert MosaicGpuAttentionConfig(64, 128, ws_grid="persistent").persistent
+    with pytest.raises(NotImplementedError, match="ws_grid"):
+        MosaicGpuAttentionConfig(64, 128, mgpu_pipeline="pipelined", ws_grid="persistent")
+
+
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("shape,config", [
     ((1, 2, 1024, 256), {"block_q": 64, "block_kv": 64, "mgpu_pipeline": "warp_specialized",
                          "max_concurrent_steps": 2}),
@@ -161,6 +193,8 @@ def test_mosaic_gpu_kernels_in_the_gpu_interpreter(name, config):
                         "max_concurrent_steps": 2, "swizzle": 32}),
     ((1, 2, 1024, 80), {"block_q": 64, "block_kv": 64, "mgpu_pipeline": "pipelined",
                         "max_concurrent_steps": 2, "swizzle": 64}),
+    ((2, 32, 512, 128), {"block_q": 64, "block_kv": 128, "max_concurrent_steps": 3, "ws_grid": "persistent"}),
+    ((4, 3, 197, 64), {"block_q": 64, "block_kv": 128, "ws_schedule": "intra_overlap", "ws_grid": "persistent"}),
 ])
 def test_mosaic_gpu_kernels_lower_in_bf16_within_their_footprint(name, shape, config, monkeypatch):
     # JAX's own attention_mgpu.py fails on bf16 (f16 SMEM); ours lowers in bf16, and its
