@@ -147,7 +147,7 @@ class MosaicGpuAttentionConfig(AttentionConfig):
     max_concurrent_steps: int = 2
     ws_schedule: Literal["pingpong", "intra_overlap"] = "pingpong"
     swizzle: Literal[128, 64, 32] = 128
-    ws_grid: Literal["blocks", "persistent"] = "blocks"
+    ws_grid: Literal["blocks", "persistent", "persistent_q_ahead"] = "blocks"
 
     def validate(self) -> None:
         """A K/V pipeline at least two steps deep; ws_schedule and ws_grid only for the
@@ -170,8 +170,9 @@ class MosaicGpuAttentionConfig(AttentionConfig):
     @property
     def persistent(self) -> bool:
         """Whether the warp-specialized kernel runs a block a SM, each looping over tiles of 2 *
-        block_q rows, its K/V ring running on from one tile into the next."""
-        return self.ws_grid == "persistent"
+        block_q rows, its K/V ring running on from one tile into the next; "persistent_q_ahead"
+        stages O apart from Q, so that the next tile's Q loads while this one ends."""
+        return self.ws_grid != "blocks"
 
     def steps(self, seq: int) -> int:
         """K/V pipeline slots: max_concurrent_steps, at most the number of K/V blocks."""
@@ -217,11 +218,13 @@ class MosaicGpuAttentionConfig(AttentionConfig):
             raise Unsupported("gpu-mosaic: block_q and block_kv must be multiples of 64")
 
     def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
-        """Shared memory: Q/O tiles per compute warpgroup, the K and V slots, and 2.5 KiB for the
-        reduction scratch Mosaic GPU reserves (2 KiB) and barriers: at most 1 KiB above its own count."""
+        """Shared memory: Q/O tiles per compute warpgroup (Q and O apart: persistent_q_ahead), the K
+        and V slots, and 2.5 KiB for the reduction scratch Mosaic GPU reserves (2 KiB) and barriers:
+        at most 1 KiB above its own count."""
         _, _, seq, dim = shape[:3] + (self.padded_dim(shape[3]),)
         item, wgs = jnp.dtype(dtype).itemsize, 2 if self.warp_specialized else 1
-        return wgs * self.block_q * dim * item + 2 * self.steps(seq) * self.block_kv * dim * item + 2560
+        qo = 2 if self.ws_grid == "persistent_q_ahead" else 1
+        return qo * wgs * self.block_q * dim * item + 2 * self.steps(seq) * self.block_kv * dim * item + 2560
 
     @classmethod
     def default(cls, shape: tuple[int, ...], causal: bool = False,

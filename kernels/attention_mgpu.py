@@ -108,7 +108,8 @@ def _softmax_step(qk: jax.Array, acc: jax.Array, m_i: jax.Array, l_i: jax.Array,
 def _intra_overlap_loop(qo_smem: Any, k_smem: Any, v_smem: Any, barriers: tuple[Any, ...], kv_steps: Any,
                         steps: int, bq: int, bkv: int, dim: int, scale_log2: float, dtype: Any,
                         q_base: Any, causal: bool, interpret: bool,
-                        limit: int | None = None, ring_base: Any = 0) -> tuple[jax.Array, jax.Array]:
+                        limit: int | None = None, ring_base: Any = 0,
+                        scores_done: Callable[[], None] | None = None) -> tuple[jax.Array, jax.Array]:
     """FlashAttention-3's intra-warpgroup pipelining over one warpgroup's K/V blocks 0..kv_steps-1.
 
     Step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back, waits for S_j only, runs
@@ -116,6 +117,7 @@ def _intra_overlap_loop(qo_smem: Any, k_smem: Any, v_smem: Any, barriers: tuple[
     Returns (O unnormalised, l). Interpret mode runs the same schedule with `jnp.dot`s. `limit`
     (`ragged_keys`, not causal): every block masks the keys from limit on. ring_base: the K/V ring
     slot block 0 is in, less one per slot (blocks the block's earlier tiles streamed: persistent).
+    scores_done: called once Q is no longer read (before the last P V).
     """
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -185,6 +187,8 @@ def _intra_overlap_loop(qo_smem: Any, k_smem: Any, v_smem: Any, barriers: tuple[
         else:
             carry = lax.fori_loop(1, kv_steps, step, carry)
         p, o, _, l_i = carry
+        if scores_done is not None:
+            scores_done()
         last = kv_steps - 1
         o = pv(last, p, o)
         if not interpret:
@@ -238,6 +242,7 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
     compute_wgs = 2
     intra_overlap = config.ws_schedule == "intra_overlap"
     persistent = config.persistent
+    q_ahead = config.ws_grid == "persistent_q_ahead"  # O staged apart; the memory warpgroup loads Q
     q_tiles = pl.cdiv(seq, 2 * bq)
     tiles = heads * q_tiles * batch
     kv_whole = pl.cdiv(kv_len, bkv)  # K/V blocks holding keys
@@ -252,9 +257,11 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
 
     def kernel(q_ref, k_ref, v_ref, out_ref, smem, loaded, consumed, schedule_barrier):
         wg = lax.axis_index("wg")
-        (qo_smem2, k_smem, v_smem), (qo_rows2, k_rows, v_rows) = smem if single_rows else (smem, smem)
+        tiled, rows = smem if single_rows else (smem, smem)
+        (qo_smem2, k_smem, v_smem), (qo_rows2, k_rows, v_rows) = tiled[:3], rows[:3]
+        o_smem2, o_rows2 = (tiled[3], rows[3]) if q_ahead else (qo_smem2, qo_rows2)
         k_loaded, v_loaded, q_loaded = loaded
-        k_consumed, v_consumed = consumed
+        k_consumed, v_consumed, q_free = consumed
 
         def schedule():
             # Lets the two compute warpgroups take turns on the tensor cores.
@@ -273,13 +280,17 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                 schedule()
                 schedule()
 
-        def store(acc, l_i, qo_smem, b, h, q_base):
+        def store(acc, l_i, b, h, q_base):
             acc = acc / lax.broadcast_in_dim(l_i, (bq, dim), [0])
-            qo_smem[...] = acc.astype(dtype)
+            o_smem2.at[wg][...] = acc.astype(dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(qo_rows2.at[wg], out_ref.at[b, h, pl.ds(q_base, bq)])
-            # persistent: the tile's Q may overwrite these bytes once the copy has read them
+            plgpu.copy_smem_to_gmem(o_rows2.at[wg], out_ref.at[b, h, pl.ds(q_base, bq)])
+            # persistent: the next tile's Q or O may overwrite these bytes once the copy has read them
             plgpu.wait_smem_to_gmem(0, wait_read_only=persistent)
+
+        def q_read():  # q_ahead: Q is read no more, the memory warpgroup may load the next tile's
+            if q_ahead:
+                plgpu.barrier_arrive(q_free.at[wg])
 
         def compute_tile(b, h, q_tile, base):
             """One warpgroup's block_q rows of a tile, whose first K/V block is the ring's base-th."""
@@ -288,15 +299,17 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             cta_kv_steps = kv_blocks(q_tile, 2 * bq, bkv, kv_len, causal)
             q_base = q_tile * (2 * bq) + wg * bq
             kv_steps = jnp.minimum(lax.div(q_base + bq + bkv - 1, bkv), kv_whole) if causal else cta_kv_steps
-            plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], qo_rows2.at[wg], q_loaded.at[wg])
+            if not q_ahead:
+                plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], qo_rows2.at[wg], q_loaded.at[wg])
             plgpu.barrier_wait(q_loaded.at[wg])
             if intra_overlap:
                 acc, l_i = _intra_overlap_loop(
                     qo_smem, k_smem, v_smem, (k_loaded, v_loaded, k_consumed, v_consumed), kv_steps, steps,
-                    bq, bkv, dim, scale_log2, dtype, q_base, causal, platform.interpret, limit, ring_base=base)
+                    bq, bkv, dim, scale_log2, dtype, q_base, causal, platform.interpret, limit, ring_base=base,
+                    scores_done=q_read)
                 if causal:  # release the blocks the other warpgroup still needs, unread
                     lax.fori_loop(kv_steps, cta_kv_steps, functools.partial(release, base, twice=False), None)
-                store(acc, l_i, qo_smem, b, h, q_base)
+                store(acc, l_i, b, h, q_base)
                 return base + cta_kv_steps
             carry = (jnp.zeros((bq, dim), jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32),
                      jnp.zeros((bq,), jnp.float32))
@@ -335,10 +348,12 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                 carry = lax.fori_loop(0, unmasked, kv_step, carry)
                 acc, _, l_i = lax.fori_loop(unmasked, kv_steps, functools.partial(kv_step, masked=True),
                                             carry)
-
+                q_read()
                 lax.fori_loop(kv_steps, cta_kv_steps, functools.partial(release, base), None)
+            if not causal:
+                q_read()
             pl.when(wg == 0)(schedule)
-            store(acc, l_i, qo_smem, b, h, q_base)
+            store(acc, l_i, b, h, q_base)
             return base + cta_kv_steps
 
         def memory_tile(b, h, q_tile):
@@ -365,8 +380,9 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
 
             drain(cta_kv_steps)
 
-        def memory_tiles(b, h, q_tile, base):
-            """A tile's K/V blocks into the ring from its base-th slot on, each once released."""
+        def memory_tiles(b, h, q_tile, base, first):
+            """A tile's K/V blocks into the ring from its base-th slot on, each once released, and
+            (q_ahead) after its first, its Q once the previous tile's is read (not `first`)."""
             cta_kv_steps = kv_blocks(q_tile, 2 * bq, bkv, kv_len, causal)
 
             @pl.loop(0, cta_kv_steps)
@@ -387,6 +403,17 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
 
                 plgpu.copy_gmem_to_smem(v_ref.at[kv], v_rows.at[slot], v_loaded.at[slot])
 
+                if q_ahead:
+                    @pl.when(j == 0)
+                    def _q():
+                        for w in range(compute_wgs):
+                            @pl.when(jnp.logical_not(first))
+                            def _q_free():
+                                plgpu.barrier_wait(q_free.at[w])
+
+                            rows = pl.ds(q_tile * (2 * bq) + w * bq, bq)
+                            plgpu.copy_gmem_to_smem(q_ref.at[b, h, rows], qo_rows2.at[w], q_loaded.at[w])
+
             return base + cta_kv_steps
 
         def drain(streamed):
@@ -397,22 +424,23 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                 plgpu.barrier_wait(v_consumed.at[ring(g)])
 
         def each_tile(per_tile):
-            """per_tile(b, h, q_tile, base) over this block's tiles; returns the K/V blocks streamed."""
+            """per_tile(b, h, q_tile, base, first) over this block's tiles (first: whether it is the
+            block's first); returns the K/V blocks streamed."""
             if not persistent:
                 q_tile = q_block_order(lax.axis_index("q_seq"), q_tiles, causal)
-                return per_tile(lax.axis_index("batch"), lax.axis_index("heads"), q_tile, 0)
+                return per_tile(lax.axis_index("batch"), lax.axis_index("heads"), q_tile, 0, True)
 
             @plgpu.nd_loop((q_tiles, batch, heads), collective_axes="sm", init_carry=jnp.int32(0))
             def streamed(info, carry):
                 q_rank, b, h = info.index
-                return per_tile(b, h, q_block_order(q_rank, q_tiles, causal), carry)
+                return per_tile(b, h, q_block_order(q_rank, q_tiles, causal), carry, info.local_index == 0)
 
             return streamed
 
         @pl.when(wg < compute_wgs)
         def _compute():
             plgpu.set_max_registers(232, action="increase")
-            each_tile(compute_tile)
+            each_tile(lambda b, h, q_tile, base, _: compute_tile(b, h, q_tile, base))
             if persistent:
                 plgpu.wait_smem_to_gmem(0)
 
@@ -421,15 +449,20 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
             plgpu.set_max_registers(40, action="decrease")
             if persistent:
                 drain(each_tile(memory_tiles))
+                if q_ahead:  # the last tile's Q reads (every block runs a tile: the grid is at most the tiles)
+                    for w in range(compute_wgs):
+                        plgpu.barrier_wait(q_free.at[w])
             else:
-                each_tile(lambda b, h, q_tile, _: memory_tile(b, h, q_tile))
+                each_tile(lambda b, h, q_tile, *_: memory_tile(b, h, q_tile))
 
     def entry(q_ref, k_ref, v_ref, out_ref):
-        smem = _tiles(((compute_wgs, bq, dim), (steps, bkv, dim), (steps, bkv, dim)), config.swizzle, dtype,
-                      single_rows)
+        o_tiles = ((compute_wgs, bq, dim),) if q_ahead else ()
+        smem = _tiles(((compute_wgs, bq, dim), (steps, bkv, dim), (steps, bkv, dim)) + o_tiles, config.swizzle,
+                      dtype, single_rows)
         loaded = (plgpu.Barrier(num_barriers=steps), plgpu.Barrier(num_barriers=steps),
                   plgpu.Barrier(num_barriers=compute_wgs))
-        consumed = (plgpu.Barrier(num_arrivals=compute_wgs, num_barriers=steps),) * 2
+        consumed = ((plgpu.Barrier(num_arrivals=compute_wgs, num_barriers=steps),) * 2
+                    + (plgpu.Barrier(num_barriers=compute_wgs) if q_ahead else None,))
         pl.run_scoped(lambda *scoped: kernel(q_ref, k_ref, v_ref, out_ref, *scoped), smem, loaded,
                       consumed, plgpu.Barrier(num_arrivals=compute_wgs), collective_axes="wg")
 

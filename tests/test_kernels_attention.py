@@ -149,15 +149,16 @@ def test_mosaic_gpu_kernels_in_the_gpu_interpreter(name, config):
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("schedule", ["pingpong", "intra_overlap"])
-def test_the_persistent_kernel_loops_over_tiles_with_its_ring_running_on(name, schedule, monkeypatch):
+@pytest.mark.parametrize("grid", ["persistent", "persistent_q_ahead"])
+def test_the_persistent_kernel_loops_over_tiles_with_its_ring_running_on(name, schedule, grid, monkeypatch):
     # Two blocks (SMs) over 6 tiles of 128 rows: each block runs 3 tiles, whose K/V blocks (2 and
     # 4 a tile causal, 4 plain) go through 3 slots, so a tile's first block lands in any slot; the
-    # grid is one block a SM, not a tile.
+    # grid is one block a SM, not a tile. persistent_q_ahead: the memory warpgroup loads each
+    # tile's Q once the previous tile's is read, O staged apart.
     from kernels import mgpu_launch
 
     monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 2)
-    config = {"block_q": 64, "block_kv": 64, "max_concurrent_steps": 3, "ws_schedule": schedule,
-              "ws_grid": "persistent"}
+    config = {"block_q": 64, "block_kv": 64, "max_concurrent_steps": 3, "ws_schedule": schedule, "ws_grid": grid}
     shape = (1, 3, 256, 64)
     assert _error(name, config, "gpu-mosaic", shape, jnp.bfloat16) <= validate.tolerance("bfloat16")
     module = kernels.load(name)
@@ -195,6 +196,8 @@ def test_the_persistent_grid_is_a_knob_of_the_warp_specialized_kernel_alone():
                         "max_concurrent_steps": 2, "swizzle": 64}),
     ((2, 32, 512, 128), {"block_q": 64, "block_kv": 128, "max_concurrent_steps": 3, "ws_grid": "persistent"}),
     ((4, 3, 197, 64), {"block_q": 64, "block_kv": 128, "ws_schedule": "intra_overlap", "ws_grid": "persistent"}),
+    ((2, 32, 512, 128), {"block_q": 64, "block_kv": 128, "ws_grid": "persistent_q_ahead"}),
+    ((4, 3, 197, 64), {"block_q": 64, "block_kv": 128, "max_concurrent_steps": 3, "ws_grid": "persistent_q_ahead"}),
 ])
 def test_mosaic_gpu_kernels_lower_in_bf16_within_their_footprint(name, shape, config, monkeypatch):
     # JAX's own attention_mgpu.py fails on bf16 (f16 SMEM); ours lowers in bf16, and its
