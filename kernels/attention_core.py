@@ -50,7 +50,10 @@ Strategies and knobs (all targets: block_q, block_kv):
               ws_grid (warp-specialized only): "blocks", a block per tile of 2 * block_q rows
                   of a head; "persistent", a block per SM looping over the tiles (the heaviest
                   causal ones first), its K/V ring and barriers running on from tile to tile, so
-                  that the memory warpgroup loads the next tile's K/V while this one ends.
+                  that the memory warpgroup loads the next tile's K/V while this one ends;
+                  "persistent_q_ahead", the same with O staged apart from Q (one more tile a
+                  warpgroup in shared memory), so that the memory warpgroup loads the next
+                  tile's Q too, once this one's last Q K^T has read it.
 
 TPU VMEM model (`TpuAttentionConfig.footprint`, bytes; it = dtype bytes, 128 = lanes of the m/l scratch):
   Q and O tiles, double-buffered:   2 * 2 * block_q * head_dim * it
