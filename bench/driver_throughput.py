@@ -257,7 +257,7 @@ def run_once(planned: Sequence[PlannedTask], run_dir: Path, *, workers: int, dep
     finished: list[tuple[float, str]] = []
     profiler = cProfile.Profile() if profile else None
 
-    def on_start() -> None:
+    def on_start(_tasks: list) -> None:
         marks["start"], marks["cpu"] = time.time(), time.process_time()
         if profiler is not None:
             profiler.enable()

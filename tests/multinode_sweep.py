@@ -1,7 +1,8 @@
 """Run by tests/test_cluster.py in its own process: a sweep on a multi-node Ray cluster
 (ray.cluster_utils.Cluster) whose nodes advertise TPU chips; one node leaves mid-sweep. Then a
 gpu-mosaic sweep on a node that advertises a GPU its worker cannot use that way (this CPU): refused
-before any trial, leaving no run folder."""
+before any trial, leaving no run folder; and the same with no --target (runnable_only): the
+gpu-mosaic tasks are left out, the interpret ones tuned."""
 from __future__ import annotations
 
 import json
@@ -61,11 +62,18 @@ def main(out: Path) -> None:
         refused = None
     except FarmError as err:
         refused = str(err)
+    (out / "both.yaml").write_text(SPACE.replace("targets: [tpu]", "targets: [interpret, gpu-mosaic]")
+                                   .replace("[[64, 128], [128, 128], [64, 256]]", "[[64, 128]]"))
+    both = SweepSettings(run_dir=out / "both_run", interpret=False, repetitions=2, depth=1, runnable_only=True)
+    untargeted = run_sweep(plan.expand([spaces.load_space(out / "both.yaml")]), both, None)
     # A file, not stdout: Ray's raylet prints its own lines to stdout as the removed node's workers die.
     (out / "result.json").write_text(json.dumps({
         "initial": placed["initial"], "tpu_nodes": [n.node_id for n in nodes], "removed": removed,
         "records": [r.to_dict() for r in result.records], "final_workers": placed["final"],
         "outcomes": outcomes.MEASURED, "mosaic_refused": refused, "mosaic_run_left": (out / "mosaic_run").exists(),
+        "untargeted_left_out": untargeted.summary["left_out"],
+        "untargeted_tuned": sorted({(r["task_key"], r["status"]) for r in untargeted.rows}),
+        "untargeted_trials": sorted({r.task_key for r in untargeted.records}),
     }))
     ray.shutdown()
     cluster.shutdown()

@@ -172,3 +172,8 @@ def test_multinode_one_worker_per_chip_and_a_node_leaving(tmp_path, repo):
     # gpu-mosaic on a GPU node whose worker reports no Hopper compute capability: refused up front.
     assert "--target gpu-mosaic: its kernels need a Hopper GPU" in result["mosaic_refused"]
     assert not result["mosaic_run_left"]
+    # with no --target, the same cluster tunes what it can run and says what it left out
+    assert list(result["untargeted_left_out"]) == ["gpu-mosaic"]
+    assert "need a Hopper GPU" in result["untargeted_left_out"]["gpu-mosaic"]
+    assert result["untargeted_tuned"] == [["softmax/64x128/float32/interpret", "ok"]]
+    assert result["untargeted_trials"] == ["softmax/64x128/float32/interpret"]

@@ -182,6 +182,25 @@ def test_a_target_the_cluster_cannot_run_writes_nothing(ray_local, signing_key, 
     assert list(out.iterdir()) == []
 
 
+def test_with_no_target_the_sweep_tunes_what_the_cluster_runs_and_notes_the_rest(ray_local, signing_key,
+                                                                                   tmp_path, capsys):
+    # This CPU cluster has no TPU or GPU: the shipped softmax space's tpu, gpu-triton and
+    # gpu-mosaic tasks are left out with a note each, its interpret tasks tuned. --target names a
+    # target to be told as an error instead (above).
+    out = tmp_path / "run"
+    code = cli.main(["sweep", "search_spaces/softmax.yaml", "--trials", "2", "--repetitions", "2", "--out", str(out),
+                     "--key", str(signing_key[0]), "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    for target, resource in (("gpu-mosaic", "GPU"), ("gpu-triton", "GPU"), ("tpu", "TPU")):
+        assert f"note: left out the {target} tasks: the Ray cluster has no {resource} resources" in captured.err
+    keys = _task_keys(out)
+    assert keys and all(key.endswith("/interpret") for key in keys)
+    saved = json.loads((out / "run.json").read_text())
+    assert set(saved["summary"]["left_out"]) == {"gpu-mosaic", "gpu-triton", "tpu"}
+    assert saved["tasks"] and all(key.endswith("/interpret") for key in saved["tasks"])
+
+
 def test_signing_key_from_the_environment(tmp_path, monkeypatch):
     private, _, kid = signing.generate_keypair(tmp_path / "env.pem")
     args = cli.build_parser().parse_args(["sweep", "x.yaml"])

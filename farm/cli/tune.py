@@ -32,7 +32,7 @@ def _sweep_settings(args: argparse.Namespace, out: Path) -> Any:
         repetitions=_run_option(args, "repetitions"), input_sets=_run_option(args, "input_sets"),
         compile_timeout_s=_run_option(args, "compile_timeout"), timing_timeout_s=_run_option(args, "timing_timeout"),
         max_attempts=_run_option(args, "max_attempts"), address=args.address, time_budget_s=args.time_budget,
-        finalist_sustain_s=args.finalist_sustain or 0.0, **_measuring(args))
+        finalist_sustain_s=args.finalist_sustain or 0.0, runnable_only=not args.target, **_measuring(args))
 
 
 def _measuring(args: argparse.Namespace) -> dict[str, Any]:
@@ -176,6 +176,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           f"({summary.get('trials_per_s', 0):.2f}/s) on {len(duty)} workers; device duty cycle "
           + (", ".join(f"{v:.0%}" for v in duty.values()) or "-"))
     print_winners(result.rows)
+    for target, reason in sorted((summary.get("left_out") or {}).items()):
+        print(f"note: left out the {target} tasks: {reason} (no --target was given; --interpret emulates it)",
+              file=sys.stderr)
     print(f"report: farm report {destination.run_dir}")
     return 0
 

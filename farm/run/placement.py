@@ -38,24 +38,40 @@ def pool_for(target: str, cluster: Mapping[str, float], interpret: bool) -> str:
         return native
     if interpret:
         return "cpu"
-    raise FarmError(f"--target {target}: the Ray cluster has no {RESOURCE[native]} resources; expected a cluster "
-                    f"with {RESOURCE[native]}s, or --interpret to emulate {target} on CPU")
+    raise FarmError(f"--target {target}: {unrunnable(target, cluster, interpret)}; expected a cluster with "
+                    f"{RESOURCE[native]}s, or --interpret to emulate {target} on CPU")
+
+
+def unrunnable(target: str, cluster: Mapping[str, float], interpret: bool) -> str | None:
+    """Why the cluster cannot run `target` (its accelerator missing, no --interpret), or None."""
+    native = NATIVE_POOL.get(target)
+    if native is None or interpret or cluster.get(RESOURCE[native], 0) >= 1:
+        return None
+    return f"the Ray cluster has no {RESOURCE[native]} resources"
+
+
+def device_unfit(target: str, pool: str, info: Mapping[str, Any]) -> str | None:
+    """Why the pool's device (a worker's `info()`) cannot run `target`'s kernels natively, or None:
+    gpu-mosaic's issue Hopper's WGMMA and TMA, so on any other GPU every trial would be a compile
+    error. Interpret mode emulates any target anywhere. A pool's workers are taken to share one
+    device kind (as its capacity is)."""
+    if pool != "gpu" or info.get("interpret"):
+        return None
+    capability = info.get("compute_capability")
+    runs = gpu_targets_for(capability)
+    if target in runs:
+        return None
+    return (f"its kernels need a Hopper GPU (CUDA compute capability 9.x); this cluster's GPU workers run on "
+            f"{info.get('device_kind')} (compute capability {capability}), where the GPU targets are "
+            f"{', '.join(runs)}")
 
 
 def check_device(target: str, pool: str, info: Mapping[str, Any]) -> None:
-    """Raise FarmError when the pool's device (a worker's `info()`) cannot run `target`'s kernels
-    natively: gpu-mosaic's issue Hopper's WGMMA and TMA, so on any other GPU every trial would be
-    a compile error. Interpret mode emulates any target anywhere. A pool's workers are taken to
-    share one device kind (as its capacity is)."""
-    if pool != "gpu" or info.get("interpret"):
-        return
-    capability = info.get("compute_capability")
-    runs = gpu_targets_for(capability)
-    if target not in runs:
-        raise FarmError(f"--target {target}: its kernels need a Hopper GPU (CUDA compute capability 9.x); this "
-                        f"cluster's GPU workers run on {info.get('device_kind')} (compute capability {capability}), "
-                        f"where the GPU targets are {', '.join(runs)}; drop --target {target}, or give it "
-                        f"Hopper nodes (--node-label)")
+    """Raise FarmError when the pool's device cannot run `target`'s kernels natively (`device_unfit`)."""
+    reason = device_unfit(target, pool, info)
+    if reason is not None:
+        raise FarmError(f"--target {target}: {reason}; drop --target {target}, or give it Hopper nodes "
+                        f"(--node-label)")
 
 
 def node_matches(node: Mapping[str, Any], labels: Mapping[str, str]) -> bool:

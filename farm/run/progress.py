@@ -99,10 +99,13 @@ class SweepProgress:
                 self.best[key] = min(self.best.get(key, float("inf")), record.median_s)
         self._measuring.set()
 
-    def mark_started(self) -> None:
+    def mark_started(self, planned: list[PlannedTask] | None = None) -> None:
         """Measuring starts now (records counted so far were replayed by --resume): rates and ETA
-        count from here."""
+        count from here. planned: the tasks the sweep runs, when it left some out (`runnable_only`)."""
         with self._lock:
+            if planned is not None:
+                self.planned = list(planned)
+                self.counts = {p.task.key: self.counts.get(p.task.key, Counter()) for p in planned}
             self.replayed = self._total(outcomes.MEASURED)
             self._started = time.monotonic()
         self._measuring.set()

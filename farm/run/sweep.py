@@ -81,6 +81,9 @@ class SweepSettings:
     #                                    back (sustained load, as in a training step), not one short pair
     static_pruning: bool = True        # False: compile even what the footprint model says cannot fit
     address: str | None = None         # Ray address; None starts an embedded local Ray
+    runnable_only: bool = False        # no --target given: leave out (with a note) the tasks whose target the
+    #                                    cluster cannot run (no such accelerator, gpu-mosaic off Hopper) rather
+    #                                    than refuse the sweep; an error only when no task is left
     time_budget_s: float | None = None  # once workers are up, stop asking for trials after this long
     # task key -> configs queued first, in order, in a new study (farm retune: previous winners)
     warm_start: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
@@ -108,14 +111,15 @@ class RunResult:
 
 def run_sweep(planned: Sequence[PlannedTask], settings: SweepSettings, key: Ed25519PrivateKey | None, *,
               resume: bool = False, on_record: OnRecord | None = None,
-              on_start: Callable[[], None] | None = None) -> RunResult:
+              on_start: Callable[[list[PlannedTask]], None] | None = None) -> RunResult:
     """Run (or resume) the sweep, select each task's winner and, given a key, write the signed bundle.
 
     A new run saves its spaces and settings in the run folder (`farm.run.runlog.save_run`) once the
     cluster can run its tasks. Bad input found on the way (no pool for a target, no slots on the
     labelled nodes) raises `FarmError` and leaves no trace of a new run: the folder is removed
-    (emptied, when it existed empty) as long as no trial was logged. `on_start` is called when the
-    workers are warm and measuring begins (after a resume's replay).
+    (emptied, when it existed empty) as long as no trial was logged. `on_start` is called with the
+    tasks being tuned (fewer than planned where `runnable_only` left some out) when the workers are
+    warm and measuring begins (after a resume's replay). Winners are chosen for those tasks.
     """
     run_dir = Path(settings.run_dir)
     existed = run_dir.exists()
@@ -127,14 +131,14 @@ def run_sweep(planned: Sequence[PlannedTask], settings: SweepSettings, key: Ed25
                 runlog.prepare_resume(run_dir)
             sweep.place()
             if not resume:
-                runlog.save_run(run_dir, planned, settings)
+                runlog.save_run(run_dir, sweep.planned, settings)
             records = sweep.run(resume)
     except FarmError:
         if not resume and not (run_dir / runlog.TRIALS_LOG).exists():
             _undo(run_dir, existed)
         raise
     environment = {k: sweep.pool_info.get(pool, {}) for k, pool in sweep.task_pool.items()}
-    rows = select.winner_rows([p.task for p in planned], records, run_id=sweep.run_id, created=artifacts.now(),
+    rows = select.winner_rows([p.task for p in sweep.planned], records, run_id=sweep.run_id, created=artifacts.now(),
                               environment=environment, finals=sweep.finals)
     bundle = None
     if key is not None:
@@ -160,7 +164,7 @@ class _Sweep:
     """The loop: searchers propose, the pool measures, the log records, the searchers are told."""
 
     def __init__(self, planned: list[PlannedTask], settings: SweepSettings, on_record: OnRecord,
-                 on_start: Callable[[], None] | None = None) -> None:
+                 on_start: Callable[[list[PlannedTask]], None] | None = None) -> None:
         self.planned = planned
         self.on_start = on_start
         self.settings = settings
@@ -177,6 +181,7 @@ class _Sweep:
         self.warmed: dict[str, dict[str, str]] = {}      # worker -> the task whose default warmed it
         self.placed: list[str] = []                      # node of each worker started first
         self.finals: dict[str, list[FinalTiming]] = {}   # task key -> its finalists, re-timed
+        self.left_out: dict[str, str] = {}               # target -> why this cluster does not run it
         self._t0 = time.monotonic()
         self._log: runlog.RunLog | None = None
 
@@ -256,8 +261,16 @@ class _Sweep:
             self.pool.start(pool, nodes, s.node_labels, s.workers)
         self.placed = [w.slot.node_id for w in self.pool.workers]
         capacities: dict[tuple[str, str], capacity.Capacity] = {}
-        for pool, target in sorted({(self.task_pool[p.task.key], p.task.target) for p in self.planned}):
-            info = self.pool.info(pool, target)
+        infos = {(pool, target): self.pool.info(pool, target)
+                 for pool, target in sorted({(self.task_pool[p.task.key], p.task.target) for p in self.planned})}
+        if s.runnable_only:
+            self._leave_out({target: placement.device_unfit(target, pool, info)
+                             for (pool, target), info in infos.items()})
+            for worker in [w for w in self.pool.workers if w.slot.pool not in self.task_pool.values()]:
+                self.pool.retire(worker, replace=False)   # a pool whose every target was left out
+        for (pool, target), info in infos.items():
+            if target in self.left_out:
+                continue
             placement.check_device(target, pool, info)
             self.pool_info.setdefault(pool, info)
             capacities[pool, target] = capacity.Capacity(**info["capacity"])
@@ -320,7 +333,25 @@ class _Sweep:
         s = self.settings
         connect(s.address)
         cluster = ray.cluster_resources()
+        if s.runnable_only:
+            self._leave_out({p.task.target: placement.unrunnable(p.task.target, cluster, s.interpret)
+                             for p in self.planned})
         self.task_pool = {p.task.key: placement.pool_for(p.task.target, cluster, s.interpret) for p in self.planned}
+
+    def _leave_out(self, reasons: dict[str, str | None]) -> None:
+        """Drop the tasks of each target with a reason (runnable_only), noting why; FarmError when
+        none is left."""
+        for target, reason in sorted(reasons.items()):
+            if reason is not None:
+                self.left_out[target] = reason
+                logger.warning("left out target %s: %s (name it with --target to be told so as an error, "
+                               "or give --interpret to emulate it)", target, reason)
+        self.planned = [p for p in self.planned if p.task.target not in self.left_out]
+        self.task_pool = {k: pool for k, pool in self.task_pool.items() if k in {p.task.key for p in self.planned}}
+        if not self.planned:
+            why = "; ".join(f"{target}: {reason}" for target, reason in sorted(self.left_out.items()))
+            raise FarmError(f"no task's target can run on this cluster ({why}); expected a cluster with those "
+                            f"accelerators, or --interpret to emulate them on CPU")
 
     def run(self, resume: bool) -> list[TrialRecord]:
         """Measure every task's trial budget; returns all trial records."""
@@ -340,7 +371,7 @@ class _Sweep:
                 if any(searcher.wants_trials for searcher in self.searchers.values()):
                     self._warm_up()
                 if self.on_start is not None:
-                    self.on_start()
+                    self.on_start(self.planned)
                 self.pool.reset_duty()
                 measuring = time.monotonic()
                 self._loop()
@@ -429,7 +460,7 @@ class _Sweep:
                 "compile_processes": self.pool_info and
                 {pool: info.get("compile_processes") for pool, info in self.pool_info.items()},
                 "workers": len(self.pool.workers), "duty_cycle": duty,
-                "stopped_by_time_budget": self.stopped_early, "warm_up": self.warmed,
+                "stopped_by_time_budget": self.stopped_early, "warm_up": self.warmed, "left_out": self.left_out,
                 "placement": {"initial": self.placed, "final": [w.slot.node_id for w in self.pool.workers]}}
 
     def _stop_asking(self) -> None:
