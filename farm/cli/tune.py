@@ -20,8 +20,9 @@ def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def _sweep_settings(args: argparse.Namespace, out: Path) -> Any:
-    """SweepSettings from the options `_add_run_options` defines (and Optuna's log level)."""
+def _sweep_settings(args: argparse.Namespace, out: Path, runnable_only: bool = False) -> Any:
+    """SweepSettings from the options `_add_run_options` defines (and Optuna's log level).
+    runnable_only: leave out the tasks of targets the cluster cannot run (`farm sweep` without --target)."""
     from farm.run import placement
     from farm.run.sweep import SweepSettings
 
@@ -32,7 +33,7 @@ def _sweep_settings(args: argparse.Namespace, out: Path) -> Any:
         repetitions=_run_option(args, "repetitions"), input_sets=_run_option(args, "input_sets"),
         compile_timeout_s=_run_option(args, "compile_timeout"), timing_timeout_s=_run_option(args, "timing_timeout"),
         max_attempts=_run_option(args, "max_attempts"), address=args.address, time_budget_s=args.time_budget,
-        finalist_sustain_s=args.finalist_sustain or 0.0, runnable_only=not args.target, **_measuring(args))
+        finalist_sustain_s=args.finalist_sustain or 0.0, runnable_only=runnable_only, **_measuring(args))
 
 
 def _measuring(args: argparse.Namespace) -> dict[str, Any]:
@@ -154,7 +155,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     else:
         planned = _sweep_spaces(args)
         destination = Destination.parse(args.out)
-        settings = _sweep_settings(args, destination.run_dir)
+        settings = _sweep_settings(args, destination.run_dir, runnable_only=not args.target)
     key = signing_key(args)
     from farm.bundle import signing
     from farm.run.progress import SweepProgress
