@@ -35,3 +35,15 @@ def test_interpret_mode_emulates_any_target_whatever_the_host():
     for target in ("gpu-mosaic", "gpu-triton", "tpu", "interpret"):
         placement.check_device(target, "cpu", cpu)
     placement.check_device("gpu-mosaic", "gpu", {**A100, "interpret": True})   # --interpret on a GPU host
+
+
+def test_cpu_slots_leave_the_cpus_that_accelerator_workers_hold():
+    # A GPU node of 16 CPUs whose GPU worker holds 4 of them: 12 CPU workers there, not 16 (a
+    # worker Ray could never place would keep the sweep waiting for its first answer).
+    nodes = [{"Alive": True, "NodeID": "gpu-node", "Resources": {"CPU": 16, "GPU": 1}},
+             {"Alive": True, "NodeID": "cpu-node", "Resources": {"CPU": 2}}]
+    assert len(placement.slots("cpu", nodes)) == 18
+    taken = placement.slots("cpu", nodes, cpus_taken={"gpu-node": 4})
+    assert sum(s.node_id == "gpu-node" for s in taken) == 12 and sum(s.node_id == "cpu-node" for s in taken) == 2
+    assert [s.node_id for s in placement.slots("cpu", nodes, cpus_taken={"gpu-node": 16})] == ["cpu-node"] * 2
+    assert len(placement.slots("gpu", nodes, cpus_taken={"gpu-node": 16})) == 1   # only the cpu pool gives way

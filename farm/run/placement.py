@@ -82,14 +82,18 @@ def node_matches(node: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
 
 
 def slots(pool: str, nodes: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | None = None,
-          limit: int | None = None) -> list[Slot]:
-    """One slot per unit of the pool's resource on each alive matching node, spread over nodes."""
+          limit: int | None = None, cpus_taken: Mapping[str, float] | None = None) -> list[Slot]:
+    """One slot per unit of the pool's resource on each alive matching node, spread over nodes.
+    cpus_taken: CPUs a node's accelerator workers hold (node id -> CPUs), which the cpu pool's
+    slots leave them: a slot whose actor could never be placed would wait forever."""
     per_node: list[list[Slot]] = []
     for node in nodes:
         if not node.get("Alive") or (labels and not node_matches(node, labels)):
             continue
         resources = node.get("Resources", {})
         count = int(resources.get(RESOURCE[pool], 0))
+        if pool == "cpu":
+            count = max(0, int(resources.get("CPU", 0) - (cpus_taken or {}).get(node["NodeID"], 0)))
         cpus = max(1, int(resources.get("CPU", 1) // max(count, 1)))
         per_node.append([Slot(pool, node["NodeID"], i, cpus) for i in range(count)])
     spread = [s for group in _interleave(per_node) for s in group]

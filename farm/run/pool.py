@@ -20,6 +20,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from farm.errors import FarmError
 from farm.measure import outcomes
 from farm.measure.device import MeasureSettings
 from farm.measure.outcomes import Measured, Measurement
@@ -29,6 +30,7 @@ from farm.search.searcher import Proposal
 from farm.tasks import TuningTask
 
 logger = logging.getLogger(__name__)
+INFO_TIMEOUT_S = 300.0        # a new worker's first answer (it imports JAX, and a TPU worker opens its chips)
 MAX_COMPILE_PROCESSES = 16    # per worker: each holds a JAX runtime (about 1 GB of host memory)
 # Pools whose workers compile in their own process by default: CPU workers (one per core
 # already) and TPU workers (their children compile deviceless for the chip's topology, shown on
@@ -71,6 +73,7 @@ class PoolWorker:
     slot: placement.Slot
     in_flight: dict[Any, Flight] = dataclasses.field(default_factory=dict)   # ref -> flight
     progress: float = dataclasses.field(default_factory=time.monotonic)
+    cpus: float = 1.0         # the CPUs its actor holds on its node
 
     @property
     def name(self) -> str:
@@ -133,8 +136,12 @@ class WorkerPool:
 
     def start(self, pool: str, nodes: Sequence[dict[str, Any]], labels: dict[str, str],
               limit: int | None) -> None:
-        """One worker per slot of `pool` on the (labelled) nodes."""
-        for slot in placement.slots(pool, nodes, labels, limit):
+        """One worker per slot of `pool` on the (labelled) nodes; the cpu pool's slots leave the CPUs
+        of the accelerator workers started before them (start the accelerator pools first)."""
+        taken: dict[str, float] = {}
+        for worker in self.workers:
+            taken[worker.slot.node_id] = taken.get(worker.slot.node_id, 0) + worker.cpus
+        for slot in placement.slots(pool, nodes, labels, limit, cpus_taken=taken):
             self._start(slot)
 
     def _start(self, slot: placement.Slot) -> PoolWorker:
@@ -151,14 +158,20 @@ class WorkerPool:
             **options, max_concurrency=self.depth(slot), runtime_env={"env_vars": env},
             scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False),
         ).remote(interpret=self.interpret or slot.pool == "cpu", emulate=self.emulate, compile_processes=processes)
-        worker = PoolWorker(actor, slot)
+        worker = PoolWorker(actor, slot, cpus=options["num_cpus"])
         self.workers.append(worker)
         return worker
 
-    def info(self, pool: str, target: str) -> dict[str, Any]:
-        """A worker's `info()` (host, software, device kind, capacity for `target`) for the pool."""
+    def info(self, pool: str, target: str, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, Any]:
+        """A worker's `info()` (host, software, device kind, capacity for `target`) for the pool;
+        FarmError when none answers in timeout_s (an actor Ray cannot place waits forever)."""
         worker = next(w for w in self.workers if w.slot.pool == pool)
-        return ray.get(worker.actor.info.remote(target))
+        try:
+            return ray.get(worker.actor.info.remote(target), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise FarmError(f"the {pool} pool's worker on node {worker.slot.node_id} did not start in {timeout_s:.0f} "
+                            f"s (is its node short of the CPUs, GPUs or TPUs it asks for?); expected a worker "
+                            f"that answers") from None
 
     def has_room(self, worker: PoolWorker) -> bool:
         """Whether a live worker holds fewer than `depth` trials."""

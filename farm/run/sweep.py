@@ -82,8 +82,9 @@ class SweepSettings:
     static_pruning: bool = True        # False: compile even what the footprint model says cannot fit
     address: str | None = None         # Ray address; None starts an embedded local Ray
     runnable_only: bool = False        # no --target given: leave out (with a note) the tasks whose target the
-    #                                    cluster cannot run (no such accelerator, gpu-mosaic off Hopper) rather
-    #                                    than refuse the sweep; an error only when no task is left
+    #                                    cluster cannot run (no such accelerator, gpu-mosaic off Hopper), and the
+    #                                    interpret target's where an accelerator target runs, rather than refuse
+    #                                    the sweep; an error only when no task is left
     time_budget_s: float | None = None  # once workers are up, stop asking for trials after this long
     # task key -> configs queued first, in order, in a new study (farm retune: previous winners)
     warm_start: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
@@ -257,8 +258,8 @@ class _Sweep:
         """Start the workers, learn each pool's capacity per target, open the searchers."""
         s = self.settings
         nodes = ray.nodes()
-        for pool in sorted(set(self.task_pool.values())):
-            self.pool.start(pool, nodes, s.node_labels, s.workers)
+        for pool in sorted(set(self.task_pool.values()), key=lambda pool: (pool == "cpu", pool)):
+            self.pool.start(pool, nodes, s.node_labels, s.workers)   # the cpu pool last: it takes the CPUs left
         self.placed = [w.slot.node_id for w in self.pool.workers]
         capacities: dict[tuple[str, str], capacity.Capacity] = {}
         infos = {(pool, target): self.pool.info(pool, target)
@@ -266,6 +267,10 @@ class _Sweep:
         if s.runnable_only:
             self._leave_out({target: placement.device_unfit(target, pool, info)
                              for (pool, target), info in infos.items()})
+            native = sorted({p.task.target for p in self.planned if p.task.target in placement.NATIVE_POOL})
+            if native and not s.interpret:   # interpret mode emulates them: tuned where nothing runs natively
+                self._leave_out({"interpret": f"the cluster runs {', '.join(native)} natively (the interpret "
+                                              f"target is for machines without them)"})
             for worker in [w for w in self.pool.workers if w.slot.pool not in self.task_pool.values()]:
                 self.pool.retire(worker, replace=False)   # a pool whose every target was left out
         for (pool, target), info in infos.items():
