@@ -178,8 +178,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           + (", ".join(f"{v:.0%}" for v in duty.values()) or "-"))
     print_winners(result.rows)
     for target, reason in sorted((summary.get("left_out") or {}).items()):
-        print(f"note: left out the {target} tasks: {reason} (no --target was given; --interpret emulates it)",
-              file=sys.stderr)
+        print(f"note: left out the {target} tasks: {reason} (no --target was given; name it with --target to "
+              f"tune it or be told why not)", file=sys.stderr)
     print(f"report: farm report {destination.run_dir}")
     return 0
 

@@ -268,7 +268,8 @@ class _Sweep:
             self._leave_out({target: placement.device_unfit(target, pool, info)
                              for (pool, target), info in infos.items()})
             native = sorted({p.task.target for p in self.planned if p.task.target in placement.NATIVE_POOL})
-            if native and not s.interpret:   # interpret mode emulates them: tuned where nothing runs natively
+            emulated = any(p.task.target == "interpret" for p in self.planned)
+            if native and emulated and not s.interpret:   # the interpret target: where nothing runs natively
                 self._leave_out({"interpret": f"the cluster runs {', '.join(native)} natively (the interpret "
                                               f"target is for machines without them)"})
             for worker in [w for w in self.pool.workers if w.slot.pool not in self.task_pool.values()]:
@@ -349,8 +350,8 @@ class _Sweep:
         for target, reason in sorted(reasons.items()):
             if reason is not None:
                 self.left_out[target] = reason
-                logger.warning("left out target %s: %s (name it with --target to be told so as an error, "
-                               "or give --interpret to emulate it)", target, reason)
+                logger.warning("left out target %s: %s (no --target was given; name it with --target to tune "
+                               "it or be told why not)", target, reason)
         self.planned = [p for p in self.planned if p.task.target not in self.left_out]
         self.task_pool = {k: pool for k, pool in self.task_pool.items() if k in {p.task.key for p in self.planned}}
         if not self.planned:
