@@ -77,10 +77,16 @@ class TpuAttentionConfig(AttentionConfig):
             raise Unsupported(f"emit_pipeline takes buffers 2 or 3, got {self.buffers}")
 
     def check(self, shape: tuple[int, ...], dtype: Any) -> None:
-        """The common checks, and lane-aligned K/V blocks and head_dim."""
+        """The common checks, and lane-aligned K/V blocks (the head dim is padded: `padded_dim`)."""
         super().check(shape, dtype)
-        if self.block_kv % LANES or shape[3] % LANES:
-            raise Unsupported(f"tpu: block_kv and head_dim must be multiples of {LANES}")
+        if self.block_kv % LANES:
+            raise Unsupported(f"tpu: block_kv must be a multiple of {LANES}, got {self.block_kv}")
+
+    def padded_dim(self, dim: int) -> int:
+        """Whole lanes: head dims such as 64, 80 or 96 run as 128 columns (zeros past the head's
+        last, padded by copies: `attention_core.build`), as Mosaic TPU's K/V tiles and Q K^T
+        contract over whole lanes."""
+        return round_up(dim, LANES)
 
     def padded_seq(self, seq: int, dim: int | None = None) -> int:
         """seq rounded up to whole Q and K/V blocks: `attention_core.build` pads Q, K and V with
@@ -89,7 +95,7 @@ class TpuAttentionConfig(AttentionConfig):
 
     def footprint(self, shape: tuple[int, ...], dtype: Any) -> int:
         """VMEM, by the model in `kernels.attention_core`."""
-        _, _, seq, dim = shape
+        _, _, seq, dim = shape[:3] + (self.padded_dim(shape[3]),)
         bq, bkv, item = self.block_q, self.block_kv, jnp.dtype(dtype).itemsize
         fixed = 2 * 2 * bq * dim * item + 2 * bq * LANES * 4 + bq * dim * 4 + 2 * bq * bkv * 4
         if self.attn_strategy == "unroll":

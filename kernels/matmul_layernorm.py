@@ -12,8 +12,8 @@ ln_strategy (default two_phase, which any tiles allow):
                more, with no constraint on the tiles. Any m and n on Triton (rows padded to a
                power of two and masked, ln_rows a power of two, default 8 or fewer for fewer
                rows or wide ones (TRITON_ROW_ELEMENTS), the last program masked; its warps
-               follow its elements, `row_warps`); elsewhere ln_rows divides m, as the engine's
-               blocks must (TPU: a multiple of 8, or m).
+               follow its elements, `row_warps`); elsewhere ln_rows is what the engine's
+               blocks take (TPU: a multiple of 8 or m, the rows padded to whole blocks).
   "tile_stats" (gpu-mosaic: WGMMA accumulators cannot hold whole 4096-wide rows) a split
                reduction: phase 1 is the Mosaic GPU matmul whose epilogue also stores, per row
                and per warpgroup tile, the f32 product's sum and squared deviations

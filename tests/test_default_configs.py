@@ -69,6 +69,31 @@ def test_the_gpu_default_is_in_the_shipped_space_at_users_shapes(tmp_path, targe
     assert found == [], "\n".join(map(str, found))
 
 
+# Users' shapes on TPU. Compiled deviceless with libtpu's compiler (bench/tpu_deviceless.py), the
+# TPU defaults failed at: 3 x 151936 and 77 x 5120 (emit_pipeline sliced a block of all the rows
+# at a traced start Mosaic could not prove aligned), 1000 x 50257 (all 1000 rows one block: 289 MB
+# of VMEM) and every head dim under 128 (refused). Each now takes a config Mosaic compiles.
+TPU_USER_SHAPES = {
+    "softmax": [(3, 151936), (7, 128256), (1000, 50257), (1001, 50257)],
+    "cross_entropy": [(7, 151936), (1000, 50257), (1023, 151937)],
+    "rms_norm_bwd": [(77, 5120), (1000, 4096)],
+    "layer_norm": [(1, 16384), (77, 16385)],
+    "welford": [(7, 50257), (1001, 100003)],
+    "flash_attention": [(32, 12, 197, 64), (1, 32, 2048, 80)],
+    "flash_attention_causal": [(2, 8, 1000, 96), (1, 32, 4097, 128)],
+}
+TPU_SCOPED_VMEM = 32 << 20   # the smallest scoped VMEM limit the kernels ask Mosaic TPU for
+
+
+@pytest.mark.parametrize("kernel", sorted(TPU_USER_SHAPES))
+def test_tpu_defaults_run_users_shapes_within_scoped_vmem(kernel):
+    module = kernels.load(kernel)
+    for shape in TPU_USER_SHAPES[kernel]:
+        config = module.default_config(shape, "tpu")
+        assert module.check_config(config, shape, "bfloat16", "tpu") is None, (shape, config)
+        assert module.footprint(config, shape, "bfloat16", "tpu") <= TPU_SCOPED_VMEM, (shape, config)
+
+
 # The matmul family's and attention's large GPU tiles were sized in bfloat16: in float32 the
 # gpu-triton defaults at matmul 4096^3 and attention (4, 32, 4096, 128) took 288 and 256 KiB of
 # shared memory by their own footprint, over the 227 KiB an H100 or H200 block has. The defaults now

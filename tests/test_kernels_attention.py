@@ -26,7 +26,7 @@ from tests.mosaic_checks import mosaic_smem_bytes
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("flash_attention", "flash_attention_causal")
 MIB = 1 << 20
-TPU_SHAPE = (1, 1, 256, 128)  # TPU tiles: head_dim and block_kv multiples of 128
+TPU_SHAPE = (1, 1, 256, 128)  # TPU tiles: block_kv a multiple of 128 (the head dim padded to one)
 GPU_SHAPE = (1, 2, 128, 32)
 MGPU_SHAPE = (1, 1, 256, 64)  # 4 key blocks of 64 through 2 or 3 pipeline slots
 
@@ -91,6 +91,20 @@ TPU_CONFIGS = [
 @pytest.mark.parametrize("config", TPU_CONFIGS, ids=lambda c: f"{c['attn_strategy']}-{c['block_q']}")
 def test_tpu_strategies_in_tpu_interpret_mode(name, config):
     assert _error(name, config, "tpu", TPU_SHAPE) <= 2e-3
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape", [(1, 2, 197, 64), (1, 1, 200, 80)], ids=str)
+def test_tpu_runs_users_head_dims_and_sequence_lengths(name, shape):
+    """Head dims narrower than the TPU's 128 lanes (ViT's 64, 80) and sequences no block divides:
+    the TPU default runs them (head dim padded to 128 columns, sequence to whole blocks) in TPU
+    interpret mode, and its config lies in the shipped space."""
+    module = kernels.load(name)
+    config = module.default_config(shape, "tpu")
+    assert _error(name, config, "tpu", shape) <= 2e-3
+    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    assert space.violated(config, shape, "bfloat16", "tpu") is None
+    assert "tpu_custom_call" in _lower(name, config, "tpu", shape)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -214,7 +228,7 @@ def test_mosaic_gpu_refuses_what_it_cannot_build():
         module.build(MGPU_CONFIGS[0], MGPU_SHAPE, jnp.float32, Platform("gpu-mosaic"))
     with pytest.raises(NotImplementedError, match="multiples of 64"):
         module.build({**MGPU_CONFIGS[0], "block_q": 32}, MGPU_SHAPE, jnp.bfloat16, Platform("gpu-mosaic"))
-    with pytest.raises(NotImplementedError, match="multiples of 128"):
+    with pytest.raises(NotImplementedError, match="multiple of 128"):
         module.build({"block_q": 64, "block_kv": 64}, MGPU_SHAPE, jnp.bfloat16, Platform("tpu"))
     # blocks need not divide the sequence (it is padded, or its last blocks run past the end)
     assert module.check_config({"block_q": 96, "block_kv": 64}, MGPU_SHAPE, jnp.bfloat16, "interpret") is None

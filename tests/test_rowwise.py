@@ -91,6 +91,33 @@ def test_unsupported_configs_are_refused_up_front(name, config, shape, target, e
         kernels.load(name).build(config, shape, jnp.bfloat16, Platform(target))
 
 
+@pytest.mark.parametrize("name,config,shape", [
+    ("softmax", {"block_rows": 8, "strategy": "one_pass"}, (13, 384)),
+    ("cross_entropy", {"block_rows": 8, "strategy": "one_pass", "stats_layout": "column"}, (13, 384)),
+    ("cross_entropy", {"block_rows": 128, "strategy": "one_pass", "stats_layout": "lane"}, (200, 256)),
+    ("welford", {"block_rows": 16, "strategy": "fori_loop", "block_cols": 128}, (21, 384)),
+    ("batch_softmax", {"block_rows": 8, "strategy": "grid", "block_cols": 128}, (2, 13, 384)),
+    ("layer_norm", {"block_rows": 8, "strategy": "emit_pipeline", "block_cols": 128}, (13, 384)),
+    # one block of all 7 rows: emit_pipeline slices no rows (Mosaic TPU refused a traced start)
+    ("softmax", {"block_rows": 7, "strategy": "emit_pipeline", "block_cols": 128}, (7, 384)),
+], ids=str)
+def test_tpu_pads_rows_to_whole_blocks(name, config, shape):
+    """TPU row blocks are whole: where block_rows does not divide the rows, the rows are padded
+    with zeros by a copy and the outputs sliced back (per-row vectors, lane-dense or not, alike);
+    in TPU interpret mode with poisoned outputs, against the reference."""
+    module = kernels.load(name)
+    config = {**module.default_config(shape, "tpu"), **config}
+    assert module.KERNEL.plan(config, shape, "tpu").pad_rows == -shape[-2] % config["block_rows"]
+    assert_matches(module, config, shape, "float32", "tpu")
+
+
+def test_tpu_refuses_padded_rows_where_a_kernel_sums_over_them():
+    """rms norm backward's dweight sums over the rows: its blocks must divide them."""
+    reason = kernels.load("rms_norm_bwd").check_config({"block_rows": 8, "strategy": "one_pass"}, (13, 384),
+                                                       "bfloat16", "tpu")
+    assert reason is not None and "block_rows=8 must divide the 13 rows" in reason
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_config_the_space_admits_builds(name: str) -> None:
     space, module = load_space(SPACES / f"{name}.yaml"), kernels.load(name)

@@ -30,6 +30,21 @@ def test_shipped_tpu_configs_compile_deviceless_in_a_child(pool, topology, kerne
     assert len(reply.executable[0]) > 0 and len(reply.check_executable[0]) > 0
 
 
+@pytest.mark.parametrize("kernel,shape", [
+    ("softmax", (3, 151936)), ("cross_entropy", (7, 151936)), ("rms_norm_bwd", (77, 5120)),
+    ("cross_entropy", (1000, 50257)), ("softmax", (1001, 50257)), ("flash_attention", (32, 12, 197, 64)),
+    ("flash_attention_causal", (1, 4, 1000, 80)),
+], ids=str)
+def test_tpu_defaults_compile_deviceless_at_users_shapes(pool, kernel, shape):
+    """Users' shapes whose TPU defaults Mosaic once refused (a traced row offset it could not prove
+    tile-aligned), ran out of VMEM (1000 rows a block of 50257 columns) or the kernel refused
+    (head dims under 128 lanes); bench/tpu_deviceless.py runs more."""
+    task = TuningTask(kernel, shape, "bfloat16", "tpu")
+    config = kernels.load(kernel).default_config(shape, "tpu")
+    reply = pool.compile(task, config, interpret=False, timeout_s=600, topology="v6e:1x1")
+    assert isinstance(reply, compile_pool.Portable), reply
+
+
 def test_a_config_mosaic_refuses_is_a_compile_error(pool):
     # 8 lanes: Mosaic TPU's blocks must tile (8, 128); the kernel's own check may or may not say so
     task = TuningTask("matmul", (512, 512, 512), "bfloat16", "tpu")

@@ -129,15 +129,18 @@ class RowConfig:
         bb, br = self.block_batch, self.block_rows
         # Partial row blocks: interpret mode pads them, but column outputs would sum the padding,
         # and on TPU interpret mode (JAX 0.10) mis-shapes them when outputs are aliased, as
-        # validation's poisoned outputs are; emit_pipeline slices whole row blocks.
+        # validation's poisoned outputs are; emit_pipeline slices whole row blocks. So on TPU the
+        # rows are padded to whole blocks with zeros by a copy (`Plan.pad_rows`), but for kernels
+        # with column outputs, which take blocks that divide the rows.
         whole_rows = self.TARGET == "tpu" or math_.col_outputs
-        if batch % bb or cols % block_cols or (whole_rows and rows % br):
+        pad = -rows % br if self.TARGET == "tpu" and not math_.col_outputs else 0
+        if batch % bb or cols % block_cols or (whole_rows and (rows + pad) % br):
             part = (f"block_cols={block_cols} must divide the row length {cols}" if cols % block_cols
                     else f"block_rows={br} must divide the {rows} rows" if rows % br
                     else f"block_batch={bb} must divide the batch {batch}")
             raise ValueError(f"blocks ({bb}, {br}, {block_cols}) must divide the shape "
                              f"({batch}, {rows}, {cols}): {part}")
-        return Plan(self, batch, rows, cols, block_cols)
+        return Plan(self, batch, rows + pad, cols, block_cols, pad_rows=pad)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +177,7 @@ class RowConfigTPU(RowConfig):
         if (br % SUBLANES and br != rows) or (bc % LANES and bc != cols):
             raise ValueError(f"TPU block ({br}, {bc}): the last two dimensions must be divisible "
                              f"by {SUBLANES} and {LANES} respectively (block_rows a multiple of 8, "
-                             f"block_cols of 128), or equal the array's ({rows}, {cols})")
+                             f"block_cols of 128), or equal the array's ({rows - p.pad_rows}, {cols})")
         if self.stats_layout == "lane" and math_.has_vectors:
             if p.batch != 1 or len(shape) != 2:
                 raise NotImplementedError("stats_layout 'lane' takes 2-D shapes")
@@ -279,6 +282,7 @@ class Plan:
     rows: int
     cols: int
     block_cols: int  # the chunk, resolved: the whole row (TPU, interpret) or its padded width
+    pad_rows: int = 0  # rows of zeros the TPU kernel runs past the shape's (rows includes them)
 
     @property
     def target(self) -> str:

@@ -140,14 +140,23 @@ class RowKernel:
                            strategy="split_cols", block_cols=SPLIT_CHUNK)
             return cls(block_rows=1, rows_per_program=1, num_warps=8, num_stages=2,
                        strategy="fori_loop", block_cols=4096)
-        # TPU: 16 rows make whole (16, 128) tiles of 16-bit types too.
+        # TPU: 16 rows make whole (16, 128) tiles of 16-bit types too; 8 where 16 do not divide
+        # the rows; else all rows in one block, or, where that block would not be small, blocks of
+        # 16 with the rows padded to them by a copy (`Plan.pad_rows`) when a row is not whole lanes
+        # (1001 rows of 50257 columns: one block would take 100 MB of VMEM).
         tile = 2 * SUBLANES if target == "tpu" else SUBLANES
-        config = CONFIG_TYPES[target](block_rows=tile if rows % tile == 0 else rows)
-        if target == "tpu" and cols % LANES == 0:
-            whole = footprint_.footprint(self.math, config.check(tuple(shape), self.math), jnp.float32)
-            if whole > STREAM_ABOVE:
-                block_cols = max(c for c in (128, 256, 512, 1024) if cols % c == 0)
-                config = dataclasses.replace(config, strategy="emit_pipeline", block_cols=block_cols)
+        fits = [t for t in ((tile, SUBLANES) if target == "tpu" else (tile,)) if rows % t == 0]
+        config = CONFIG_TYPES[target](block_rows=fits[0] if fits else rows)
+        if target != "tpu":
+            return config
+        whole = footprint_.footprint(self.math, config.check(tuple(shape), self.math), jnp.float32)
+        if whole <= STREAM_ABOVE:
+            return config
+        if cols % LANES == 0:
+            block_cols = max(c for c in (128, 256, 512, 1024) if cols % c == 0)
+            return dataclasses.replace(config, strategy="emit_pipeline", block_cols=block_cols)
+        if not fits and not self.math.col_outputs:
+            return dataclasses.replace(config, block_rows=tile)
         return config
 
     def default_config(self, shape: tuple[int, ...], target: str) -> dict[str, Any]:
@@ -198,18 +207,33 @@ def build(math_: RowMath, p: Plan, shape: tuple[int, ...], dtype: Any,
     n_out = math_.row_outputs + math_.col_outputs
     expected = [shape] * n_row + [(p.cols,)] * n_col + [shape[:-1]] * math_.vector_inputs
 
+    rows, pad = p.rows - p.pad_rows, p.pad_rows
+    lane = len(vec_shape) == 1  # per-row vectors as (rows,), else (batch, rows[, 1])
+
+    def padded(x: jax.Array, vector: bool = False) -> jax.Array:
+        """x with `pad` rows of zeros appended (TPU blocks are whole: `Plan.pad_rows`)."""
+        if not pad:
+            return x
+        widths = [(0, 0)] * x.ndim
+        widths[0 if vector and lane else 1] = (0, pad)
+        return jnp.pad(x, widths)
+
+    def unpadded(x: jax.Array, vector: bool = False) -> jax.Array:
+        return x if not pad else x[:rows] if vector and lane else x[:, :rows]
+
     def run(*inputs: jax.Array) -> Any:
         got = [tuple(x.shape) for x in inputs]
         if got != expected:
             raise ValueError(f"{math_.name} was built for input shapes {expected}, got {got}")
-        row_ins = [x.reshape(p.batch, p.rows, p.cols) for x in inputs[:n_row]]
+        row_ins = [padded(x.reshape(p.batch, rows, p.cols)) for x in inputs[:n_row]]
         col_ins = [v.reshape(col_shape) for v in inputs[n_row:n_row + n_col]]
-        vec_ins = [v.reshape(vec_shape) for v in inputs[n_row + n_col:]]
+        vec_ins = [padded(v.reshape((rows,) if lane else (p.batch, rows) + vec_shape[2:]), vector=True)
+                   for v in inputs[n_row + n_col:]]
         outs = call(*row_ins, *col_ins, *vec_ins)
-        row_outs = [o.reshape(shape) for o in outs[:math_.row_outputs]]
+        row_outs = [unpadded(o).reshape(shape) for o in outs[:math_.row_outputs]]
         col_outs = [jnp.sum(o, axis=0).reshape(p.cols).astype(dtype)
                     for o in outs[math_.row_outputs:n_out]]
-        results = [o.reshape(shape[:-1]) for o in outs[n_out:]]
+        results = [unpadded(o, vector=True).reshape(shape[:-1]) for o in outs[n_out:]]
         everything = (*row_outs, *col_outs, *results)
         return everything[0] if len(everything) == 1 else everything
 
