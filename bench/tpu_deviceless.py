@@ -5,7 +5,7 @@ writes its rows (JSON). This is the strongest evidence for the TPU target a mach
 gives: the compiler accepts the kernel; no TPU ran it.
 
     python bench/tpu_deviceless.py [--topology v6e:1x1] [--case KERNEL:AxBxC ...] [--config JSON]
-        [--space N] [--out FILE]
+        [--dtype float32] [--space N] [--out FILE]
 
 --space N also compiles N configs of the kernel's shipped space (search_spaces/KERNEL.yaml) that
 its constraints and the kernel admit at the case's shape, spread evenly over them.
@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 import kernels  # noqa: E402
 from farm.measure import compile_pool  # noqa: E402
 from farm.tasks import TuningTask  # noqa: E402
+from kernels.protocol import task_default  # noqa: E402
 
 # Shapes nobody here chose: vocabularies, hidden sizes, odd widths, ViT's 197 tokens, head dim 80,
 # few rows, products no tile divides (besides a seed-like shape per kernel).
@@ -56,6 +57,7 @@ class Row:
     kernel: str
     shape: tuple[int, ...]
     topology: str
+    dtype: str
     source: str        # "default" or "space"
     config: dict
     outcome: str       # "compiled", "refused by the kernel", or the farm's outcome (compile_error)
@@ -73,37 +75,38 @@ def parse_case(text: str) -> tuple[str, tuple[int, ...]]:
         raise SystemExit(f"--case {text!r}: expected KERNEL:AxBxC with integer dims") from None
 
 
-def space_configs(kernel: str, shape: tuple[int, ...], count: int) -> list[dict]:
+def space_configs(kernel: str, shape: tuple[int, ...], count: int, dtype: str) -> list[dict]:
     """Up to `count` TPU configs of the kernel's shipped space legal at `shape`, spread evenly."""
     from farm.search.spaces import load_space
 
     space = load_space(ROOT / "search_spaces" / f"{kernel}.yaml")
     module = kernels.load(kernel)
-    legal = [c for c in space.configs("tpu") if space.violated(c, shape, "bfloat16", "tpu") is None
-             and module.check_config(c, shape, "bfloat16", "tpu") is None]
+    legal = [c for c in space.configs("tpu") if space.violated(c, shape, dtype, "tpu") is None
+             and module.check_config(c, shape, dtype, "tpu") is None]
     step = max(1, len(legal) // count) if count else len(legal) + 1
     return legal[::step][:count]
 
 
 def run_case(pool: compile_pool.CompilePool, kernel: str, shape: tuple[int, ...], topology: str,
-             timeout_s: float, override: dict | None = None, config: dict | None = None) -> Row:
+             timeout_s: float, override: dict | None = None, config: dict | None = None,
+             dtype: str = "bfloat16") -> Row:
     """Compile `config` (None: the kernel's TPU default updated by `override`) at `shape` for
     `topology` in the pool's child."""
     module = kernels.load(kernel)
     source = "default" if config is None else "space"
     if config is None:
-        config = {**module.default_config(shape, "tpu"), **(override or {})}
-    refusal = module.check_config(config, shape, "bfloat16", "tpu")
+        config = {**task_default(module, shape, "tpu", dtype), **(override or {})}
+    refusal = module.check_config(config, shape, dtype, "tpu")
     if refusal is not None:
-        return Row(kernel, shape, topology, source, config, "refused by the kernel", 0.0, 0, refusal)
-    reply = pool.compile(TuningTask(kernel, shape, "bfloat16", "tpu"), config, interpret=False,
+        return Row(kernel, shape, topology, dtype, source, config, "refused by the kernel", 0.0, 0, refusal)
+    reply = pool.compile(TuningTask(kernel, shape, dtype, "tpu"), config, interpret=False,
                          timeout_s=timeout_s, topology=topology)
     if isinstance(reply, compile_pool.Portable):
-        return Row(kernel, shape, topology, source, config, "compiled", reply.compile_s,
+        return Row(kernel, shape, topology, dtype, source, config, "compiled", reply.compile_s,
                    len(reply.executable[0]) + len(reply.check_executable[0]))
     if isinstance(reply, compile_pool.NotPortable):
-        return Row(kernel, shape, topology, source, config, "not portable", 0.0, 0, reply.reason)
-    return Row(kernel, shape, topology, source, config, reply.outcome, reply.compile_s, 0, (reply.error or "")[-2000:])
+        return Row(kernel, shape, topology, dtype, source, config, "not portable", 0.0, 0, reply.reason)
+    return Row(kernel, shape, topology, dtype, source, config, reply.outcome, reply.compile_s, 0, (reply.error or "")[-2000:])
 
 
 def main() -> int:
@@ -112,6 +115,7 @@ def main() -> int:
     parser.add_argument("--case", action="append", help="KERNEL:AxBxC (default: the users' cases above)")
     parser.add_argument("--config", type=json.loads, default=None,
                         help="JSON knobs over each case's default, e.g. '{\"block_rows\": 8}'")
+    parser.add_argument("--dtype", default="bfloat16", help="the inputs' dtype (bfloat16, float32, ...)")
     parser.add_argument("--space", type=int, default=0, help="also compile N configs of each kernel's space")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per compile")
     parser.add_argument("--out", type=Path, default=Path("bench/results/cpu/tpu_deviceless.json"))
@@ -129,9 +133,9 @@ def main() -> int:
         print(f"{'kernel':26} {'shape':22} {'topology':9} {'config':7} {'outcome':24} {'compile s':>9} {'KB':>6}")
         for topology in topologies:
             for kernel, shape in cases:
-                configs = [None] + space_configs(kernel, shape, args.space)
+                configs = [None] + space_configs(kernel, shape, args.space, args.dtype)
                 for config in configs:
-                    row = run_case(pool, kernel, shape, topology, args.timeout_s, args.config, config)
+                    row = run_case(pool, kernel, shape, topology, args.timeout_s, args.config, config, args.dtype)
                     rows.append(row)
                     shape_text = "x".join(map(str, shape))
                     print(f"{kernel:26} {shape_text:22} {topology:9} {row.source:7} {row.outcome:24} "
