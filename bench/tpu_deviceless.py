@@ -106,7 +106,8 @@ def run_case(pool: compile_pool.CompilePool, kernel: str, shape: tuple[int, ...]
                    len(reply.executable[0]) + len(reply.check_executable[0]))
     if isinstance(reply, compile_pool.NotPortable):
         return Row(kernel, shape, topology, dtype, source, config, "not portable", 0.0, 0, reply.reason)
-    return Row(kernel, shape, topology, dtype, source, config, reply.outcome, reply.compile_s, 0, (reply.error or "")[-2000:])
+    return Row(kernel, shape, topology, dtype, source, config, reply.outcome, reply.compile_s, 0,
+               (reply.error or "")[-2000:])
 
 
 def main() -> int:
