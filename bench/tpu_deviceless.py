@@ -127,7 +127,7 @@ def main() -> int:
         raise SystemExit("libtpu is missing: pip install libtpu (it compiles for TPU without a chip)") from None
     cases = [parse_case(c) for c in (args.case or USER_CASES)]
     topologies = args.topology or ["v5e:1x1", "v6e:1x1"]
-    pool = compile_pool.CompilePool(1, {"JAX_PLATFORMS": "cpu"})
+    pool = compile_pool.CompilePool(1, compile_pool.TPU_CHILD_ENV)
     rows: list[Row] = []
     started = time.perf_counter()
     try:

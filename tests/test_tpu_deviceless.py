@@ -3,6 +3,8 @@ compiler (Mosaic included). Needs libtpu (`pip install libtpu`); skipped where i
 CI image), run on the development machine (BENCHMARKS.md says how)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import kernels
@@ -14,7 +16,7 @@ pytest.importorskip("libtpu")
 
 @pytest.fixture(scope="module")
 def pool():
-    p = compile_pool.CompilePool(1, {"JAX_PLATFORMS": "cpu"})   # as a TPU worker starts them
+    p = compile_pool.CompilePool(1, compile_pool.TPU_CHILD_ENV)   # as a TPU worker starts them
     yield p
     p.close()
 
@@ -43,6 +45,27 @@ def test_tpu_defaults_compile_deviceless_at_users_shapes(pool, kernel, shape):
     config = kernels.load(kernel).default_config(shape, "tpu")
     reply = pool.compile(task, config, interpret=False, timeout_s=600, topology="v6e:1x1")
     assert isinstance(reply, compile_pool.Portable), reply
+
+
+def test_a_child_compiles_while_another_process_holds_libtpus_lockfile(pool):
+    """A TPU worker holds libtpu's lockfile for as long as it lives; its compile children load
+    libtpu beside it (`TPU_CHILD_ENV`). Without that, every deviceless compile in a child failed
+    ("Internal error when accessing libtpu multi-process lockfile") while any process that had
+    initialised JAX with libtpu installed was alive: here, a process standing in for the worker."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import jax, sys; jax.devices(); print('up', flush=True); "
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "JAX_PLATFORMS": ""})
+    try:
+        assert holder.stdout.readline().strip() == "up"
+        task = TuningTask("softmax", (3, 151936), "bfloat16", "tpu")
+        config = kernels.load("softmax").default_config(task.shape, "tpu")
+        reply = pool.compile(task, config, interpret=False, timeout_s=600, topology="v6e:1x1")
+        assert isinstance(reply, compile_pool.Portable), reply
+    finally:
+        holder.communicate("", timeout=60)
 
 
 def test_a_config_mosaic_refuses_is_a_compile_error(pool):

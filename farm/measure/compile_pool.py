@@ -23,7 +23,7 @@ process compiles that task itself. Mosaic GPU's executables load once its runtim
 (`kernel_runtimes`).
 
 TPU: a chip opens in one process only, so a TPU worker's children run with
-`JAX_PLATFORMS=cpu` and compile deviceless, for the chip's one-chip topology
+`JAX_PLATFORMS=cpu` (`TPU_CHILD_ENV`) and compile deviceless, for the chip's one-chip topology
 (`jax.experimental.topologies`, libtpu's compiler, Mosaic included). Shown on CPU with libtpu
 for v5e and v6e (tests/test_tpu_deviceless.py); loading such executables on a real chip was
 never run (no TPU here), so TPU workers start no compile processes unless asked
@@ -61,6 +61,12 @@ class Request:
     interpret: bool
     topology: str | None = None
 
+
+# A TPU worker's compile children: no device (the chip opens in one process), and libtpu loaded
+# beside the worker's, which holds libtpu's lockfile (/tmp/libtpu_lockfile): without the second
+# variable every deviceless compile in a child fails with "Internal error when accessing libtpu
+# multi-process lockfile" while the worker (or any process that initialised JAX) lives.
+TPU_CHILD_ENV = {"JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 # TPU device kinds whose deviceless compiles were run (on CPU, with libtpu installed): the
 # topology a compile child targets for a worker's chip. Other kinds compile in the worker.

@@ -68,7 +68,7 @@ class Worker:
             logger.warning("no deviceless topology known for %s; compiling in the worker", device.device_kind)
             compile_processes = 0
         self._compile_pool = compile_pool.CompilePool(
-            compile_processes, {"JAX_PLATFORMS": "cpu"} if tpu else None) if compile_processes > 0 else None
+            compile_processes, compile_pool.TPU_CHILD_ENV if tpu else None) if compile_processes > 0 else None
         self._in_process: set[str] = set()    # tasks whose executables cannot leave their compiler
         self._peaks: tuple[roofline.Peaks | None] | None = None   # measured once, on first use
         self._busy_s = 0.0
