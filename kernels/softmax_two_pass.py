@@ -99,9 +99,12 @@ def _staged_default_config(shape: tuple[int, ...]) -> dict[str, Any]:
     return {**config, "block_cols": widest}
 
 
+SMALL_TPU_BLOCK = 16 * 4096  # elements of a chunk the TPU default takes all the rows in
+
+
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """A safe config for any shape: 8 (or all) rows, the widest chunk up to 512 that divides
-    (Mosaic GPU: a staged row, `_staged_default_config`)."""
+    """A safe config for any shape: 16 or 8 rows (or all, or the rows padded: TPU), the widest
+    chunk up to 512 that divides (Mosaic GPU: a staged row, `_staged_default_config`)."""
     n_rows, cols = shape
     if target == mosaic_rows.TARGET:
         return _staged_default_config(shape)
@@ -112,9 +115,14 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
                                       block_cols=min(4096, pl.next_power_of_2(cols) // 2),
                                       num_stages=1)
     else:
-        tile = 2 * rows.SUBLANES if target == "tpu" else rows.SUBLANES   # (16, 128) bf16 tiles too
         block_cols = next((c for c in (512, 256, 128) if cols % c == 0 and c < cols), cols)
-        config = rows.CONFIG_TYPES[target](
-            block_rows=tile if n_rows % tile == 0 else n_rows, block_cols=block_cols,
-            strategy="emit_pipeline" if target == "tpu" else "fori_loop")
+        if target == "tpu":
+            # all the rows as one block only where it is small; else whole tiles, the rows padded
+            # to them (v4's 16 MiB of VMEM did not hold 1000 rows of 3000 columns)
+            whole = n_rows if n_rows * block_cols <= SMALL_TPU_BLOCK else rows.TPU_ROW_BLOCKS[0]
+            block_rows = rows.tpu_row_block(n_rows) or whole
+        else:
+            block_rows = rows.SUBLANES if n_rows % rows.SUBLANES == 0 else n_rows
+        config = rows.CONFIG_TYPES[target](block_rows=block_rows, block_cols=block_cols,
+                                           strategy="emit_pipeline" if target == "tpu" else "fori_loop")
     return config.to_dict(KERNEL.knobs(len(shape), target))

@@ -21,7 +21,7 @@ def pool():
     p.close()
 
 
-@pytest.mark.parametrize("topology", ["v5e:1x1", "v6e:1x1"])
+@pytest.mark.parametrize("topology", ["v5e:1x1", "v6e:1x1", "v5p:1x1x1"])
 @pytest.mark.parametrize("kernel,shape", [("softmax", (1024, 2560)), ("matmul", (512, 512, 512)),
                                           ("flash_attention", (1, 2, 512, 128))])
 def test_shipped_tpu_configs_compile_deviceless_in_a_child(pool, topology, kernel, shape):
@@ -80,3 +80,17 @@ def test_a_config_mosaic_refuses_is_a_compile_error(pool):
 def test_known_topologies():
     assert compile_pool.tpu_topology("TPU v6 lite") == "v6e:1x1"
     assert compile_pool.tpu_topology("NVIDIA H200") is None
+
+
+@pytest.mark.parametrize("kind,topology", sorted(compile_pool.TPU_TOPOLOGIES.items()))
+def test_each_known_topology_is_one_device_of_its_kind(kind, topology):
+    """A worker's children compile for the chip the worker opened: one device, of its kind."""
+    import subprocess
+    import sys
+
+    code = ("from jax.experimental import topologies; "
+            f"d = topologies.get_topology_desc(topology_name={topology!r}, platform='tpu').devices; "
+            "print(len(d), d[0].device_kind, sep='|')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **compile_pool.TPU_CHILD_ENV}, check=True).stdout
+    assert out.strip().splitlines()[-1] == f"1|{kind}"

@@ -25,7 +25,7 @@ process compiles that task itself. Mosaic GPU's executables load once its runtim
 TPU: a chip opens in one process only, so a TPU worker's children run with
 `JAX_PLATFORMS=cpu` (`TPU_CHILD_ENV`) and compile deviceless, for the chip's one-chip topology
 (`jax.experimental.topologies`, libtpu's compiler, Mosaic included). Shown on CPU with libtpu
-for v5e and v6e (tests/test_tpu_deviceless.py); loading such executables on a real chip was
+for v5e, v6e and v5p (tests/test_tpu_deviceless.py); loading such executables on a real chip was
 never run (no TPU here), so TPU workers start no compile processes unless asked
 (`--compile-processes N`).
 """
@@ -70,7 +70,9 @@ TPU_CHILD_ENV = {"JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 # TPU device kinds whose deviceless compiles were run (on CPU, with libtpu installed): the
 # topology a compile child targets for a worker's chip. Other kinds compile in the worker.
-TPU_TOPOLOGIES = {"TPU v5 lite": "v5e:1x1", "TPU v6 lite": "v6e:1x1"}
+# ("TPU v5" is v5p's kind, one megacore chip. v4's one-chip topology describes two devices, its
+# TensorCores, not the megacore device a v4 worker opens: v4 workers compile in the worker.)
+TPU_TOPOLOGIES = {"TPU v5 lite": "v5e:1x1", "TPU v6 lite": "v6e:1x1", "TPU v5": "v5p:1x1x1"}
 
 
 def tpu_topology(device_kind: str) -> str | None:

@@ -144,19 +144,18 @@ class RowKernel:
         # the rows; else all rows in one block, or, where that block would not be small, blocks of
         # 16 with the rows padded to them by a copy (`Plan.pad_rows`) when a row is not whole lanes
         # (1001 rows of 50257 columns: one block would take 100 MB of VMEM).
-        tile = 2 * SUBLANES if target == "tpu" else SUBLANES
-        fits = [t for t in ((tile, SUBLANES) if target == "tpu" else (tile,)) if rows % t == 0]
-        config = CONFIG_TYPES[target](block_rows=fits[0] if fits else rows)
         if target != "tpu":
-            return config
+            return CONFIG_TYPES[target](block_rows=SUBLANES if rows % SUBLANES == 0 else rows)
+        fit = tpu_row_block(rows)
+        config = CONFIG_TYPES[target](block_rows=fit or rows)
         whole = footprint_.footprint(self.math, config.check(tuple(shape), self.math), jnp.float32)
         if whole <= STREAM_ABOVE:
             return config
         if cols % LANES == 0:
             block_cols = max(c for c in (128, 256, 512, 1024) if cols % c == 0)
             return dataclasses.replace(config, strategy="emit_pipeline", block_cols=block_cols)
-        if not fits and not self.math.col_outputs:
-            return dataclasses.replace(config, block_rows=tile)
+        if fit is None and not self.math.col_outputs:
+            return dataclasses.replace(config, block_rows=TPU_ROW_BLOCKS[0])
         return config
 
     def default_config(self, shape: tuple[int, ...], target: str) -> dict[str, Any]:
@@ -187,6 +186,16 @@ class RowKernel:
         """The Pallas kernel for `config`: a function of (row inputs, column inputs, vector inputs)."""
         return build(self.math, self.plan(config, shape, platform.target), tuple(shape), dtype,
                      platform)
+
+
+# TPU row blocks a default takes: 16 rows make whole (16, 128) tiles of 16-bit types too, 8 of 32-bit.
+TPU_ROW_BLOCKS = (2 * SUBLANES, SUBLANES)
+
+
+def tpu_row_block(rows: int) -> int | None:
+    """The first of TPU_ROW_BLOCKS that divides `rows`, or None (then a default takes all the
+    rows as one block, or pads them to whole blocks: `Plan.pad_rows`)."""
+    return next((block for block in TPU_ROW_BLOCKS if rows % block == 0), None)
 
 
 def build(math_: RowMath, p: Plan, shape: tuple[int, ...], dtype: Any,
