@@ -83,8 +83,10 @@ def test_nearest_skips_configs_invalid_for_the_shape(registry):
     # On TPU, 1024 x 256 (block_rows 64) is nearest to 512 x 256, and 64 divides 512.
     tpu = registry.lookup("softmax", (512, 256), "bfloat16", "tpu", "TPU v6 lite")
     assert tpu.rule == runtime.NEAREST and tpu.config["block_rows"] == 64
-    # For 36 rows neither 64 nor 8 divides (the kernel refuses both, and so does the divisibility rule).
-    assert registry.lookup("softmax", (36, 256), "bfloat16", "tpu", "TPU v6 lite").rule == runtime.DEFAULT
+    # For 36 rows neither 64 nor 8 divides: TPU pads the rows to whole blocks (`Plan.pad_rows`), so
+    # the nearest tuned shape, 64 x 256 at 8 rows a block (40 rows run), serves.
+    odd = registry.lookup("softmax", (36, 256), "bfloat16", "tpu", "TPU v6 lite")
+    assert odd.rule == runtime.NEAREST and odd.tuned_shape == (64, 256) and odd.config["block_rows"] == 8
 
 
 def test_nearest_uses_the_kernels_legality_and_given_search_spaces(signed, repo):
