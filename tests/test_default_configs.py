@@ -94,6 +94,21 @@ def test_tpu_defaults_run_users_shapes_within_scoped_vmem(kernel):
         assert module.footprint(config, shape, "bfloat16", "tpu") <= TPU_SCOPED_VMEM, (shape, config)
 
 
+@pytest.mark.parametrize("kernel,shape", [("softmax", (1001, 50257)), ("cross_entropy", (1023, 151937)),
+                                          ("welford", (1001, 100003)), ("batch_softmax", (4, 77, 50257)),
+                                          ("layer_norm", (77, 16385))], ids=str)
+def test_tpu_spaces_tune_row_counts_no_tile_divides(kernel, shape):
+    """The shipped spaces asked every target for blocks dividing the rows: on TPU, whose blocks are
+    multiples of 8 rows (or all of them), 1001 rows left no config to measure. TPU pads the rows to
+    whole blocks, and its spaces admit padding of at most an eighth; the default is among them."""
+    space = spaces.load_space(REPO / "search_spaces" / f"{kernel}.yaml")
+    module = kernels.load(kernel)
+    legal = [c for c in space.configs("tpu") if space.violated(c, shape, "bfloat16", "tpu") is None
+             and module.check_config(c, shape, "bfloat16", "tpu") is None]
+    assert legal and all(-shape[-2] % c["block_rows"] <= shape[-2] // 8 for c in legal)
+    assert module.default_config(shape, "tpu") in legal
+
+
 # The matmul family's and attention's large GPU tiles were sized in bfloat16: in float32 the
 # gpu-triton defaults at matmul 4096^3 and attention (4, 32, 4096, 128) took 288 and 256 KiB of
 # shared memory by their own footprint, over the 227 KiB an H100 or H200 block has. The defaults now
