@@ -69,10 +69,15 @@ class Row:
 def parse_case(text: str) -> tuple[str, tuple[int, ...]]:
     """KERNEL:AxBxC -> (kernel, shape)."""
     kernel, _, dims = text.partition(":")
+    if kernel not in kernels.REGISTRY:
+        raise SystemExit(f"--case {text!r}: unknown kernel {kernel!r}; expected one of {sorted(kernels.REGISTRY)}")
     try:
-        return kernel, tuple(int(d) for d in dims.split("x"))
+        shape = tuple(int(d) for d in dims.split("x"))
     except ValueError:
-        raise SystemExit(f"--case {text!r}: expected KERNEL:AxBxC with integer dims") from None
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise SystemExit(f"--case {text!r}: expected KERNEL:AxBxC with positive integer dims")
+    return kernel, shape
 
 
 def space_configs(kernel: str, shape: tuple[int, ...], count: int, dtype: str) -> list[dict]:

@@ -140,12 +140,12 @@ class RowKernel:
                            strategy="split_cols", block_cols=SPLIT_CHUNK)
             return cls(block_rows=1, rows_per_program=1, num_warps=8, num_stages=2,
                        strategy="fori_loop", block_cols=4096)
+        if target != "tpu":
+            return CONFIG_TYPES[target](block_rows=SUBLANES if rows % SUBLANES == 0 else rows)
         # TPU: 16 rows make whole (16, 128) tiles of 16-bit types too; 8 where 16 do not divide
         # the rows; else all rows in one block, or, where that block would not be small, blocks of
         # 16 with the rows padded to them by a copy (`Plan.pad_rows`) when a row is not whole lanes
         # (1001 rows of 50257 columns: one block would take 100 MB of VMEM).
-        if target != "tpu":
-            return CONFIG_TYPES[target](block_rows=SUBLANES if rows % SUBLANES == 0 else rows)
         fit = tpu_row_block(rows)
         config = CONFIG_TYPES[target](block_rows=fit or rows)
         whole = footprint_.footprint(self.math, config.check(tuple(shape), self.math), jnp.float32)
