@@ -14,8 +14,8 @@ defaults (num_warps 4, num_stages 3, always passed explicitly).
 Config knobs (typed below, each default once):
   TPU and interpret: block_rows x block_cols tiles of the (seq, hidden) plane of one batch
     entry (TPU: dividing it, block_rows a multiple of 8 or all of seq, block_cols a multiple
-    of 128 or all of hidden; interpret: edge tiles may be partial); buffers (TPU: 1 or 2
-    pipeline buffers per operand).
+    of 128 or all of hidden, a block past either being all of it; interpret: edge tiles may be
+    partial); buffers (TPU: 1 or 2 pipeline buffers per operand).
   gpu-triton: block_size elements per step, blocks_per_program steps per program (a loop
     when > 1); tiling "flat" — the arrays as one vector in masked 1-D blocks; or tiling "rows"
     — (batch * seq, hidden) as a 2-D array in masked (block_size / block_cols) x block_cols
@@ -58,6 +58,11 @@ class GluConfigInterpret:
             raise ValueError(f"block_rows and block_cols must be positive, got {self.block_rows} "
                              f"and {self.block_cols}")
 
+    def tile(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """The tile on `shape`: a block past seq or hidden is all of it (a full-dimension block,
+        which TPU takes at any size: 197 tokens in block_rows 256)."""
+        return min(self.block_rows, shape[1]), min(self.block_cols, shape[2])
+
     def check(self, shape: tuple[int, ...]) -> None:
         """Raise if the config cannot run on `shape` (interpret: any positive tile)."""
 
@@ -75,7 +80,7 @@ class GluConfigTPU(GluConfigInterpret):
 
     def check(self, shape: tuple[int, ...]) -> None:
         _, seq, hidden = shape
-        br, bc = self.block_rows, self.block_cols
+        br, bc = self.tile(shape)
         # Partial edge tiles are refused: TPU interpret mode (JAX 0.10) mis-shapes them when
         # outputs are aliased, as validation's poisoned outputs are.
         if seq % br or hidden % bc:
@@ -181,20 +186,21 @@ def footprint(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, tar
     if isinstance(c, GluConfigTriton):
         stages = c.num_stages - 1 if c.blocks_per_program > 1 else 0
         return stages * 2 * c.block_size * item
-    elements = c.block_rows * c.block_cols
+    elements = math.prod(c.tile(shape))
     buffers = c.buffers if isinstance(c, GluConfigTPU) else 1
     return buffers * 3 * elements * item + 2 * elements * 4
 
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
-    """A safe config: tiles up to 256 x 1024 dividing (seq, hidden); 1024-element blocks on GPU."""
+    """A safe config: tiles up to 256 x 1024 dividing (seq, hidden), else all of seq or hidden (as
+    the power of two at or past it, which the tile takes whole: `tile`); 1024-element blocks on GPU."""
     _, seq, hidden = shape
     if target == "gpu-triton":
         config: GluConfig = GluConfigTriton(block_size=1024, num_stages=1)
     else:
         config = CONFIG_TYPES[target](
-            block_rows=next((r for r in (256, 128, 64, 32, 16, 8) if seq % r == 0), seq),
-            block_cols=next((c for c in (1024, 512, 256, 128) if hidden % c == 0), hidden))
+            block_rows=next((r for r in (256, 128, 64, 32, 16, 8) if seq % r == 0), pl.next_power_of_2(seq)),
+            block_cols=next((c for c in (1024, 512, 256, 128) if hidden % c == 0), pl.next_power_of_2(hidden)))
     return dataclasses.asdict(config)
 
 
@@ -274,7 +280,7 @@ def build(act: Activation, name: str, config: Mapping[str, Any], shape: tuple[in
 
         return gated
 
-    br, bc = c.block_rows, c.block_cols
+    br, bc = c.tile(shape)
     tpu = isinstance(c, GluConfigTPU)
     spec = pl.BlockSpec((None, br, bc), lambda i, j, k: (i, j, k),
                         pipeline_mode=pl.Buffered(c.buffers) if tpu else None)

@@ -168,6 +168,10 @@ def default_config(shape: tuple[int, ...], target: str, dtype: Any = None) -> di
     # elements a program, as the space asks (8 rows of 14336 were outside it, and a sweep on the
     # H200 answered such a default "invalid", thirty-second session)
     rows = min(8, pl.next_power_of_2(m)) if target == "gpu-triton" else own.rows(m)
+    if target == "tpu" and m % 8:
+        # the row engine pads m to whole blocks on TPU (or takes all of fewer rows): 16, a power
+        # of two the space holds, rather than all 77 rows as one block
+        rows = 16
     while target == "gpu-triton" and rows > 1 and rows * n > TRITON_ROW_ELEMENTS:
         rows //= 2
     knobs = dataclasses.replace(own, ln_rows=rows).to_dict()

@@ -115,11 +115,13 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
                                       block_cols=min(4096, pl.next_power_of_2(cols) // 2),
                                       num_stages=1)
     else:
-        block_cols = next((c for c in (512, 256, 128) if cols % c == 0 and c < cols), cols)
+        # the row as one chunk where none divides it (as the power of two past it, taken whole)
+        block_cols = next((c for c in (512, 256, 128) if cols % c == 0 and c < cols), pl.next_power_of_2(cols))
         if target == "tpu":
             # all the rows as one block only where it is small; else whole tiles, the rows padded
             # to them (v4's 16 MiB of VMEM did not hold 1000 rows of 3000 columns)
-            whole = n_rows if n_rows * block_cols <= SMALL_TPU_BLOCK else rows.TPU_ROW_BLOCKS[0]
+            whole = (pl.next_power_of_2(n_rows) if n_rows * min(block_cols, cols) <= SMALL_TPU_BLOCK
+                     else rows.TPU_ROW_BLOCKS[0])
             block_rows = rows.tpu_row_block(n_rows) or whole
         else:
             block_rows = rows.SUBLANES if n_rows % rows.SUBLANES == 0 else n_rows

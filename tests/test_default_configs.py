@@ -109,6 +109,32 @@ def test_tpu_spaces_tune_row_counts_no_tile_divides(kernel, shape):
     assert module.default_config(shape, "tpu") in legal
 
 
+# Users' shapes the TPU spaces held no config at (rows: fewer than a tile; columns: no chunk of a
+# power of two divides 3000 or 1000; GLUs: seq 77 or 197, hidden 1000). A block past the rows,
+# columns, seq or hidden is now one block of all of it, the spaces admit that block, and rms norm
+# backward pads its rows like the others (the padded rows masked out of dweight's sums).
+TPU_SPACE_SHAPES = [
+    ("softmax", (3, 151936)), ("softmax", (7, 128256)), ("softmax", (4096, 4000)),
+    ("softmax_two_pass", (1000, 3000)), ("softmax_two_pass", (5, 640)),
+    ("batch_softmax", (2, 3, 1000)), ("batch_softmax", (4, 77, 50257)),
+    ("cross_entropy", (7, 151936)), ("cross_entropy", (1000, 50257)),
+    ("rms_norm", (3, 14336)), ("rms_norm", (1000, 4000)),
+    ("rms_norm_bwd", (77, 5120)), ("rms_norm_bwd", (13, 384)),
+    ("layer_norm", (1000, 1000)), ("layer_norm", (1, 16384)),
+    ("welford", (7, 50257)), ("swiglu", (1, 77, 1000)), ("geglu", (3, 197, 3072)),
+]
+
+
+@pytest.mark.parametrize("kernel,shape", TPU_SPACE_SHAPES, ids=str)
+def test_tpu_spaces_hold_configs_at_users_shapes_the_default_among_them(kernel, shape):
+    space = spaces.load_space(REPO / "search_spaces" / f"{kernel}.yaml")
+    module = kernels.load(kernel)
+    legal = [c for c in space.configs("tpu") if space.violated(c, shape, "bfloat16", "tpu") is None]
+    assert legal, f"{kernel} {shape}: the TPU space holds no config"
+    default = module.default_config(shape, "tpu")
+    assert outside(space, default, shape, "bfloat16", "tpu") is None
+
+
 # The matmul family's and attention's large GPU tiles were sized in bfloat16: in float32 the
 # gpu-triton defaults at matmul 4096^3 and attention (4, 32, 4096, 128) took 288 and 256 KiB of
 # shared memory by their own footprint, over the 227 KiB an H100 or H200 block has. The defaults now

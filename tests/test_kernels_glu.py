@@ -78,6 +78,19 @@ def test_unsupported_configs_are_refused_up_front(target, config, message):
         swiglu.build(config, (2, 48, 256), jnp.float32, Platform(target))
 
 
+@pytest.mark.parametrize("module", [swiglu, geglu])
+@pytest.mark.parametrize("shape", [(1, 77, 1000), (2, 37, 384)], ids=str)
+def test_tpu_blocks_past_seq_or_hidden_take_all_of_it(module, shape):
+    """Seq 77 or 37 and hidden 1000: no tile of 8 rows by 128 lanes divides them, and the TPU
+    spaces held no config. A block past seq or hidden is one block of all of it (full-dimension
+    blocks TPU takes at any size); the default is that block, and it matches in TPU interpret
+    mode and lowers for TPU."""
+    config = module.default_config(shape, "tpu")
+    assert glu.typed_config(config, shape, "tpu").tile(shape) == (shape[1], 1000 if shape[2] == 1000 else 128)
+    checks.check(module, "tpu", shape, "float32", config)
+    checks.check(module, "tpu", shape, "bfloat16", {"block_rows": 128, "block_cols": 2048, "buffers": 1})
+
+
 def test_flat_tiling_refuses_int32_overflow():
     with pytest.raises(NotImplementedError, match="2\\*\\*31"):
         swiglu.build({"tiling": "flat", "block_size": 1024}, (16, 16384, 8192), jnp.bfloat16,

@@ -100,6 +100,17 @@ def test_unsupported_configs_are_refused_up_front(name, config, shape, target, e
     ("layer_norm", {"block_rows": 8, "strategy": "emit_pipeline", "block_cols": 128}, (13, 384)),
     # one block of all 7 rows: emit_pipeline slices no rows (Mosaic TPU refused a traced start)
     ("softmax", {"block_rows": 7, "strategy": "emit_pipeline", "block_cols": 128}, (7, 384)),
+    # a block of more rows than there are: all 3 rows, unpadded
+    ("softmax", {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 128}, (3, 384)),
+    ("cross_entropy", {"block_rows": 4, "strategy": "one_pass", "stats_layout": "column"}, (3, 384)),
+    # and a chunk past the row is all of it: the two-pass softmax at 300 columns (no 128-multiple divides)
+    ("softmax_two_pass", {"block_rows": 8, "strategy": "emit_pipeline", "block_cols": 512}, (5, 300)),
+    ("softmax_two_pass", {"block_rows": 8, "strategy": "grid", "block_cols": 512}, (13, 300)),
+    # dweight sums over the rows: the padded rows are masked out of it
+    ("rms_norm_bwd", {"block_rows": 8, "strategy": "one_pass"}, (13, 384)),
+    ("rms_norm_bwd", {"block_rows": 8, "strategy": "fori_loop", "block_cols": 128}, (13, 384)),
+    ("rms_norm_bwd", {"block_rows": 16, "strategy": "grid", "block_cols": 128}, (21, 384)),
+    ("rms_norm_bwd", {"block_rows": 8, "strategy": "emit_pipeline", "block_cols": 128}, (13, 384)),
 ], ids=str)
 def test_tpu_pads_rows_to_whole_blocks(name, config, shape):
     """TPU row blocks are whole: where block_rows does not divide the rows, the rows are padded
@@ -107,15 +118,31 @@ def test_tpu_pads_rows_to_whole_blocks(name, config, shape):
     in TPU interpret mode with poisoned outputs, against the reference."""
     module = kernels.load(name)
     config = {**module.default_config(shape, "tpu"), **config}
-    assert module.KERNEL.plan(config, shape, "tpu").pad_rows == -shape[-2] % config["block_rows"]
+    block = min(config["block_rows"], shape[-2])
+    plan = module.KERNEL.plan(config, shape, "tpu")
+    assert (plan.block_rows, plan.pad_rows) == (block, -shape[-2] % block)
     assert_matches(module, config, shape, "float32", "tpu")
 
 
-def test_tpu_refuses_padded_rows_where_a_kernel_sums_over_them():
-    """rms norm backward's dweight sums over the rows: its blocks must divide them."""
-    reason = kernels.load("rms_norm_bwd").check_config({"block_rows": 8, "strategy": "one_pass"}, (13, 384),
-                                                       "bfloat16", "tpu")
-    assert reason is not None and "block_rows=8 must divide the 13 rows" in reason
+def _count_rows(*x, cols=None, valid=None):
+    """A column output of ones: each column's sum is the number of rows."""
+    return (jnp.ones_like(x[0]),)
+
+
+@pytest.mark.parametrize("config", [{"block_rows": 8, "strategy": "one_pass"},
+                                    {"block_rows": 8, "strategy": "fori_loop", "block_cols": 128},
+                                    {"block_rows": 8, "strategy": "grid", "block_cols": 128},
+                                    {"block_rows": 8, "strategy": "emit_pipeline", "block_cols": 128}], ids=str)
+def test_tpu_padded_rows_add_nothing_to_column_sums(config):
+    """Zero rows add zero to rms norm backward's dweight whether or not they are masked; a math
+    whose rows each add one to every column (a row count) tells: 13 rows padded to 16 sum to 13."""
+    counting = rows.RowMath("count_rows", rows=_count_rows, init=lambda shape: (), update=lambda stats, *a, **k: stats,
+                            finish=lambda stats, cols: (), apply=lambda values, *x: _count_rows(*x),
+                            row_outputs=0, col_outputs=1)
+    kernel = rows.RowKernel(counting, ("rows", "cols"))
+    assert kernel.plan(config, (13, 256), "tpu").pad_rows == 3
+    fn = kernel.build(config, (13, 256), jnp.float32, Platform("tpu", interpret=True, poison_outputs=True))
+    np.testing.assert_array_equal(np.asarray(jax.jit(fn)(jnp.zeros((13, 256)))), np.full(256, 13.0))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -35,9 +35,19 @@ def split_refs(refs: tuple[Any, ...], math_: RowMath) -> tuple[list[Any], ...]:
     return tuple(groups)
 
 
+def real_rows(p: Plan, row_block: jax.Array) -> jax.Array | None:
+    """Which rows of block `row_block` are the shape's, (1, block_rows, 1) bools; None where no
+    rows were padded (`Plan.pad_rows`). Padded rows must add nothing to a column output's sum."""
+    if not p.pad_rows:
+        return None
+    first = row_block * p.block_rows
+    return first + lax.broadcasted_iota(jnp.int32, (1, p.block_rows, 1), 1) < p.rows - p.pad_rows
+
+
 def _store(row_out: list[Any], col_out: list[Any], results: tuple[jax.Array, ...],
-           cols: Any, vector_cols: Any = None) -> None:
-    """Write one chunk's outputs; column contributions are summed over the block's rows."""
+           cols: Any, vector_cols: Any = None, real: jax.Array | None = None) -> None:
+    """Write one chunk's outputs; column contributions are summed over the block's rows (those
+    `real` marks, when given)."""
     n_rows = len(row_out)
     if len(results) != n_rows + len(col_out):
         raise ValueError(f"the math returned {len(results)} outputs, expected "
@@ -46,6 +56,8 @@ def _store(row_out: list[Any], col_out: list[Any], results: tuple[jax.Array, ...
         ref[:, :, cols] = value.astype(ref.dtype)
     vector_cols = cols if vector_cols is None else vector_cols
     for ref, value in zip(col_out, results[n_rows:]):
+        if real is not None:
+            value = jnp.where(real, value, 0.0)
         ref[:, :, vector_cols] = jnp.sum(value, axis=(0, 1), keepdims=True)
 
 
@@ -75,10 +87,11 @@ def _save_stats(refs: list[Any], stats: Stats) -> None:
 def _whole_rows_body(*refs: Any, math_: RowMath, p: Plan) -> None:
     row_in, col_in, vec_in, row_out, col_out, res_out, _ = split_refs(refs, math_)
     vectors = _read_vectors(vec_in, p)
+    real = real_rows(p, pl.program_id(1)) if col_out else None
     if p.strategy == "one_pass":
         outs = math_.rows(*_read(row_in + col_in), *vectors, cols=p.cols, valid=None)
         n = len(row_out) + len(col_out)
-        _store(row_out, col_out, outs[:n], slice(None))
+        _store(row_out, col_out, outs[:n], slice(None), real=real)
         _write_results(res_out, outs[n:])
         return
 
@@ -97,7 +110,7 @@ def _whole_rows_body(*refs: Any, math_: RowMath, p: Plan) -> None:
 
     def write(j: jax.Array, carry: int) -> int:
         _store(row_out, col_out,
-               math_.apply(row_values, *_read(row_in + col_in, chunk(j)), *vectors), chunk(j))
+               math_.apply(row_values, *_read(row_in + col_in, chunk(j)), *vectors), chunk(j), real=real)
         return carry
 
     lax.fori_loop(0, p.col_blocks, write, 0)
@@ -128,7 +141,8 @@ def _grid_body(*refs: Any, math_: RowMath, p: Plan) -> None:
         def _write():
             row_values = math_.finish(_load_stats(stats_refs), p.cols)
             _store(row_out, col_out, math_.apply(row_values, *_read(row_in + col_in),
-                                                 *_read_vectors(vec_in, p)), slice(None))
+                                                 *_read_vectors(vec_in, p)), slice(None),
+                   real=real_rows(p, pl.program_id(1)) if col_out else None)
 
 
 def _pipeline_body(*refs: Any, math_: RowMath, p: Plan) -> None:
@@ -137,6 +151,7 @@ def _pipeline_body(*refs: Any, math_: RowMath, p: Plan) -> None:
     row_in, col_in, vec_in, row_out, col_out, res_out, stats_refs = split_refs(refs, math_)
     bb, br, bc = p.block_batch, p.block_rows, p.block_cols
     vectors = _read_vectors(vec_in, p)
+    real = real_rows(p, pl.program_id(1)) if col_out else None  # the kernel's grid, not the pipeline's
     # A static start where one block spans the axis: Mosaic TPU refuses a traced start it cannot
     # prove tile-aligned (3 or 77 rows of bf16 are not whole (16, 128) tiles).
     window = tuple(pl.ds(0 if size == block else pl.multiple_of(pl.program_id(axis) * block, block), block)
@@ -166,7 +181,7 @@ def _pipeline_body(*refs: Any, math_: RowMath, p: Plan) -> None:
         # Row outputs are the pipeline's chunks; column outputs are whole VMEM blocks, written
         # at the pipeline's step.
         step = pl.ds(pl.multiple_of(pl.program_id(0) * bc, bc), bc)
-        _store(list(chunk_refs[n_in:]), col_out, results, slice(None), step)
+        _store(list(chunk_refs[n_in:]), col_out, results, slice(None), step, real)
 
     pltpu.emit_pipeline(fold, grid=(p.col_blocks,), in_specs=in_specs)(*row_in, *col_in)
     if math_.results:

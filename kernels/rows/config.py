@@ -99,6 +99,8 @@ class RowConfig:
     block_rows: rows per block; strategy: how a row is walked (see `kernels.rows`);
     block_cols: the column chunk of the looped and streamed strategies (one_pass ignores it;
     the spaces pin it at 128 there); block_batch: batch entries per block of a 3-D shape.
+    On TPU and in interpret mode a block of more rows or columns than the shape has takes all
+    of them (`check`), so a power of two names "all the rows" at any row count.
     """
 
     block_rows: int
@@ -125,22 +127,26 @@ class RowConfig:
     def check(self, shape: tuple[int, ...], math_: RowMath) -> Plan:
         """The plan of this config for `shape`; raises with a plain message when it cannot work."""
         batch, rows, cols = split_shape(shape)
-        block_cols = cols if self.strategy == "one_pass" else self.block_cols
-        bb, br = self.block_batch, self.block_rows
+        # A block of more rows or columns than the shape has is one block of all of them (a
+        # full-dimension block, legal on TPU at any size): 3 rows take block_rows 4 unpadded, a
+        # row of 3000 columns block_cols 4096 as one chunk.
+        block_cols = cols if self.strategy == "one_pass" else min(self.block_cols, cols)
+        bb, br = self.block_batch, min(self.block_rows, rows)
         # Partial row blocks: interpret mode pads them, but column outputs would sum the padding,
         # and on TPU interpret mode (JAX 0.10) mis-shapes them when outputs are aliased, as
         # validation's poisoned outputs are; emit_pipeline slices whole row blocks. So on TPU the
-        # rows are padded to whole blocks with zeros by a copy (`Plan.pad_rows`), but for kernels
-        # with column outputs, which take blocks that divide the rows.
+        # rows are padded to whole blocks with zeros by a copy (`Plan.pad_rows`), and the kernel
+        # masks the padded rows out of column outputs' sums (`blocked.real_rows`); in interpret
+        # mode kernels with column outputs take blocks that divide the rows.
         whole_rows = self.TARGET == "tpu" or math_.col_outputs
-        pad = -rows % br if self.TARGET == "tpu" and not math_.col_outputs else 0
+        pad = -rows % br if self.TARGET == "tpu" else 0
         if batch % bb or cols % block_cols or (whole_rows and (rows + pad) % br):
             part = (f"block_cols={block_cols} must divide the row length {cols}" if cols % block_cols
                     else f"block_rows={br} must divide the {rows} rows" if rows % br
                     else f"block_batch={bb} must divide the batch {batch}")
             raise ValueError(f"blocks ({bb}, {br}, {block_cols}) must divide the shape "
                              f"({batch}, {rows}, {cols}): {part}")
-        return Plan(self, batch, rows + pad, cols, block_cols, pad_rows=pad)
+        return Plan(self, batch, rows + pad, cols, block_cols, pad_rows=pad, row_block=br)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +179,7 @@ class RowConfigTPU(RowConfig):
 
     def check(self, shape: tuple[int, ...], math_: RowMath) -> Plan:
         p = super().check(shape, math_)
-        br, bc, rows, cols = self.block_rows, p.block_cols, p.rows, p.cols
+        br, bc, rows, cols = p.block_rows, p.block_cols, p.rows, p.cols
         if (br % SUBLANES and br != rows) or (bc % LANES and bc != cols):
             raise ValueError(f"TPU block ({br}, {bc}): the last two dimensions must be divisible "
                              f"by {SUBLANES} and {LANES} respectively (block_rows a multiple of 8, "
@@ -283,6 +289,7 @@ class Plan:
     cols: int
     block_cols: int  # the chunk, resolved: the whole row (TPU, interpret) or its padded width
     pad_rows: int = 0  # rows of zeros the TPU kernel runs past the shape's (rows includes them)
+    row_block: int = 0  # the block of rows, resolved (0: the config's block_rows)
 
     @property
     def target(self) -> str:
@@ -294,7 +301,7 @@ class Plan:
 
     @property
     def block_rows(self) -> int:
-        return self.config.block_rows
+        return self.row_block or self.config.block_rows
 
     @property
     def block_batch(self) -> int:

@@ -147,14 +147,15 @@ class RowKernel:
         # 16 with the rows padded to them by a copy (`Plan.pad_rows`) when a row is not whole lanes
         # (1001 rows of 50257 columns: one block would take 100 MB of VMEM).
         fit = tpu_row_block(rows)
-        config = CONFIG_TYPES[target](block_rows=fit or rows)
+        # all the rows as the power of two at or past them (`RowConfig.check` takes it whole)
+        config = CONFIG_TYPES[target](block_rows=fit or pl.next_power_of_2(rows))
         whole = footprint_.footprint(self.math, config.check(tuple(shape), self.math), jnp.float32)
         if whole <= STREAM_ABOVE:
             return config
         if cols % LANES == 0:
             block_cols = max(c for c in (128, 256, 512, 1024) if cols % c == 0)
             return dataclasses.replace(config, strategy="emit_pipeline", block_cols=block_cols)
-        if fit is None and not self.math.col_outputs:
+        if fit is None:
             return dataclasses.replace(config, block_rows=TPU_ROW_BLOCKS[0])
         return config
 
