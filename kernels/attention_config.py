@@ -249,7 +249,13 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         919.6; thirty-third session); head dim 64 (thirty-fourth session), (4, 32, 4096, 64) pipelined
         1080.7 against warp-specialized 1333.5 (cuDNN 1143.8, torch SDPA 1126.2), causal
         warp-specialized 644.6 against pipelined 1262.3 (torch SDPA 624.6); (16, 16, 1024, 32) pipelined
-        119.9 against 158.9 (torch SDPA 157.9); (2, 8, 4096, 40) pipelined 214.3 against 179.3."""
+        119.9 against 158.9 (torch SDPA 157.9); (2, 8, 4096, 40) pipelined 214.3 against 179.3.
+        Short sequences (PERSISTENT_SEQ, PERSISTENT_CAUSAL_SEQ): a block a SM looping over the
+        tiles, the next tile's Q loaded ahead (ws_grid persistent_q_ahead), where a tile's few K/V
+        blocks leave a block's start and end exposed; on the H200 (fortieth session) (32, 12, 197,
+        64) 20.6 against 29.0 (torch SDPA 24.3), causal 20.4 against 29.2 (22.9); causal (2, 32,
+        1024, 128) 42.5 against 51.8 (48.5); but (16, 32, 512, 128) 160.4 against 147.1 and (4, 32,
+        4096, 128) 1964.6 against 1576.0."""
         swizzle = least_padding_swizzle(shape[3])
         schedule = "pingpong" if causal else "intra_overlap"
         wide = cls(64, 128, ws_schedule=schedule, swizzle=swizzle)
@@ -257,8 +263,17 @@ class MosaicGpuAttentionConfig(AttentionConfig):
         off_grid = wide.padded_seq(shape[2], shape[3]) != pipelined.padded_seq(shape[2], shape[3])
         if not causal and swizzle >= 64 and pipelined.padded_dim(shape[3]) <= 64 and not off_grid:
             return pipelined
+        if shape[2] <= (PERSISTENT_CAUSAL_SEQ if causal else PERSISTENT_SEQ):
+            ahead = dataclasses.replace(wide, ws_grid="persistent_q_ahead")
+            if ahead.footprint(shape, dtype) <= defaults_shared_memory():
+                return ahead
         fits = wide.footprint(shape, dtype) <= defaults_shared_memory()
         return wide if fits else cls(64, 64, ws_schedule=schedule, swizzle=swizzle)
+
+
+# Sequences up to which the Mosaic GPU default runs a block a SM (ws_grid persistent_q_ahead):
+# tiles of two 64-row Q blocks over at most 2 (plain) or 8 (causal, 4 on average) K/V blocks of 128.
+PERSISTENT_SEQ, PERSISTENT_CAUSAL_SEQ = 256, 1024
 
 
 def least_padding_swizzle(dim: int, itemsize: int = 2) -> int:

@@ -308,7 +308,7 @@ def test_sequences_off_the_row_grid_run_unpadded_at_head_dims_of_one_swizzle(nam
     # narrower than its swizzle, or two or three swizzles wide (one copy per 8-row slab and
     # swizzle ran (1, 32, 4001, 128) in 759.1 us against 434.4 at 4000 rows), and sequences
     # shorter than a block
-    pipelined = {**default, "mgpu_pipeline": "pipelined", "ws_schedule": "pingpong"}
+    pipelined = {**default, "mgpu_pipeline": "pipelined", "ws_schedule": "pingpong", "ws_grid": "blocks"}
     assert "stablehlo.pad" in _lower(name, pipelined, "gpu-mosaic", shape)
     if dim < 64:
         assert "stablehlo.pad" in _lower(name, {**default, "swizzle": 128}, "gpu-mosaic", shape)
@@ -327,15 +327,17 @@ def test_the_rows_that_copies_use_alias_the_tiles_that_wgmma_reads(dim):
 
     shape = (2, 3, 197, dim)
     module = kernels.load("flash_attention")
-    config = module.default_config(shape, "gpu-mosaic")
+    default = module.default_config(shape, "gpu-mosaic")
     inputs = jax.eval_shape(lambda: module.make_inputs(shape, jnp.bfloat16, jax.random.key(0)))
-    jaxpr = str(jax.make_jaxpr(module.build(config, shape, jnp.bfloat16, Platform("gpu-mosaic")))(*inputs))
-    views = set(re.findall(r"ExtractAliasedRef\(dtype=dtype\(bfloat16\), shape=\(([\d, ]+)\), "
-                           r"offset=(\d+), alias_group_idx=(\d)", jaxpr))
-    groups: dict[str, dict[int, int]] = {"0": {}, "1": {}}
-    for dims, offset, group in views:
-        groups[group][int(offset)] = math.prod(int(d) for d in dims.split(","))
-    assert len(groups["0"]) == 3 and groups["0"] == groups["1"]  # Q/O, K and V: same offsets, same sizes
+    for grid, tiles in (("blocks", 3), ("persistent_q_ahead", 4)):  # Q/O, K, V; Q and O apart
+        config = {**default, "ws_grid": grid}
+        jaxpr = str(jax.make_jaxpr(module.build(config, shape, jnp.bfloat16, Platform("gpu-mosaic")))(*inputs))
+        views = set(re.findall(r"ExtractAliasedRef\(dtype=dtype\(bfloat16\), shape=\(([\d, ]+)\), "
+                               r"offset=(\d+), alias_group_idx=(\d)", jaxpr))
+        groups: dict[str, dict[int, int]] = {"0": {}, "1": {}}
+        for dims, offset, group in views:
+            groups[group][int(offset)] = math.prod(int(d) for d in dims.split(","))
+        assert len(groups["0"]) == tiles and groups["0"] == groups["1"], grid  # same offsets, same sizes
 
 
 def test_only_sequences_off_the_grid_change_the_default_kernel():
@@ -352,6 +354,29 @@ def test_only_sequences_off_the_grid_change_the_default_kernel():
     assert Config.default((32, 12, 197, 32)).mgpu_pipeline == "warp_specialized"
     assert Config.default((32, 12, 197, 128)).mgpu_pipeline == "warp_specialized"  # as at any length
     assert not Config.default((32, 12, 197, 128)).copies_single_rows(128)  # padded: two swizzles
+
+
+def test_short_sequences_default_to_a_block_a_sm_with_the_next_q_ahead():
+    # On the H200 (fortieth session): (32, 12, 197, 64) 20.6 us against 29.0 one block a tile,
+    # causal 20.4 against 29.2, causal (2, 32, 1024, 128) 42.5 against 51.8; but (16, 32, 512, 128)
+    # 160.4 against 147.1 and (4, 32, 4096, 128) 1964.6 against 1576.0.
+    from kernels.attention_config import MosaicGpuAttentionConfig as Config
+    from kernels.mgpu_launch import defaults_shared_memory
+
+    def grid(shape, causal=False, dtype=jnp.bfloat16):
+        return Config.default(shape, causal, dtype).ws_grid
+
+    assert [grid((8, 32, seq, 128)) for seq in (197, 256, 512)] == [
+        "persistent_q_ahead", "persistent_q_ahead", "blocks"]
+    assert grid((32, 12, 197, 64)) == "persistent_q_ahead"
+    assert [grid((2, 32, seq, 128), causal=True) for seq in (197, 1024, 1025, 4096)] == [
+        "persistent_q_ahead", "persistent_q_ahead", "blocks", "blocks"]
+    assert grid((16, 16, 200, 64)) == "blocks"  # the pipelined kernel: on the 8-row grid, head dim 64
+    # Q and O apart take more shared memory: at head dim 256 in float32 two K/V slots of 64 rows do not fit
+    assert grid((2, 16, 256, 256), dtype=jnp.float32) == "blocks"
+    for shape, causal in (((32, 12, 197, 64), False), ((2, 8, 1000, 96), True), ((2, 16, 256, 256), False)):
+        config = Config.default(shape, causal)
+        assert config.footprint(shape, jnp.bfloat16) <= defaults_shared_memory()
 
 
 def test_keys_past_the_sequence_are_masked_only_where_needed():
