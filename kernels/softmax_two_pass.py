@@ -99,9 +99,6 @@ def _staged_default_config(shape: tuple[int, ...]) -> dict[str, Any]:
     return {**config, "block_cols": widest}
 
 
-SMALL_TPU_BLOCK = 16 * 4096  # elements of a chunk the TPU default takes all the rows in
-
-
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """A safe config for any shape: 16 or 8 rows (or all, or the rows padded: TPU), the widest
     chunk up to 512 that divides (Mosaic GPU: a staged row, `_staged_default_config`)."""
@@ -117,14 +114,12 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     else:
         # the row as one chunk where none divides it (as the power of two past it, taken whole)
         block_cols = next((c for c in (512, 256, 128) if cols % c == 0 and c < cols), pl.next_power_of_2(cols))
-        if target == "tpu":
-            # all the rows as one block only where it is small; else whole tiles, the rows padded
-            # to them (v4's 16 MiB of VMEM did not hold 1000 rows of 3000 columns)
-            whole = (pl.next_power_of_2(n_rows) if n_rows * min(block_cols, cols) <= SMALL_TPU_BLOCK
-                     else rows.TPU_ROW_BLOCKS[0])
-            block_rows = rows.tpu_row_block(n_rows) or whole
-        else:
-            block_rows = rows.SUBLANES if n_rows % rows.SUBLANES == 0 else n_rows
+        block_rows = rows.SUBLANES if n_rows % rows.SUBLANES == 0 else n_rows
         config = rows.CONFIG_TYPES[target](block_rows=block_rows, block_cols=block_cols,
                                            strategy="emit_pipeline" if target == "tpu" else "fori_loop")
+        if target == "tpu":
+            # the row engine's TPU rule: all the rows as one block only where it is small, else
+            # whole tiles, the rows padded to them (v4's 16 MiB of VMEM did not hold 1000 rows of
+            # 3000 columns)
+            config = KERNEL.tpu_rows(config, shape)
     return config.to_dict(KERNEL.knobs(len(shape), target))

@@ -155,9 +155,20 @@ class RowKernel:
         if cols % LANES == 0:
             block_cols = max(c for c in (128, 256, 512, 1024) if cols % c == 0)
             return dataclasses.replace(config, strategy="emit_pipeline", block_cols=block_cols)
-        if fit is None:
-            return dataclasses.replace(config, block_rows=TPU_ROW_BLOCKS[0])
-        return config
+        return self.tpu_rows(config, shape)
+
+    def tpu_rows(self, config: RowConfig, shape: tuple[int, ...]) -> RowConfig:
+        """A TPU `config` with a default's block of rows: 16 or 8 where they divide the rows; else
+        all of them (as the power of two past them) where that block's footprint in float32 is
+        at most STREAM_ABOVE; else 16, the rows padded to them by a copy (`Plan.pad_rows`)."""
+        rows = split_shape(tuple(shape))[1]
+        fit = tpu_row_block(rows)
+        if fit is not None:
+            return dataclasses.replace(config, block_rows=fit)
+        whole = dataclasses.replace(config, block_rows=pl.next_power_of_2(rows))
+        if footprint_.footprint(self.math, whole.check(tuple(shape), self.math), jnp.float32) <= STREAM_ABOVE:
+            return whole
+        return dataclasses.replace(config, block_rows=TPU_ROW_BLOCKS[0])
 
     def default_config(self, shape: tuple[int, ...], target: str) -> dict[str, Any]:
         """A safe config for any shape, with exactly the knobs of the target (see `default`)."""
