@@ -138,6 +138,17 @@ def test_tpu_spaces_hold_configs_at_users_shapes_the_default_among_them(kernel, 
     assert outside(space, default, shape, "bfloat16", "tpu") is None
 
 
+@pytest.mark.parametrize("kernel,shape,block,pad", [
+    ("softmax", (7, 151937), 7, 0),          # all 7 rows: 16 padded would be a larger block
+    ("rms_norm_bwd", (13, 50257), 8, 3),     # v4's 16 MiB held 8 rows, not 13 or 16 (libtpu, deviceless)
+    ("cross_entropy", (1001, 151937), 16, 7),
+], ids=str)
+def test_tpu_default_pads_rows_only_to_a_smaller_block(kernel, shape, block, pad):
+    module = kernels.load(kernel)
+    plan = module.KERNEL.plan(module.default_config(shape, "tpu"), shape, "tpu")
+    assert (plan.block_rows, plan.pad_rows, plan.strategy) == (block, pad, "one_pass")
+
+
 # The matmul family's and attention's large GPU tiles were sized in bfloat16: in float32 the
 # gpu-triton defaults at matmul 4096^3 and attention (4, 32, 4096, 128) took 288 and 256 KiB of
 # shared memory by their own footprint, over the 227 KiB an H100 or H200 block has. The defaults now

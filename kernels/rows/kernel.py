@@ -160,7 +160,8 @@ class RowKernel:
     def tpu_rows(self, config: RowConfig, shape: tuple[int, ...]) -> RowConfig:
         """A TPU `config` with a default's block of rows: 16 or 8 where they divide the rows; else
         all of them (as the power of two past them) where that block's footprint in float32 is
-        at most STREAM_ABOVE; else 16, the rows padded to them by a copy (`Plan.pad_rows`)."""
+        at most STREAM_ABOVE; else 16 (8 of up to 16 rows), the rows padded to them by a copy
+        (`Plan.pad_rows`)."""
         rows = split_shape(tuple(shape))[1]
         fit = tpu_row_block(rows)
         if fit is not None:
@@ -168,7 +169,9 @@ class RowKernel:
         whole = dataclasses.replace(config, block_rows=pl.next_power_of_2(rows))
         if footprint_.footprint(self.math, whole.check(tuple(shape), self.math), jnp.float32) <= STREAM_ABOVE:
             return whole
-        return dataclasses.replace(config, block_rows=TPU_ROW_BLOCKS[0])
+        # a smaller block than all the rows: 16, or 8 of 9 to 16 rows; 8 rows or fewer stay whole
+        smaller = [block for block in TPU_ROW_BLOCKS if block < whole.block_rows]
+        return dataclasses.replace(config, block_rows=smaller[0]) if smaller else whole
 
     def default_config(self, shape: tuple[int, ...], target: str) -> dict[str, Any]:
         """A safe config for any shape, with exactly the knobs of the target (see `default`)."""
