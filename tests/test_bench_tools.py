@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import kernels
-from bench import baselines, check_gpu_kernels, oom_probe, seed_table
+from bench import baselines, check_gpu_kernels, oom_probe, seed_table, space_coverage
 from farm.measure import outcomes
 from farm.search import spaces
 
@@ -429,3 +429,14 @@ def test_gpu_check_runs_thread_stores_off_the_grid_only():
     assert check_gpu_kernels.store_variants("matmul", "gpu-mosaic", config, "units") == [config]
     assert check_gpu_kernels.store_variants("matmul", "gpu-triton", config, "odd") == [config]
     assert check_gpu_kernels.store_variants("flash_attention", "gpu-mosaic", config, "odd") == [config]
+
+
+def test_space_coverage_names_empty_spaces_and_defaults_outside_them():
+    # the two-pass softmax's TPU chunks stop at 4096 columns, none dividing 50257; Mosaic GPU's
+    # norms refuse rows that are not whole 128-byte units (1000 bf16 columns)
+    row = space_coverage.coverage("softmax_two_pass", (8192, 50257), "tpu", "bfloat16")
+    assert row.configs == 0 and row.default.startswith("breaks (cols % block_cols == 0")
+    row = space_coverage.coverage("layer_norm", (1000, 1000), "gpu-mosaic", "bfloat16")
+    assert (row.configs, row.default) == (0, "refused by the kernel")
+    row = space_coverage.coverage("softmax", (3, 151936), "tpu", "bfloat16")
+    assert row.configs > 0 and row.default == "in the space"
