@@ -112,8 +112,11 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
                                       block_cols=min(4096, pl.next_power_of_2(cols) // 2),
                                       num_stages=1)
     else:
-        # the row as one chunk where none divides it (as the power of two past it, taken whole)
-        block_cols = next((c for c in (512, 256, 128) if cols % c == 0 and c < cols), pl.next_power_of_2(cols))
+        # the row as one chunk where none divides it (as the power of two past it, taken whole),
+        # up to 4096 columns; longer rows on TPU in chunks of 512, padded to them (`Plan.pad_cols`)
+        whole_row = pl.next_power_of_2(cols)
+        block_cols = next((c for c in (512, 256, 128) if cols % c == 0 and c < cols),
+                          512 if target == "tpu" and whole_row > 4096 else whole_row)
         block_rows = rows.SUBLANES if n_rows % rows.SUBLANES == 0 else n_rows
         config = rows.CONFIG_TYPES[target](block_rows=block_rows, block_cols=block_cols,
                                            strategy="emit_pipeline" if target == "tpu" else "fori_loop")

@@ -432,11 +432,12 @@ def test_gpu_check_runs_thread_stores_off_the_grid_only():
 
 
 def test_space_coverage_names_empty_spaces_and_defaults_outside_them():
-    # the two-pass softmax's TPU chunks stop at 4096 columns, none dividing 50257; Mosaic GPU's
-    # norms refuse rows that are not whole 128-byte units (1000 bf16 columns)
-    row = space_coverage.coverage("softmax_two_pass", (8192, 50257), "tpu", "bfloat16")
+    # the two-pass softmax's interpret-mode chunks stop at 4096 columns, none dividing 50257;
+    # Mosaic GPU's norms refuse rows that are not whole 128-byte units (1000 bf16 columns)
+    row = space_coverage.coverage("softmax_two_pass", (8192, 50257), "interpret", "bfloat16")
     assert row.configs == 0 and row.default.startswith("breaks (cols % block_cols == 0")
     row = space_coverage.coverage("layer_norm", (1000, 1000), "gpu-mosaic", "bfloat16")
     assert (row.configs, row.default) == (0, "refused by the kernel")
-    row = space_coverage.coverage("softmax", (3, 151936), "tpu", "bfloat16")
-    assert row.configs > 0 and row.default == "in the space"
+    for kernel, shape in (("softmax", (3, 151936)), ("softmax_two_pass", (8192, 50257))):
+        row = space_coverage.coverage(kernel, shape, "tpu", "bfloat16")
+        assert row.configs > 0 and row.default == "in the space"

@@ -108,7 +108,8 @@ def test_tpu_spaces_tune_row_counts_no_tile_divides(kernel, shape):
     module = kernels.load(kernel)
     legal = [c for c in space.configs("tpu") if space.violated(c, shape, "bfloat16", "tpu") is None
              and module.check_config(c, shape, "bfloat16", "tpu") is None]
-    assert legal and all(-shape[-2] % c["block_rows"] <= shape[-2] // 8 for c in legal)
+    rows = shape[-2]
+    assert legal and all(-rows % c["block_rows"] <= rows // 8 or rows <= c["block_rows"] < 2 * rows for c in legal)
     assert module.default_config(shape, "tpu") in legal
 
 
@@ -138,15 +139,19 @@ def test_tpu_spaces_hold_configs_at_users_shapes_the_default_among_them(kernel, 
     assert outside(space, default, shape, "bfloat16", "tpu") is None
 
 
-@pytest.mark.parametrize("kernel,shape,block,pad", [
-    ("softmax", (7, 151937), 7, 0),          # all 7 rows: 16 padded would be a larger block
-    ("rms_norm_bwd", (13, 50257), 8, 3),     # v4's 16 MiB held 8 rows, not 13 or 16 (libtpu, deviceless)
-    ("cross_entropy", (1001, 151937), 16, 7),
+@pytest.mark.parametrize("kernel,shape,plan", [
+    ("softmax", (7, 151937), (7, 0, 127, "emit_pipeline")),            # all 7 rows, the row padded
+    ("rms_norm_bwd", (13, 50257), (13, 0, 431, "emit_pipeline")),      # 16 padded rows ran out of v4's VMEM
+    ("cross_entropy", (1001, 151937), (16, 7, 127, "emit_pipeline")),  # all 1001 rows a chunk: not small
+    ("rms_norm", (16384, 16384), (16, 0, 0, "one_pass")),              # whole rows where small: no copies
 ], ids=str)
-def test_tpu_default_pads_rows_only_to_a_smaller_block(kernel, shape, block, pad):
+def test_tpu_default_streams_rows_too_wide_to_hold_whole(kernel, shape, plan):
+    """Where whole rows would not be small, the TPU default streams column chunks (emit_pipeline),
+    a row no chunk divides padded to whole chunks of 512 (`Plan.pad_cols`); before, whole rows in
+    padded 16-row blocks (rms norm backward 13 x 50257 ran out of v4's VMEM, compiled deviceless)."""
     module = kernels.load(kernel)
-    plan = module.KERNEL.plan(module.default_config(shape, "tpu"), shape, "tpu")
-    assert (plan.block_rows, plan.pad_rows, plan.strategy) == (block, pad, "one_pass")
+    got = module.KERNEL.plan(module.default_config(shape, "tpu"), shape, "tpu")
+    assert (got.block_rows, got.pad_rows, got.pad_cols, got.strategy) == plan
 
 
 # The matmul family's and attention's large GPU tiles were sized in bfloat16: in float32 the

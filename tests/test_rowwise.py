@@ -60,7 +60,8 @@ def test_poisoning_catches_rows_a_config_never_writes(monkeypatch, name: str, ta
     ("softmax", {"block_rows": 4}, (32, 128), "tpu", ValueError, "divisible by 8 and 128"),
     ("softmax", {"block_rows": 8, "strategy": "grid", "block_cols": 96}, (32, 384), "tpu",
      ValueError, "divisible by 8 and 128"),
-    ("softmax", {"block_rows": 8, "strategy": "grid", "block_cols": 256}, (32, 384), "tpu",
+    # (TPU pads such a row to whole chunks: Plan.pad_cols)
+    ("softmax", {"block_rows": 8, "strategy": "grid", "block_cols": 256}, (32, 384), "interpret",
      ValueError, "must divide the shape"),
     ("softmax", {"block_rows": 8, "strategy": "one_pass", "buffers": 3}, (32, 384), "tpu",
      ValueError, "buffers=3"),
@@ -121,6 +122,21 @@ def test_tpu_pads_rows_to_whole_blocks(name, config, shape):
     block = min(config["block_rows"], shape[-2])
     plan = module.KERNEL.plan(config, shape, "tpu")
     assert (plan.block_rows, plan.pad_rows) == (block, -shape[-2] % block)
+    assert_matches(module, config, shape, "float32", "tpu")
+
+
+@pytest.mark.parametrize("name,shape", [("layer_norm", (13, 300)), ("welford", (13, 300)),
+                                        ("rms_norm_bwd", (13, 300)), ("cross_entropy", (13, 300)),
+                                        ("softmax_two_pass", (13, 300)), ("batch_softmax", (2, 5, 300))], ids=str)
+@pytest.mark.parametrize("strategy", ["fori_loop", "grid", "emit_pipeline"])
+def test_tpu_pads_columns_to_whole_chunks(name, shape, strategy):
+    """TPU chunks are whole: where block_cols does not divide the row (300 columns, chunks of 128),
+    the columns are padded with the math's pad by a copy, the padded columns masked in the folds
+    (`valid`: layer norm's and welford's counts need it) and sliced off the outputs (dweight too)."""
+    module = kernels.load(name)
+    config = {**module.default_config(shape, "tpu"), "block_rows": 8, "strategy": strategy, "block_cols": 128}
+    plan = module.KERNEL.plan(config, shape, "tpu")
+    assert (plan.pad_cols, plan.pad_rows) == (84, -shape[-2] % min(8, shape[-2]))
     assert_matches(module, config, shape, "float32", "tpu")
 
 

@@ -159,17 +159,16 @@ def test_three_line_space_sweeps_in_interpret_mode(ray_local, tmp_path, signing_
 
 
 # A user's odd or small shapes apply to every target of a shipped space, and one target's search
-# preferences may admit no config at them (the two-pass softmax's TPU and interpret chunks of at
-# most 4096 columns, none of which divides 50257): that target's task is answered invalid, naming
-# the constraint, and the other targets still tune the shape.
+# preferences may admit no config at them (the two-pass softmax's interpret-mode chunks of at most
+# 4096 columns, none of which divides 50257; TPU pads the row to whole chunks): that target's task
+# is answered invalid, naming the constraint, and the other targets still tune the shape.
 def test_a_shape_one_target_cannot_take_leaves_the_others_tuning(ray_local, tmp_path, signing_key, capsys):
     text = "kernel: softmax_two_pass\nshapes: [[8192, 50257]]\ndtypes: [bfloat16]\n"
     space = spaces.load_space(write(tmp_path, text, "user.yaml"))
-    tpu = next(t for t in space.targets if t.name == "tpu")
-    assert tpu.shapes == ((8192, 50257),)  # loaded, although no TPU config of the space takes it
-    assert all(space.violated(c, (8192, 50257), "bfloat16", "tpu") for c in space.configs("tpu"))
+    interpret = next(t for t in space.targets if t.name == "interpret")
+    assert interpret.shapes == ((8192, 50257),)  # loaded, although no interpret config of the space takes it
+    assert all(space.violated(c, (8192, 50257), "bfloat16", "interpret") for c in space.configs("interpret"))
     assert [(u.target, u.task) for u in space.unfit] == [
-        ("tpu", "target tpu, shape 8192x50257, dtype bfloat16"),
         ("interpret", "target interpret, shape 8192x50257, dtype bfloat16")]
     assert "configs satisfies every constraint" in str(space.unfit[0]) and " break " in str(space.unfit[0])
     # in one sweep: 8 rows break the space's constraint on this target, 32 rows do not

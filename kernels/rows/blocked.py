@@ -44,6 +44,14 @@ def real_rows(p: Plan, row_block: jax.Array) -> jax.Array | None:
     return first + lax.broadcasted_iota(jnp.int32, (1, p.block_rows, 1), 1) < p.rows - p.pad_rows
 
 
+def real_cols(p: Plan, start: jax.Array) -> jax.Array | None:
+    """Which columns of the chunk starting at `start` are the shape's, (1, block_cols) bools; None
+    where no columns were padded (`Plan.pad_cols`): the folds' `valid`."""
+    if not p.pad_cols:
+        return None
+    return start + lax.broadcasted_iota(jnp.int32, (1, p.block_cols), 1) < p.row_cols
+
+
 def _store(row_out: list[Any], col_out: list[Any], results: tuple[jax.Array, ...],
            cols: Any, vector_cols: Any = None, real: jax.Array | None = None) -> None:
     """Write one chunk's outputs; column contributions are summed over the block's rows (those
@@ -89,7 +97,7 @@ def _whole_rows_body(*refs: Any, math_: RowMath, p: Plan) -> None:
     vectors = _read_vectors(vec_in, p)
     real = real_rows(p, pl.program_id(1)) if col_out else None
     if p.strategy == "one_pass":
-        outs = math_.rows(*_read(row_in + col_in), *vectors, cols=p.cols, valid=None)
+        outs = math_.rows(*_read(row_in + col_in), *vectors, cols=p.row_cols, valid=None)
         n = len(row_out) + len(col_out)
         _store(row_out, col_out, outs[:n], slice(None), real=real)
         _write_results(res_out, outs[n:])
@@ -100,10 +108,10 @@ def _whole_rows_body(*refs: Any, math_: RowMath, p: Plan) -> None:
 
     def fold(j: jax.Array, stats: Stats) -> Stats:
         return math_.update(stats, *_read(row_in + col_in, chunk(j)), *vectors,
-                            start=j * p.block_cols, valid=None)
+                            start=j * p.block_cols, valid=real_cols(p, j * p.block_cols))
 
     stats = lax.fori_loop(0, p.col_blocks, fold, math_.init((p.block_batch, p.block_rows, 1)))
-    row_values = math_.finish(stats, p.cols)
+    row_values = math_.finish(stats, p.row_cols)
     _write_results(res_out, row_values[:math_.results])
     if not math_.writes_chunks:
         return
@@ -129,17 +137,17 @@ def _grid_body(*refs: Any, math_: RowMath, p: Plan) -> None:
     def _fold():
         _save_stats(stats_refs, math_.update(_load_stats(stats_refs), *_read(row_in + col_in),
                                              *_read_vectors(vec_in, p), start=j * p.block_cols,
-                                             valid=None))
+                                             valid=real_cols(p, j * p.block_cols)))
 
     if math_.results:
         @pl.when((phase == last_phase) & (j == p.col_blocks - 1))
         def _results():
-            _write_results(res_out, math_.finish(_load_stats(stats_refs), p.cols)[:math_.results])
+            _write_results(res_out, math_.finish(_load_stats(stats_refs), p.row_cols)[:math_.results])
 
     if math_.writes_chunks:
         @pl.when(phase == 1)
         def _write():
-            row_values = math_.finish(_load_stats(stats_refs), p.cols)
+            row_values = math_.finish(_load_stats(stats_refs), p.row_cols)
             _store(row_out, col_out, math_.apply(row_values, *_read(row_in + col_in),
                                                  *_read_vectors(vec_in, p)), slice(None),
                    real=real_rows(p, pl.program_id(1)) if col_out else None)
@@ -172,11 +180,12 @@ def _pipeline_body(*refs: Any, math_: RowMath, p: Plan) -> None:
 
     # program_id inside emit_pipeline is the pipeline's own step.
     def fold(*chunk_refs: Any) -> None:
+        start = pl.program_id(0) * bc
         _save_stats(stats_refs, math_.update(_load_stats(stats_refs), *_read(list(chunk_refs)),
-                                             *vectors, start=pl.program_id(0) * bc, valid=None))
+                                             *vectors, start=start, valid=real_cols(p, start)))
 
     def write(*chunk_refs: Any) -> None:
-        row_values = math_.finish(_load_stats(stats_refs), p.cols)
+        row_values = math_.finish(_load_stats(stats_refs), p.row_cols)
         results = math_.apply(row_values, *_read(list(chunk_refs[:n_in])), *vectors)
         # Row outputs are the pipeline's chunks; column outputs are whole VMEM blocks, written
         # at the pipeline's step.
@@ -185,7 +194,7 @@ def _pipeline_body(*refs: Any, math_: RowMath, p: Plan) -> None:
 
     pltpu.emit_pipeline(fold, grid=(p.col_blocks,), in_specs=in_specs)(*row_in, *col_in)
     if math_.results:
-        _write_results(res_out, math_.finish(_load_stats(stats_refs), p.cols)[:math_.results])
+        _write_results(res_out, math_.finish(_load_stats(stats_refs), p.row_cols)[:math_.results])
     if math_.writes_chunks:
         pltpu.emit_pipeline(write, grid=(p.col_blocks,), in_specs=in_specs,
                             out_specs=out_specs)(*row_in, *col_in, *row_out)

@@ -140,13 +140,17 @@ class RowConfig:
         # mode kernels with column outputs take blocks that divide the rows.
         whole_rows = self.TARGET == "tpu" or math_.col_outputs
         pad = -rows % br if self.TARGET == "tpu" else 0
+        # Likewise a row no chunk divides (50257 columns): on TPU the columns are padded to whole
+        # chunks with the math's `pad` by a copy, the padded columns masked (`valid`) in the folds.
+        pad_cols = -cols % block_cols if self.TARGET == "tpu" else 0
+        cols += pad_cols
         if batch % bb or cols % block_cols or (whole_rows and (rows + pad) % br):
             part = (f"block_cols={block_cols} must divide the row length {cols}" if cols % block_cols
                     else f"block_rows={br} must divide the {rows} rows" if rows % br
                     else f"block_batch={bb} must divide the batch {batch}")
             raise ValueError(f"blocks ({bb}, {br}, {block_cols}) must divide the shape "
                              f"({batch}, {rows}, {cols}): {part}")
-        return Plan(self, batch, rows + pad, cols, block_cols, pad_rows=pad, row_block=br)
+        return Plan(self, batch, rows + pad, cols, block_cols, pad_rows=pad, row_block=br, pad_cols=pad_cols)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +187,7 @@ class RowConfigTPU(RowConfig):
         if (br % SUBLANES and br != rows) or (bc % LANES and bc != cols):
             raise ValueError(f"TPU block ({br}, {bc}): the last two dimensions must be divisible "
                              f"by {SUBLANES} and {LANES} respectively (block_rows a multiple of 8, "
-                             f"block_cols of 128), or equal the array's ({rows - p.pad_rows}, {cols})")
+                             f"block_cols of 128), or equal the array's ({rows - p.pad_rows}, {p.row_cols})")
         if self.stats_layout == "lane" and math_.has_vectors:
             if p.batch != 1 or len(shape) != 2:
                 raise NotImplementedError("stats_layout 'lane' takes 2-D shapes")
@@ -290,10 +294,16 @@ class Plan:
     block_cols: int  # the chunk, resolved: the whole row (TPU, interpret) or its padded width
     pad_rows: int = 0  # rows of zeros the TPU kernel runs past the shape's (rows includes them)
     row_block: int = 0  # the block of rows, resolved (0: the config's block_rows)
+    pad_cols: int = 0  # columns of the math's `pad` the TPU kernel runs past the shape's (cols includes them)
 
     @property
     def target(self) -> str:
         return self.config.TARGET
+
+    @property
+    def row_cols(self) -> int:
+        """The shape's row length (`cols` less the padded columns): what the math divides by."""
+        return self.cols - self.pad_cols
 
     @property
     def strategy(self) -> str:

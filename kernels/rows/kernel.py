@@ -20,7 +20,6 @@ from kernels.rows import footprint as footprint_
 from kernels.rows.blocked import build_blocked, vector_layout
 from kernels.rows.config import (
     CONFIG_TYPES,
-    LANES,
     MAX_SPANS,
     STRATEGIES,
     SUBLANES,
@@ -143,18 +142,19 @@ class RowKernel:
         if target != "tpu":
             return CONFIG_TYPES[target](block_rows=SUBLANES if rows % SUBLANES == 0 else rows)
         # TPU: 16 rows make whole (16, 128) tiles of 16-bit types too; 8 where 16 do not divide
-        # the rows; else all rows in one block, or, where that block would not be small, blocks of
-        # 16 with the rows padded to them by a copy (`Plan.pad_rows`) when a row is not whole lanes
-        # (1001 rows of 50257 columns: one block would take 100 MB of VMEM).
+        # the rows; else all rows in one block (as the power of two at or past them, which
+        # `RowConfig.check` takes whole). Where whole rows would not be small, rows longer than a
+        # chunk stream in column chunks (emit_pipeline), a row no chunk divides padded to whole
+        # chunks of 512 by a copy (`Plan.pad_cols`), the rows as `tpu_rows` takes them: whole rows
+        # of 13 x 151937 in padded 16-row blocks ran out of v4's 16 MiB of VMEM.
         fit = tpu_row_block(rows)
-        # all the rows as the power of two at or past them (`RowConfig.check` takes it whole)
         config = CONFIG_TYPES[target](block_rows=fit or pl.next_power_of_2(rows))
         whole = footprint_.footprint(self.math, config.check(tuple(shape), self.math), jnp.float32)
         if whole <= STREAM_ABOVE:
             return config
-        if cols % LANES == 0:
-            block_cols = max(c for c in (128, 256, 512, 1024) if cols % c == 0)
-            return dataclasses.replace(config, strategy="emit_pipeline", block_cols=block_cols)
+        block_cols = max((c for c in (128, 256, 512, 1024) if cols % c == 0), default=512)
+        if block_cols < cols:
+            config = dataclasses.replace(config, strategy="emit_pipeline", block_cols=block_cols)
         return self.tpu_rows(config, shape)
 
     def tpu_rows(self, config: RowConfig, shape: tuple[int, ...]) -> RowConfig:
@@ -229,33 +229,37 @@ def build(math_: RowMath, p: Plan, shape: tuple[int, ...], dtype: Any,
             call = tpu_mesh.traced_for_tpu(call)
     n_row, n_col = math_.row_inputs, math_.col_inputs
     n_out = math_.row_outputs + math_.col_outputs
-    expected = [shape] * n_row + [(p.cols,)] * n_col + [shape[:-1]] * math_.vector_inputs
+    cols, pad_cols = p.row_cols, p.pad_cols
+    expected = [shape] * n_row + [(cols,)] * n_col + [shape[:-1]] * math_.vector_inputs
 
     rows, pad = p.rows - p.pad_rows, p.pad_rows
     lane = len(vec_shape) == 1  # per-row vectors as (rows,), else (batch, rows[, 1])
 
     def padded(x: jax.Array, vector: bool = False) -> jax.Array:
-        """x with `pad` rows of zeros appended (TPU blocks are whole: `Plan.pad_rows`)."""
-        if not pad:
-            return x
+        """x with `pad` rows of zeros appended (TPU blocks are whole: `Plan.pad_rows`) and, a row
+        tensor, `pad_cols` columns of the math's pad (`Plan.pad_cols`)."""
         widths = [(0, 0)] * x.ndim
         widths[0 if vector and lane else 1] = (0, pad)
-        return jnp.pad(x, widths)
+        x = jnp.pad(x, widths) if pad else x
+        if vector or not pad_cols:
+            return x
+        return jnp.pad(x, ((0, 0), (0, 0), (0, pad_cols)), constant_values=math_.pad)
 
     def unpadded(x: jax.Array, vector: bool = False) -> jax.Array:
-        return x if not pad else x[:rows] if vector and lane else x[:, :rows]
+        x = x if not pad else x[:rows] if vector and lane else x[:, :rows]
+        return x if vector or not pad_cols else x[..., :cols]
 
     def run(*inputs: jax.Array) -> Any:
         got = [tuple(x.shape) for x in inputs]
         if got != expected:
             raise ValueError(f"{math_.name} was built for input shapes {expected}, got {got}")
-        row_ins = [padded(x.reshape(p.batch, rows, p.cols)) for x in inputs[:n_row]]
-        col_ins = [v.reshape(col_shape) for v in inputs[n_row:n_row + n_col]]
+        row_ins = [padded(x.reshape(p.batch, rows, cols)) for x in inputs[:n_row]]
+        col_ins = [jnp.pad(v, (0, pad_cols)).reshape(col_shape) for v in inputs[n_row:n_row + n_col]]
         vec_ins = [padded(v.reshape((rows,) if lane else (p.batch, rows) + vec_shape[2:]), vector=True)
                    for v in inputs[n_row + n_col:]]
         outs = call(*row_ins, *col_ins, *vec_ins)
         row_outs = [unpadded(o).reshape(shape) for o in outs[:math_.row_outputs]]
-        col_outs = [jnp.sum(o, axis=0).reshape(p.cols).astype(dtype)
+        col_outs = [jnp.sum(o, axis=0).reshape(p.cols)[:cols].astype(dtype)
                     for o in outs[math_.row_outputs:n_out]]
         results = [unpadded(o, vector=True).reshape(shape[:-1]) for o in outs[n_out:]]
         everything = (*row_outs, *col_outs, *results)
