@@ -101,7 +101,8 @@ def _staged_default_config(shape: tuple[int, ...]) -> dict[str, Any]:
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """A safe config for any shape: 16 or 8 rows (or all, or the rows padded: TPU), the widest
-    chunk up to 512 that divides (Mosaic GPU: a staged row, `_staged_default_config`)."""
+    chunk up to 512 that divides, else the whole row (TPU, past 4096 columns: chunks of 512, the
+    row padded to them) (Mosaic GPU: a staged row, `_staged_default_config`)."""
     n_rows, cols = shape
     if target == mosaic_rows.TARGET:
         return _staged_default_config(shape)
