@@ -64,7 +64,7 @@ def test_statistics_are_float32_and_stable_far_from_zero():
 
 @pytest.mark.parametrize("target, config, message", [
     ("tpu", {"strategy": "one_pass", "block_rows": 4}, "multiple of 8"),
-    ("tpu", {"strategy": "grid", "block_rows": 8, "block_cols": 100}, "block_cols=100"),
+    ("tpu", {"strategy": "grid", "block_rows": 8, "block_cols": 100}, r"TPU block \(8, 100\)"),  # 128 lanes a chunk
     ("tpu", {"strategy": "one_pass", "block_rows": 64, "stats_layout": "lane"}, ">= 128"),
     ("tpu", {"strategy": "grid", "block_rows": 8, "block_cols": 128, "buffers": 3}, "1 or 2"),
     ("interpret", {"strategy": "emit_pipeline", "block_rows": 8, "block_cols": 128}, "not available"),
