@@ -116,14 +116,16 @@ def test_tpu_spaces_tune_row_counts_no_tile_divides(kernel, shape):
 # Users' shapes the TPU spaces held no config at (rows: fewer than a tile; columns: no chunk of a
 # power of two divides 3000 or 1000; GLUs: seq 77 or 197, hidden 1000). A block past the rows,
 # columns, seq or hidden is now one block of all of it, the spaces admit that block, and rms norm
-# backward pads its rows like the others (the padded rows masked out of dweight's sums).
+# backward pads its rows like the others (the padded rows masked out of dweight's sums). At 13 x
+# 151937 its dweight block fills VMEM whatever the rows: the default once took 8 of them, padding
+# as many rows as 16 do and more than the space admits, for nothing.
 TPU_SPACE_SHAPES = [
     ("softmax", (3, 151936)), ("softmax", (7, 128256)), ("softmax", (4096, 4000)),
     ("softmax_two_pass", (1000, 3000)), ("softmax_two_pass", (5, 640)),
     ("batch_softmax", (2, 3, 1000)), ("batch_softmax", (4, 77, 50257)),
     ("cross_entropy", (7, 151936)), ("cross_entropy", (1000, 50257)),
     ("rms_norm", (3, 14336)), ("rms_norm", (1000, 4000)),
-    ("rms_norm_bwd", (77, 5120)), ("rms_norm_bwd", (13, 384)),
+    ("rms_norm_bwd", (77, 5120)), ("rms_norm_bwd", (13, 384)), ("rms_norm_bwd", (13, 151937)),
     ("layer_norm", (1000, 1000)), ("layer_norm", (1, 16384)),
     ("welford", (7, 50257)), ("swiglu", (1, 77, 1000)), ("geglu", (3, 197, 3072)),
 ]

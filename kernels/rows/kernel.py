@@ -149,8 +149,7 @@ class RowKernel:
         # of 13 x 151937 in padded 16-row blocks ran out of v4's 16 MiB of VMEM.
         fit = tpu_row_block(rows)
         config = CONFIG_TYPES[target](block_rows=fit or pl.next_power_of_2(rows))
-        whole = footprint_.footprint(self.math, config.check(tuple(shape), self.math), jnp.float32)
-        if whole <= STREAM_ABOVE:
+        if self._tpu_footprint(config, shape) <= STREAM_ABOVE:
             return config
         block_cols = max((c for c in (128, 256, 512, 1024) if cols % c == 0), default=512)
         if block_cols < cols:
@@ -161,17 +160,26 @@ class RowKernel:
         """A TPU `config` with a default's block of rows: 16 or 8 where they divide the rows; else
         all of them (as the power of two past them) where that block's footprint in float32 is
         at most STREAM_ABOVE; else 16 (8 of up to 16 rows), the rows padded to them by a copy
-        (`Plan.pad_rows`)."""
+        (`Plan.pad_rows`), where that block's footprint is at most STREAM_ABOVE; else all of them."""
         rows = split_shape(tuple(shape))[1]
         fit = tpu_row_block(rows)
         if fit is not None:
             return dataclasses.replace(config, block_rows=fit)
         whole = dataclasses.replace(config, block_rows=pl.next_power_of_2(rows))
-        if footprint_.footprint(self.math, whole.check(tuple(shape), self.math), jnp.float32) <= STREAM_ABOVE:
+        if self._tpu_footprint(whole, shape) <= STREAM_ABOVE:
             return whole
-        # a smaller block than all the rows: 16, or 8 of 9 to 16 rows; 8 rows or fewer stay whole
-        smaller = [block for block in TPU_ROW_BLOCKS if block < whole.block_rows]
-        return dataclasses.replace(config, block_rows=smaller[0]) if smaller else whole
+        # a smaller block than all the rows: 16, or 8 of 9 to 16 rows; 8 rows or fewer stay whole.
+        # Where the smaller block is no small block either, the column vectors fill VMEM (rms norm
+        # backward's dweight at 13 x 151937): fewer rows save nothing and pad as many, stay whole.
+        smaller = [dataclasses.replace(config, block_rows=block)
+                   for block in TPU_ROW_BLOCKS if block < whole.block_rows]
+        if smaller and self._tpu_footprint(smaller[0], shape) <= STREAM_ABOVE:
+            return smaller[0]
+        return whole
+
+    def _tpu_footprint(self, config: RowConfig, shape: tuple[int, ...]) -> int:
+        """`config`'s on-chip bytes at `shape` in float32 (the default knows no dtype)."""
+        return footprint_.footprint(self.math, config.check(tuple(shape), self.math), jnp.float32)
 
     def default_config(self, shape: tuple[int, ...], target: str) -> dict[str, Any]:
         """A safe config for any shape, with exactly the knobs of the target (see `default`)."""
