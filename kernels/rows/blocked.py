@@ -37,7 +37,8 @@ def split_refs(refs: tuple[Any, ...], math_: RowMath) -> tuple[list[Any], ...]:
 
 def real_rows(p: Plan, row_block: jax.Array) -> jax.Array | None:
     """Which rows of block `row_block` are the shape's, (1, block_rows, 1) bools; None where no
-    rows were padded (`Plan.pad_rows`). Padded rows must add nothing to a column output's sum."""
+    rows were padded (`Plan.pad_rows`). Padded rows must add nothing to a column output's sum;
+    unused (and traced away) where the math has none."""
     if not p.pad_rows:
         return None
     first = row_block * p.block_rows
@@ -95,7 +96,7 @@ def _save_stats(refs: list[Any], stats: Stats) -> None:
 def _whole_rows_body(*refs: Any, math_: RowMath, p: Plan) -> None:
     row_in, col_in, vec_in, row_out, col_out, res_out, _ = split_refs(refs, math_)
     vectors = _read_vectors(vec_in, p)
-    real = real_rows(p, pl.program_id(1)) if col_out else None
+    real = real_rows(p, pl.program_id(1))
     if p.strategy == "one_pass":
         outs = math_.rows(*_read(row_in + col_in), *vectors, cols=p.row_cols, valid=None)
         n = len(row_out) + len(col_out)
@@ -150,7 +151,7 @@ def _grid_body(*refs: Any, math_: RowMath, p: Plan) -> None:
             row_values = math_.finish(_load_stats(stats_refs), p.row_cols)
             _store(row_out, col_out, math_.apply(row_values, *_read(row_in + col_in),
                                                  *_read_vectors(vec_in, p)), slice(None),
-                   real=real_rows(p, pl.program_id(1)) if col_out else None)
+                   real=real_rows(p, pl.program_id(1)))
 
 
 def _pipeline_body(*refs: Any, math_: RowMath, p: Plan) -> None:
@@ -159,7 +160,7 @@ def _pipeline_body(*refs: Any, math_: RowMath, p: Plan) -> None:
     row_in, col_in, vec_in, row_out, col_out, res_out, stats_refs = split_refs(refs, math_)
     bb, br, bc = p.block_batch, p.block_rows, p.block_cols
     vectors = _read_vectors(vec_in, p)
-    real = real_rows(p, pl.program_id(1)) if col_out else None  # the kernel's grid, not the pipeline's
+    real = real_rows(p, pl.program_id(1))  # the kernel's grid, not the pipeline's
     # A static start where one block spans the axis: Mosaic TPU refuses a traced start it cannot
     # prove tile-aligned (3 or 77 rows of bf16 are not whole (16, 128) tiles).
     window = tuple(pl.ds(0 if size == block else pl.multiple_of(pl.program_id(axis) * block, block), block)
