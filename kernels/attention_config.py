@@ -146,14 +146,17 @@ class TritonAttentionConfig(AttentionConfig):
 @dataclasses.dataclass(frozen=True)
 class MosaicGpuAttentionConfig(AttentionConfig):
     """Mosaic GPU (Hopper): the FA3-style warp-specialized kernel or a pipelined one, its depth, how
-    the warp-specialized kernel overlaps softmax with the matmuls (ws_schedule) and whether its
-    blocks are one a tile or one a SM, looping over the tiles (ws_grid)."""
+    the warp-specialized kernel overlaps softmax with the matmuls (ws_schedule), whether its
+    blocks are one a tile or one a SM, looping over the tiles (ws_grid), and in what order the
+    SMs take the tiles (tile_order: a head's Q tiles one after another, or each Q rank of every
+    head in turn)."""
 
     mgpu_pipeline: Literal["warp_specialized", "pipelined"] = "warp_specialized"
     max_concurrent_steps: int = 2
     ws_schedule: Literal["pingpong", "intra_overlap"] = "pingpong"
     swizzle: Literal[128, 64, 32] = 128
     ws_grid: Literal["blocks", "persistent", "persistent_q_ahead"] = "blocks"
+    tile_order: Literal["by_head", "by_q"] = "by_head"
 
     def validate(self) -> None:
         """A K/V pipeline at least two steps deep; ws_schedule and ws_grid only for the
@@ -167,6 +170,8 @@ class MosaicGpuAttentionConfig(AttentionConfig):
             raise Unsupported("gpu-mosaic: ws_schedule applies to the warp_specialized kernel only")
         if self.persistent and not self.warp_specialized:
             raise Unsupported("gpu-mosaic: ws_grid applies to the warp_specialized kernel only")
+        if self.tile_order != "by_head" and not self.persistent:
+            raise Unsupported("gpu-mosaic: tile_order applies to a persistent ws_grid only")
 
     @property
     def warp_specialized(self) -> bool:

@@ -54,6 +54,10 @@ Strategies and knobs (all targets: block_q, block_kv):
                   "persistent_q_ahead", the same with O staged apart from Q (one more tile a
                   warpgroup in shared memory), so that the memory warpgroup loads the next
                   tile's Q too, once this one's last Q K^T has read it.
+              tile_order (persistent ws_grid only): "by_head", a head's Q tiles one after another
+                  (neighbouring SMs share its K/V through L2); "by_q", every head's first Q tile
+                  (causal: its heaviest), then every head's second, ... (K/V read once a rank
+                  where all heads' outgrow L2).
 
 TPU VMEM model (`TpuAttentionConfig.footprint`, bytes; it = dtype bytes, 128 = lanes of the m/l scratch):
   Q and O tiles, double-buffered:   2 * 2 * block_q * head_dim * it

@@ -228,8 +228,9 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                       platform: Platform, causal: bool, kv_len: int, head_dim: int) -> Callable[..., jax.Array]:
     """Two compute warpgroups of block_q rows each and a memory warpgroup streaming K/V through a
     ring of `steps` slots. ws_grid "blocks": a block per 2 * block_q rows of a head; "persistent":
-    a block per SM, looping over those tiles (heaviest causal tiles first), the ring and its
-    barriers running on from tile to tile, so that the next tile's K/V load while this one ends;
+    a block per SM, looping over those tiles in `tile_order` (a head's heaviest causal tiles
+    first), the ring and its barriers running on from tile to tile, so that the next tile's K/V
+    load while this one ends;
     "persistent_q_ahead": O staged apart from Q, and the memory warpgroup loading each tile's Q
     once the compute warpgroup has read the last (a `q_free` barrier)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -432,9 +433,16 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                 q_tile = q_block_order(lax.axis_index("q_seq"), q_tiles, causal)
                 return per_tile(lax.axis_index("batch"), lax.axis_index("heads"), q_tile, 0, True)
 
-            @plgpu.nd_loop((q_tiles, batch, heads), collective_axes="sm", init_carry=jnp.int32(0))
+            # by_head: a head's Q tiles one after another, taken by neighbouring SMs at once, so
+            # that its K/V are read from HBM about once and from L2 after; by_q: every head's first
+            # (causal: heaviest) Q tile, then every head's second, ..., each head's K/V read once a
+            # rank once they outgrow L2.
+            by_head = config.tile_order == "by_head"
+            order = (batch, heads, q_tiles) if by_head else (q_tiles, batch, heads)
+
+            @plgpu.nd_loop(order, collective_axes="sm", init_carry=jnp.int32(0))
             def streamed(info, carry):
-                q_rank, b, h = info.index
+                b, h, q_rank = info.index if by_head else (info.index[1], info.index[2], info.index[0])
                 return per_tile(b, h, q_block_order(q_rank, q_tiles, causal), carry, info.local_index == 0)
 
             return streamed

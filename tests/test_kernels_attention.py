@@ -163,17 +163,21 @@ def test_mosaic_gpu_kernels_in_the_gpu_interpreter(name, config):
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("schedule", ["pingpong", "intra_overlap"])
-@pytest.mark.parametrize("grid", ["persistent", "persistent_q_ahead"])
-def test_the_persistent_kernel_loops_over_tiles_with_its_ring_running_on(name, schedule, grid, monkeypatch):
-    # Two blocks (SMs) over 6 tiles of 128 rows: each block runs 3 tiles, whose K/V blocks (2 and
+@pytest.mark.parametrize("grid,order", [("persistent", "by_head"), ("persistent_q_ahead", "by_head"),
+                                        ("persistent_q_ahead", "by_q")])
+def test_the_persistent_kernel_loops_over_tiles_with_its_ring_running_on(name, schedule, grid, order,
+                                                                         monkeypatch):
+    # Two blocks (SMs) over 12 tiles of 128 rows: each block runs 6 tiles, whose K/V blocks (2 and
     # 4 a tile causal, 4 plain) go through 3 slots, so a tile's first block lands in any slot; the
     # grid is one block a SM, not a tile. persistent_q_ahead: the memory warpgroup loads each
-    # tile's Q once the previous tile's is read, O staged apart.
+    # tile's Q once the previous tile's is read, O staged apart. Both tile orders cover every
+    # (batch, head, Q tile) once: a tile taken twice or never leaves an output poisoned.
     from kernels import mgpu_launch
 
     monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 2)
-    config = {"block_q": 64, "block_kv": 64, "max_concurrent_steps": 3, "ws_schedule": schedule, "ws_grid": grid}
-    shape = (1, 3, 256, 64)
+    config = {"block_q": 64, "block_kv": 64, "max_concurrent_steps": 3, "ws_schedule": schedule, "ws_grid": grid,
+              "tile_order": order}
+    shape = (2, 3, 256, 64)
     assert _error(name, config, "gpu-mosaic", shape, jnp.bfloat16) <= validate.tolerance("bfloat16")
     module = kernels.load(name)
     inputs = jax.eval_shape(lambda: module.make_inputs(shape, jnp.bfloat16, jax.random.key(0)))
@@ -183,7 +187,7 @@ def test_the_persistent_kernel_loops_over_tiles_with_its_ring_running_on(name, s
         return {axis for axis in ("sm", "q_seq", "heads") if f"axis_name={axis}" in jaxpr}
 
     assert axes(config) == {"sm"}
-    assert axes({**config, "ws_grid": "blocks"}) == {"q_seq", "heads"}
+    assert axes({**config, "ws_grid": "blocks", "tile_order": "by_head"}) == {"q_seq", "heads"}
 
 
 def test_the_persistent_grid_is_a_knob_of_the_warp_specialized_kernel_alone():
@@ -192,6 +196,8 @@ def test_the_persistent_grid_is_a_knob_of_the_warp_specialized_kernel_alone():
     assert MosaicGpuAttentionConfig(64, 128, ws_grid="persistent").persistent
     with pytest.raises(NotImplementedError, match="ws_grid"):
         MosaicGpuAttentionConfig(64, 128, mgpu_pipeline="pipelined", ws_grid="persistent")
+    with pytest.raises(NotImplementedError, match="tile_order"):
+        MosaicGpuAttentionConfig(64, 128, tile_order="by_q")
 
 
 @pytest.mark.parametrize("name", NAMES)
