@@ -218,6 +218,7 @@ def test_the_persistent_grid_is_a_knob_of_the_warp_specialized_kernel_alone():
     ((4, 3, 197, 64), {"block_q": 64, "block_kv": 128, "ws_schedule": "intra_overlap", "ws_grid": "persistent"}),
     ((2, 32, 512, 128), {"block_q": 64, "block_kv": 128, "ws_grid": "persistent_q_ahead"}),
     ((4, 3, 197, 64), {"block_q": 64, "block_kv": 128, "max_concurrent_steps": 3, "ws_grid": "persistent_q_ahead"}),
+    ((2, 32, 512, 128), {"block_q": 64, "block_kv": 128, "ws_grid": "persistent_q_ahead", "tile_order": "by_q"}),
 ])
 def test_mosaic_gpu_kernels_lower_in_bf16_within_their_footprint(name, shape, config, monkeypatch):
     # JAX's own attention_mgpu.py fails on bf16 (f16 SMEM); ours lowers in bf16, and its
