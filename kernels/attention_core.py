@@ -55,7 +55,8 @@ Strategies and knobs (all targets: block_q, block_kv):
                   warpgroup in shared memory), so that the memory warpgroup loads the next
                   tile's Q too, once this one's last Q K^T has read it.
               tile_order (persistent ws_grid only): "by_head", a head's Q tiles one after another
-                  (neighbouring SMs share its K/V through L2); "by_q", every head's first Q tile
+                  (neighbouring SMs share its K/V through L2; causal, every other head's lightest
+                  first); "by_q", every head's first Q tile
                   (causal: its heaviest), then every head's second, ... (K/V read once a rank
                   where all heads' outgrow L2).
 
