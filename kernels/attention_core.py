@@ -56,9 +56,8 @@ Strategies and knobs (all targets: block_q, block_kv):
                   tile's Q too, once this one's last Q K^T has read it.
               tile_order (persistent ws_grid only): "by_head", a head's Q tiles one after another
                   (neighbouring SMs share its K/V through L2; causal, every other head's lightest
-                  first); "by_q", every head's first Q tile
-                  (causal: its heaviest), then every head's second, ... (K/V read once a rank
-                  where all heads' outgrow L2).
+                  first); "by_q", every head's first Q tile (causal: its heaviest), then every
+                  head's second, ... (K/V read once a rank where all heads' outgrow L2).
 
 TPU VMEM model (`TpuAttentionConfig.footprint`, bytes; it = dtype bytes, 128 = lanes of the m/l scratch):
   Q and O tiles, double-buffered:   2 * 2 * block_q * head_dim * it

@@ -228,9 +228,8 @@ def _warp_specialized(config: MosaicGpuAttentionConfig, shape: tuple[int, ...], 
                       platform: Platform, causal: bool, kv_len: int, head_dim: int) -> Callable[..., jax.Array]:
     """Two compute warpgroups of block_q rows each and a memory warpgroup streaming K/V through a
     ring of `steps` slots. ws_grid "blocks": a block per 2 * block_q rows of a head; "persistent":
-    a block per SM, looping over those tiles in `tile_order` (a head's heaviest causal tiles
-    first), the ring and its barriers running on from tile to tile, so that the next tile's K/V
-    load while this one ends;
+    a block per SM, looping over those tiles in `tile_order`, the ring and its barriers running
+    on from tile to tile, so that the next tile's K/V load while this one ends;
     "persistent_q_ahead": O staged apart from Q, and the memory warpgroup loading each tile's Q
     once the compute warpgroup has read the last (a `q_free` barrier)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
