@@ -161,7 +161,7 @@ class MosaicGpuAttentionConfig(AttentionConfig):
 
     def validate(self) -> None:
         """A K/V pipeline at least two steps deep; ws_schedule and ws_grid only for the
-        warp-specialized kernel; a swizzle WGMMA reads (128, 64 or 32 bytes); a tile order."""
+        warp-specialized kernel; a swizzle WGMMA reads (128, 64 or 32 bytes)."""
         super().validate()
         if self.max_concurrent_steps < 2:
             raise Unsupported("gpu-mosaic: max_concurrent_steps must be at least 2")
@@ -171,8 +171,6 @@ class MosaicGpuAttentionConfig(AttentionConfig):
             raise Unsupported("gpu-mosaic: ws_schedule applies to the warp_specialized kernel only")
         if self.persistent and not self.warp_specialized:
             raise Unsupported("gpu-mosaic: ws_grid applies to the warp_specialized kernel only")
-        if self.tile_order not in ("by_head", "by_q"):
-            raise ConfigError(f"gpu-mosaic: tile_order must be by_head or by_q, got {self.tile_order!r}")
 
     @property
     def warp_specialized(self) -> bool:
