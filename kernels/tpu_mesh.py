@@ -6,8 +6,11 @@ lowering for TPU with `lowering_platforms=("tpu",)`) there is no TPU to ask, so 
 wrap their function with `traced_for_tpu`, which traces it under
 `jax.sharding.use_abstract_mesh` with an `AbstractDevice` of a TPU kind. JAX refuses to
 *run* a computation under an abstract mesh, so the context is entered inside `jax.jit`,
-while tracing only; callers need nothing special. On a TPU host, or under a mesh the caller
-set up, the wrapper changes nothing.
+while tracing only; callers need nothing special. The mesh's one axis is of the Auto type, so
+that it stays out of the traced arrays' types: with an Explicit axis a kernel's outputs came back
+sharded over a one-CPU mesh of that axis, which the next TPU kernel called outside `jax.jit` (matmul
++ layer norm's second phase) refused as not its context's mesh. On a TPU host, or under a mesh the
+caller set up, the wrapper changes nothing.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ TPU_DEVICE = AbstractDevice(device_kind="TPU v6 lite", num_cores=1, platform="tp
 
 def abstract_tpu_mesh(device: AbstractDevice = TPU_DEVICE) -> AbstractMesh:
     """A one-device abstract mesh whose device is `device`."""
-    return AbstractMesh((1,), ("tpu",), (AxisType.Explicit,), abstract_device=device)
+    return AbstractMesh((1,), ("tpu",), (AxisType.Auto,), abstract_device=device)
 
 
 def needs_abstract_tpu() -> bool:

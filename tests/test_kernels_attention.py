@@ -21,7 +21,7 @@ from farm.search.spaces import load_space
 from farm.tasks import TuningTask
 from kernels import flash_attention
 from kernels.lowering import Platform
-from tests.mosaic_checks import mosaic_smem_bytes
+from tests.mosaic_checks import mosaic_smem_bytes, tma_bounds_as_on_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("flash_attention", "flash_attention_causal")
@@ -253,9 +253,9 @@ def test_the_farm_measures_a_mosaic_gpu_kernel_in_the_gpu_interpreter():
 # A user's prompt lengths: Q, K and V are padded to whole blocks (the Mosaic GPU kernels run
 # part blocks at the end as they are when seq is whole 8-row groups: TMA reads zeros past the
 # end and drops the writes), and the keys past seq are masked where no causal mask hides them.
-# Pallas's GPU interpreter cannot read past an array's end as TMA does, so the Mosaic GPU rows
-# here run sequences shorter than one block (padded); the H200 checks the part blocks
-# (`bench/check_gpu_kernels.py --ragged`, BENCHMARKS.md).
+# The Mosaic GPU rows here run sequences shorter than one block (padded); the part blocks, in the
+# next test, under the interpreter's emulation of TMA's bounds (`tma_bounds_as_on_hardware`), and
+# on the H200 (`bench/check_gpu_kernels.py --ragged`, BENCHMARKS.md).
 RAGGED = [
     ("interpret", {"block_q": 32, "block_kv": 16}, (1, 2, 100, 32), jnp.float32),
     ("gpu-triton", {"block_q": 32, "block_kv": 32, "num_warps": 4, "num_stages": 2}, (1, 2, 72, 32), jnp.float32),
@@ -276,6 +276,32 @@ def test_sequences_no_block_divides_match_the_reference(name, target, config, sh
     module = kernels.load(name)
     assert module.check_config(config, shape, dtype, target) is None
     assert _error(name, config, target, shape, dtype) <= validate.tolerance(jnp.dtype(dtype).name, module)
+
+
+# Sequences whose last blocks run past the end: 168 rows (whole 8-row groups, read through the
+# swizzled tiles) and 185 (off that grid: the warp-specialized kernel copies by single rows at a
+# head dim of one swizzle); the causal default at 185 is the persistent grid, Q loaded ahead.
+PART_BLOCKS = [
+    ("flash_attention", {"block_q": 64, "block_kv": 128, "ws_schedule": "intra_overlap"}, 168),
+    ("flash_attention", {"block_q": 64, "block_kv": 128, "mgpu_pipeline": "pipelined"}, 168),
+    ("flash_attention_causal", None, 185),
+]
+
+
+@pytest.mark.parametrize("name,config,seq", PART_BLOCKS, ids=lambda v: str(v) if not isinstance(v, dict) else None)
+def test_mosaic_gpu_part_blocks_match_the_reference_with_tma_bounds(name, config, seq, monkeypatch):
+    # Pallas's GPU interpreter raised on these reads past the end and dropped those writes whole;
+    # TMA reads zeros there and drops only the part past the end, which the emulation does.
+    from kernels import mgpu_launch
+
+    tma_bounds_as_on_hardware(monkeypatch)
+    monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 2)
+    shape = (1, 2, seq, 64)
+    module = kernels.load(name)
+    config = config or module.default_config(shape, "gpu-mosaic")
+    assert module.check_config(config, shape, jnp.bfloat16, "gpu-mosaic") is None
+    assert "stablehlo.pad" not in _lower(name, config, "gpu-mosaic", shape)  # part blocks, not padding
+    assert _error(name, config, "gpu-mosaic", shape, jnp.bfloat16) <= validate.tolerance("bfloat16", module)
 
 
 @pytest.mark.parametrize("name", NAMES)

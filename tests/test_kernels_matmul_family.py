@@ -23,7 +23,7 @@ from farm.tasks import TuningTask
 from kernels import matmul_config, matmul_core, mgpu_launch
 from kernels.knobs import ConfigError, Unsupported
 from kernels.lowering import Platform
-from tests.mosaic_checks import mosaic_smem_bytes
+from tests.mosaic_checks import mosaic_smem_bytes, tma_bounds_as_on_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY = ("matmul", "bmm", "broadcast_matmul", "matmul_layernorm", "matmul_subtiled_epilogue")
@@ -682,3 +682,30 @@ def test_the_search_splits_k_only_where_output_tiles_are_few():
 
     assert splits((16, 4096, 14336)) == {1, 2, 4, 8, 16}
     assert splits((8192, 8192, 8192)) == {1}
+
+
+def test_a_tpu_kernels_output_feeds_the_next_outside_jit():
+    # TPU interpret mode traces under an abstract TPU mesh; matmul + layer norm's two phases are
+    # two TPU kernels. Called outside jax.jit, the first's output came back sharded over a
+    # one-CPU mesh (the abstract mesh's axis was Explicit) and the second refused it as not its
+    # context's mesh (`kernels.tpu_mesh`).
+    module = kernels.load("matmul_layernorm")
+    config = _blocks(64, 128, 128, ln_strategy="two_phase", ln_rows=16, k_strategy="grid")
+    inputs = module.make_inputs(LN, jnp.float32, jax.random.key(1))
+    out = module.build(config, LN, jnp.float32, Platform("tpu", interpret=True))(*inputs)
+    assert validate.relative_error(out, module.reference(*inputs)) <= validate.tolerance("float32", module)
+
+
+@pytest.mark.parametrize("name,shape", [("matmul", (200, 320, 192)), ("broadcast_matmul", (2, 32, 423, 369)),
+                                        ("bmm", (2, 200, 320, 192))])
+def test_mosaic_gpu_part_tiles_match_the_reference_with_tma_bounds(name, shape, monkeypatch):
+    # Tiles past m, n or k: run as part tiles on the 8-row, 64-column grid, or past the padded
+    # operands off it. Pallas's GPU interpreter raised on those reads past the end and dropped
+    # those writes whole; TMA reads zeros there and drops only the part past the end, which the
+    # emulation does (`tma_bounds_as_on_hardware`).
+    tma_bounds_as_on_hardware(monkeypatch)
+    monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 2)
+    module = kernels.load(name)
+    config = module.default_config(shape, "gpu-mosaic")
+    assert module.check_config(config, shape, jnp.bfloat16, "gpu-mosaic") is None
+    assert _run(name, config, "gpu-mosaic", jnp.bfloat16, shape) <= validate.tolerance("bfloat16", module)
