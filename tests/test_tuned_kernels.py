@@ -124,6 +124,25 @@ def test_gpu_target_compares_targets_on_one_device_kind(tmp_path):
     assert registry.gpu_target("softmax", (64, 100), "float32", targets=targets) == "gpu-triton"
 
 
+def test_gpu_target_skips_a_target_faster_nearby_that_takes_no_config_here(tmp_path):
+    # Mosaic GPU ran rms norm at 32 x 512 faster; at 32 x 500 (rows of 2000 bytes, no whole
+    # 128-byte units) it takes no config, tuned or default: the deployment runs Triton's nearest
+    # row, not a config Mosaic GPU's build refuses.
+    from kernels import rms_norm
+
+    private, public = B.keypair(tmp_path / "keys", "ci")
+    rows = [B.row("rms_norm", (32, 512), rms_norm.default_config((32, 512), target), target=target, median_s=median)
+            for target, median in (("gpu-triton", 3e-5), ("gpu-mosaic", 2e-5))]
+    registry = runtime.Registry.load(B.write(tmp_path / "bundle", rows, private), public, spaces=())
+    targets = ("gpu-mosaic", "gpu-triton")
+    assert registry.gpu_target("rms_norm", (32, 512), "float32", targets=targets) == "gpu-mosaic"
+    assert registry.gpu_target("rms_norm", (32, 448), "float32", targets=targets) == "gpu-mosaic"  # nearest
+    assert registry.gpu_target("rms_norm", (32, 500), "float32", targets=targets) == "gpu-triton"
+    choice = registry.lookup("rms_norm", (32, 500), "float32", "gpu-triton")
+    assert choice.rule == runtime.NEAREST
+    assert rms_norm.check_config(dict(choice.config), (32, 500), "float32", "gpu-triton") is None
+
+
 @pytest.mark.parametrize("capability,expected", [("9.0", ("gpu-mosaic", "gpu-triton")), ("8.0", ("gpu-triton",)),
                                                  ("8.9", ("gpu-triton",)), ("10.0", ("gpu-triton",)),
                                                  (None, ("gpu-triton",)), ("", ("gpu-triton",))])

@@ -300,8 +300,11 @@ class Registry:
         with an exact row for this task and the fastest median; else the fastest at the nearest
         shape (log2 distance at most NEAREST_WARN_DISTANCE) that the bundle timed on several of
         them on one device kind (`device_kind`'s when given); else the first whose default
-        config the task accepts (`targets[0]` if none does)."""
+        config the task accepts (`targets[0]` if none does). Only targets with a config valid for
+        this task (a tuned row or the default) are compared: a target faster at a nearby shape may
+        take no config at this one (the Mosaic GPU norms at widths of no whole 128-byte units)."""
         shape, dtype = tuple(int(d) for d in shape), _dtype_name(dtype)
+        targets = [t for t in targets if self._serves(kernel, shape, dtype, t, device_kind)] or list(targets[:1])
         timed = [(row.median_s, target) for target in targets
                  if (row := self._exact.get((kernel, shape, dtype, target, device_kind))) is not None
                  and row.median_s is not None]
@@ -313,7 +316,16 @@ class Registry:
             near = [item for item in near if item[0] <= NEAREST_WARN_DISTANCE]
             if near:
                 return min((median, target) for target, median in compared[min(near)[1]].items())[1]
-        return next((t for t in targets if self._default_valid(kernel, shape, dtype, t)), targets[0])
+        return targets[0]
+
+    def _serves(self, kernel: str, shape: tuple[int, ...], dtype: str, target: str, device_kind: str | None) -> bool:
+        """Whether a lookup of the task on `target` finds a valid config: a tuned row (exact or
+        nearest, which `_resolve` checks) or a valid default."""
+        if target not in kernels.load(kernel).TARGETS:
+            return False
+        if self._resolve(kernel, shape, dtype, target, device_kind).rule != DEFAULT:
+            return True
+        return self._default_valid(kernel, shape, dtype, target)
 
     def _default_valid(self, kernel: str, shape: tuple[int, ...], dtype: str, target: str) -> bool:
         """Whether the kernel's default config for the task, sized for this GPU, is valid there."""
