@@ -8,9 +8,9 @@ wrap their function with `traced_for_tpu`, which traces it under
 *run* a computation under an abstract mesh, so the context is entered inside `jax.jit`,
 while tracing only; callers need nothing special. The mesh's one axis is of the Auto type, so
 that it stays out of the traced arrays' types: with an Explicit axis a kernel's outputs came back
-sharded over a one-CPU mesh of that axis, which the next TPU kernel called outside `jax.jit` (matmul
-+ layer norm's second phase) refused as not its context's mesh. On a TPU host, or under a mesh the
-caller set up, the wrapper changes nothing.
+sharded over a one-CPU mesh of that axis, which the next TPU kernel called outside `jax.jit` (the
+second phase of matmul and layer norm) refused as not its context's mesh. On a TPU host, or under
+a mesh the caller set up, the wrapper changes nothing.
 """
 from __future__ import annotations
 

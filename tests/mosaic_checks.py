@@ -27,8 +27,9 @@ def tma_bounds_as_on_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
     reads past the end give zeros, and a write's part past the end is dropped (the rest lands).
     The interpreter instead raises on such reads and drops the whole of such a write, so the
     Mosaic GPU kernels' part blocks (a sequence, m, n or k no block divides, run without padding
-    copies) could only be checked on a GPU. Private JAX names (0.10 and 0.11): skips where they
-    moved. Plain loads past an end read zeros too while this is on."""
+    copies) could only be checked on a GPU. Patches private names of JAX's interpreter (as of JAX
+    0.10); skips where they moved. While this is on, plain loads past an array's end read zeros
+    too, and writes past a shared-memory allocation's end are clipped: bugs it no longer catches."""
     callbacks = pytest.importorskip("jax._src.pallas.mosaic_gpu.interpret.gpu_callbacks")
     memory = pytest.importorskip("jax._src.pallas.mosaic.interpret.shared_memory")
     import numpy as np
