@@ -17,6 +17,7 @@ Config knobs: those of the row engine (`kernels.rows`), without one_pass:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -31,7 +32,7 @@ NAME = "softmax_two_pass"
 SHAPE_NAMES = ("rows", "cols")
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
-MATH = softmax.MATH
+MATH = dataclasses.replace(softmax.MATH, name=NAME)  # softmax's math, named in errors and profiles as this kernel
 STRATEGIES = {"tpu": ("fori_loop", "emit_pipeline", "grid"), "interpret": ("fori_loop", "grid"),
               "gpu-triton": ("fori_loop",)}
 KERNEL = rows.RowKernel(MATH, SHAPE_NAMES, strategies=STRATEGIES)

@@ -33,3 +33,12 @@ def test_footprint_by_hand() -> None:
     config = {"block_rows": 4, "strategy": "fori_loop", "block_cols": 1024, "num_stages": 3}
     expected = 2 * 4 * 1024 * 2 + 4 * 4 * 4
     assert K.footprint(config, shape, "bfloat16", "gpu-triton") == expected
+
+
+def test_errors_name_the_kernel_asked_for():
+    # softmax's math, under this kernel's name: a refusal said "softmax on gpu-mosaic"
+    from kernels import softmax_two_pass
+
+    refused = K.check_config(K.default_config((7, 8, 8), "gpu-mosaic"), (7, 8, 8), "bfloat16", "gpu-mosaic")
+    assert refused.startswith("batch_softmax on gpu-mosaic")
+    assert softmax_two_pass.MATH.name == "softmax_two_pass" and K.STAGED.name == "batch_softmax"
