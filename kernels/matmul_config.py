@@ -303,7 +303,7 @@ class TritonMatmulConfig(InterpretMatmulConfig):
         GPU (`defaults_shared_memory`), gets the 128-column tiles. float32
         operands take twice the bytes: the 128-column tiles then (192 KiB). The tiles fit
         `defaults_shared_memory()` (an H200's 227 KiB unless the caller names another GPU's)."""
-        config = super().default(problem, dtype)
+        config = cls._power_of_two_tiles(super().default(problem, dtype), problem)
         if min(problem.m, problem.n) < TRITON_LARGE or problem.epilogue.full_rows:
             return config
         tiles_m = pl.cdiv(problem.m, 128)
@@ -313,7 +313,28 @@ class TritonMatmulConfig(InterpretMatmulConfig):
                                     group_m=next(g for g in (8, 4, 1) if tiles_m % g == 0), num_stages=3)
         candidates = [dataclasses.replace(large, block_n=256, num_warps=8)] if wide else []
         candidates.append(dataclasses.replace(large, block_n=128, num_warps=4))
+        candidates = [cls._power_of_two_tiles(c, problem) for c in candidates]
         return next((c for c in candidates if c.footprint(problem, dtype) <= defaults_shared_memory()), config)
+
+    @staticmethod
+    def _power_of_two_tiles(config: TritonMatmulConfig, problem: Problem) -> TritonMatmulConfig:
+        """`config` with each tile that `fit` rounded to no power of two (35 rows: 48) raised to the
+        next power of two, which Triton's arrays must be (the padded rows and columns are zeros);
+        block_n kept where the epilogue needs whole rows."""
+        raised = {name: pl.next_power_of_2(size) for name, size in
+                  (("block_m", config.block_m), ("block_n", config.block_n), ("block_k", config.block_k))
+                  if size & (size - 1) and not (name == "block_n" and problem.epilogue.full_rows)}
+        return dataclasses.replace(config, **raised)
+
+    def check(self, problem: Problem, dtype: Any) -> None:
+        """The plain kernel's checks, and tiles of powers of two (Triton's arrays must be; any
+        shape takes such tiles, padded to whole tiles)."""
+        super().check(problem, dtype)
+        for name, size in (("block_m", self.block_m), ("block_n", self.block_n), ("block_k", self.block_k),
+                           ("epi_n", self.epi_n)):
+            if size is not None and size & (size - 1):
+                raise Unsupported(f"gpu-triton tiles are powers of two (Triton's arrays must be), got {name} = "
+                                  f"{size}; any shape takes them: the problem is padded to whole tiles")
 
 
 # TritonMatmulConfig.default's large tiles: from this many rows and columns, with 256 columns where

@@ -709,3 +709,17 @@ def test_mosaic_gpu_part_tiles_match_the_reference_with_tma_bounds(name, shape, 
     config = module.default_config(shape, "gpu-mosaic")
     assert module.check_config(config, shape, jnp.bfloat16, "gpu-mosaic") is None
     assert _run(name, config, "gpu-mosaic", jnp.bfloat16, shape) <= validate.tolerance("bfloat16", module)
+
+
+@pytest.mark.parametrize("name,shape", [("matmul", (35, 64, 1899)), ("bmm", (2, 38, 300, 16)),
+                                        ("matmul_layernorm", (35, 515, 491)), ("matmul", (600, 700, 40))])
+def test_triton_defaults_at_odd_shapes_lower_for_cuda(name, shape):
+    # 35 rows took 48-row tiles (the smallest whole number of 16-row units), which Triton's
+    # lowering refuses (its arrays are powers of two) and check_config let through: a
+    # deployment's default for a batch of 35 failed to compile. Such tiles are now refused.
+    module = kernels.load(name)
+    default = module.default_config(shape, "gpu-triton")
+    assert module.check_config(default, shape, jnp.bfloat16, "gpu-triton") is None
+    assert "__gpu$xla.gpu.triton" in _lower(name, default, "gpu-triton", shape=shape)
+    refused = module.check_config(default | {"block_m": 48}, shape, jnp.bfloat16, "gpu-triton")
+    assert refused is not None and "powers of two" in refused
