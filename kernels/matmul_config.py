@@ -17,6 +17,7 @@ from jax.experimental import pallas as pl
 from kernels.knobs import ConfigError, Knobs, Unsupported, parse, refusal
 from kernels.lowering import round_up, triton_dot_buffers
 from kernels.mgpu_launch import defaults_shared_memory
+from kernels.rows.config import is_pow2
 
 
 def _identity(acc: jax.Array) -> jax.Array:
@@ -323,7 +324,7 @@ class TritonMatmulConfig(InterpretMatmulConfig):
         block_n kept where the epilogue needs whole rows."""
         raised = {name: pl.next_power_of_2(size) for name, size in
                   (("block_m", config.block_m), ("block_n", config.block_n), ("block_k", config.block_k))
-                  if size & (size - 1) and not (name == "block_n" and problem.epilogue.full_rows)}
+                  if not is_pow2(size) and not (name == "block_n" and problem.epilogue.full_rows)}
         return dataclasses.replace(config, **raised)
 
     def check(self, problem: Problem, dtype: Any) -> None:
@@ -332,9 +333,12 @@ class TritonMatmulConfig(InterpretMatmulConfig):
         super().check(problem, dtype)
         for name, size in (("block_m", self.block_m), ("block_n", self.block_n), ("block_k", self.block_k),
                            ("epi_n", self.epi_n)):
-            if size is not None and size & (size - 1):
+            if size is not None and not is_pow2(size):
+                hint = ("an epilogue over whole rows needs n a power of two on gpu-triton (use two phases)"
+                        if name == "block_n" and problem.epilogue.full_rows
+                        else "any shape takes them: the problem is padded to whole tiles")
                 raise Unsupported(f"gpu-triton tiles are powers of two (Triton's arrays must be), got {name} = "
-                                  f"{size}; any shape takes them: the problem is padded to whole tiles")
+                                  f"{size}; {hint}")
 
 
 # TritonMatmulConfig.default's large tiles: from this many rows and columns, with 256 columns where

@@ -202,10 +202,6 @@ def _checked(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, target:
         why = layer_norm.KERNEL.check_config(_row_config(rows, shape[1], target), (m, shape[1]), dtype, target)
         if why:
             raise ConfigError(f"two_phase's row kernel (ln_rows = {rows}): {why}")
-    n = shape[1]
-    if own.ln_strategy == "fused" and target == "gpu-triton" and n & (n - 1):
-        raise Unsupported(f"gpu-triton: fused holds whole rows of n = {n} columns in one Triton "
-                          "block, whose sizes are powers of two; use two_phase")
     if own.ln_strategy == "tile_stats" and own.ln_phase2 == "triton":
         rows = own.rows(m)
         if m % rows or rows & (rows - 1):
