@@ -13,6 +13,24 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # (tests of the refusal itself pass allow_kernel_modules=False or clear this variable).
 os.environ.setdefault("FARM_ALLOW_KERNEL_MODULES", "1")
 
+# Tests that start Ray (the `ray_local` fixture, or a sweep in a child process) or rank configs by
+# measured time are marked `serial`: `make test` runs them alone, after the others run in two
+# processes (`-n 2 -m "not serial"`), since a second test process beside them would land inside
+# their timing samples and time limits. These modules are serial throughout.
+SERIAL_MODULES = frozenset({
+    "test_adversarial_runs", "test_bench_tools", "test_cluster", "test_compile_pool", "test_driver_throughput",
+    "test_faults", "test_progress", "test_pruning", "test_retune", "test_shape_first", "test_sweep",
+    "test_user_loop", "test_worker",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests that must run alone `serial` (SERIAL_MODULES, and any that uses `ray_local`)."""
+    for item in items:
+        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+        if module in SERIAL_MODULES or "ray_local" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.serial)
+
 
 @pytest.fixture(scope="session")
 def worker_modules(tmp_path_factory) -> Path:

@@ -1,7 +1,6 @@
 """Shared checks for the memory-bound kernels (welford, cross_entropy, swiglu, geglu)."""
 from __future__ import annotations
 
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -10,24 +9,19 @@ import jax.numpy as jnp
 import pytest
 
 from farm.measure import validate
-from farm.search.spaces import SearchSpace, load_space
+from farm.search.spaces import SearchSpace
 from kernels.lowering import Platform
+from tests.shipped_spaces import admitted_configs
 
-SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
 DTYPES = ("float32", "bfloat16")
 # The platform a device target is lowered for on this CPU host.
 LOWERING_PLATFORM = {"tpu": "tpu", "gpu-triton": "cuda"}
 
 
-def space(name: str) -> SearchSpace:
-    """The search space in search_spaces/<name>.yaml."""
-    return load_space(SPACES / f"{name}.yaml")
-
-
 def largest_config(space_: SearchSpace, module: ModuleType, target: str, shape: tuple[int, ...],
                    dtype: str) -> dict[str, Any]:
     """The config of the space valid on `shape` with the largest on-chip footprint."""
-    valid = [c for c in space_.configs(target) if space_.violated(c, shape, dtype, target) is None]
+    valid = admitted_configs(space_, target, shape, dtype)
     assert valid, f"{space_.path}: no valid {target} config for {shape} {dtype}"
     return max(valid, key=lambda c: module.footprint(c, shape, dtype, target))
 

@@ -1,7 +1,7 @@
 """Shared checks for the row-wise kernels (softmax, norms): numerics, lowering, config choice."""
 from __future__ import annotations
 
-from pathlib import Path
+import functools
 from types import ModuleType
 from typing import Any
 
@@ -9,10 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from farm.measure import validate
-from farm.search.spaces import load_space
 from kernels.lowering import Platform
+from tests.shipped_spaces import admitted_configs, space
 
-SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
 DTYPES = ("float32", "bfloat16")
 # The test shape and configs the 2-D row-wise kernels share (a kernel may replace a target's list).
 SHAPE = (16, 384)  # three 128-column blocks; padded to 512 on Triton
@@ -77,13 +76,17 @@ def lower_for_device(module: ModuleType, config: dict[str, Any], shape: tuple[in
 def valid_configs(kernel: str, target: str, shape: tuple[int, ...],
                   dtype: str) -> list[dict[str, Any]]:
     """Every config of the kernel's search space that satisfies its constraints on `shape`."""
-    space = load_space(SPACES / f"{kernel}.yaml")
-    return [c for c in space.configs(target) if space.violated(c, shape, dtype, target) is None]
+    return admitted_configs(space(kernel), target, shape, dtype)
 
 
 def largest_config(module: ModuleType, target: str, shape: tuple[int, ...],
                    dtype: str) -> dict[str, Any]:
     """The valid config of the search space with the largest on-chip footprint on `shape`."""
+    return dict(_largest_config(module, target, shape, dtype))
+
+
+@functools.cache  # collection asks for the same config from more than one list of cases
+def _largest_config(module: ModuleType, target: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
     configs = valid_configs(module.NAME, target, shape, dtype)
     assert configs, f"no valid {target} config of {module.NAME} for {shape} {dtype}"
     return max(configs, key=lambda c: module.footprint(c, shape, dtype, target))
@@ -91,8 +94,7 @@ def largest_config(module: ModuleType, target: str, shape: tuple[int, ...],
 
 def seed_shape(kernel: str) -> tuple[int, ...]:
     """The first shape the kernel's search space tunes on TPU."""
-    space = load_space(SPACES / f"{kernel}.yaml")
-    return next(t.shapes[0] for t in space.targets if t.name == "tpu")
+    return next(t.shapes[0] for t in space(kernel).targets if t.name == "tpu")
 
 
 def numerics_cases(module: ModuleType, shape: tuple[int, ...],

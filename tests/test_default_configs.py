@@ -8,10 +8,11 @@ import pytest
 
 import kernels
 from farm.search import spaces
+from tests import shipped_spaces
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = [(space, target.name, shape, target.dtypes[0])
-         for space in spaces.load_spaces(sorted((REPO / "search_spaces").glob("*.yaml")))
+         for space in shipped_spaces.every_space()
          for target in space.targets for shape in target.shapes]
 
 
@@ -104,7 +105,7 @@ def test_tpu_spaces_tune_row_counts_no_tile_divides(kernel, shape):
     """The shipped spaces asked every target for blocks dividing the rows: on TPU, whose blocks are
     multiples of 8 rows (or all of them), 1001 rows left no config to measure. TPU pads the rows to
     whole blocks, and its spaces admit padding of at most an eighth; the default is among them."""
-    space = spaces.load_space(REPO / "search_spaces" / f"{kernel}.yaml")
+    space = shipped_spaces.space(kernel)
     module = kernels.load(kernel)
     legal = [c for c in space.configs("tpu") if space.violated(c, shape, "bfloat16", "tpu") is None
              and module.check_config(c, shape, "bfloat16", "tpu") is None]
@@ -133,7 +134,7 @@ TPU_SPACE_SHAPES = [
 
 @pytest.mark.parametrize("kernel,shape", TPU_SPACE_SHAPES, ids=str)
 def test_tpu_spaces_hold_configs_at_users_shapes_the_default_among_them(kernel, shape):
-    space = spaces.load_space(REPO / "search_spaces" / f"{kernel}.yaml")
+    space = shipped_spaces.space(kernel)
     module = kernels.load(kernel)
     legal = [c for c in space.configs("tpu") if space.violated(c, shape, "bfloat16", "tpu") is None]
     assert legal, f"{kernel} {shape}: the TPU space holds no config"
@@ -161,8 +162,7 @@ def test_tpu_default_streams_rows_too_wide_to_hold_whole(kernel, shape, plan):
 # shared memory by their own footprint, over the 227 KiB an H100 or H200 block has. The defaults now
 # take the task's dtype (`kernels.protocol.task_default`).
 GPU_DTYPES = ("float32", "float16", "bfloat16")
-GPU_CASES = sorted({(space.kernel, tuple(shape)) for space in spaces.load_spaces(sorted((REPO / "search_spaces")
-                                                                                         .glob("*.yaml")))
+GPU_CASES = sorted({(space.kernel, tuple(shape)) for space in shipped_spaces.every_space()
                     for target in space.targets for shape in target.shapes})
 
 

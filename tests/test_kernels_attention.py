@@ -17,10 +17,10 @@ import pytest
 import kernels
 from farm.measure import outcomes, validate
 from farm.measure.device import measure
-from farm.search.spaces import load_space
 from farm.tasks import TuningTask
 from kernels import flash_attention
 from kernels.lowering import Platform
+from tests import shipped_spaces
 from tests.mosaic_checks import mosaic_smem_bytes, tma_bounds_as_on_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_causal_and_non_causal_references_differ():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_space_loads_with_both_seed_shapes(name):
-    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    space = shipped_spaces.space(name)
     targets = {t.name: t for t in space.targets}
     assert set(targets) == {"tpu", "gpu-triton", "gpu-mosaic", "interpret"}
     assert targets["tpu"].shapes == ((8, 32, 8192, 256), (4, 32, 4096, 128))
@@ -102,7 +102,7 @@ def test_tpu_runs_users_head_dims_and_sequence_lengths(name, shape):
     module = kernels.load(name)
     config = module.default_config(shape, "tpu")
     assert _error(name, config, "tpu", shape) <= 2e-3
-    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    space = shipped_spaces.space(name)
     assert space.violated(config, shape, "bfloat16", "tpu") is None
     assert "tpu_custom_call" in _lower(name, config, "tpu", shape)
 
@@ -440,7 +440,7 @@ def test_the_gpu_defaults_take_the_blocks_the_h200_ran_fastest(shape, mosaic_kv,
 
     for name in NAMES:
         module = kernels.load(name)
-        space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+        space = shipped_spaces.space(name)
         mosaic, triton = (module.default_config(shape, t) for t in ("gpu-mosaic", "gpu-triton"))
         causal = name == "flash_attention_causal"
         pipeline = "warp_specialized" if causal or shape[3] != 64 else "pipelined"  # see the next test
@@ -472,7 +472,7 @@ def test_mosaic_gpu_runs_the_head_dim_in_the_swizzle_that_pads_it_least(dim, swi
     assert config["swizzle"] == swizzle
     assert module.check_config(config, shape, "bfloat16", "gpu-mosaic") is None
     for name in NAMES:
-        space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+        space = shipped_spaces.space(name)
         assert space.violated(config, shape, "bfloat16", "gpu-mosaic") is None
         assert kernels.load(name).default_config(shape, "gpu-mosaic")["swizzle"] == swizzle
     padded = (1, 2, 1000, runs_as)
@@ -497,7 +497,7 @@ def test_plain_attention_at_narrow_heads_defaults_to_the_pipelined_kernel(dim, p
     assert (plain["mgpu_pipeline"], causal["mgpu_pipeline"]) == (plain_pipeline, "warp_specialized")
     for name, config in (("flash_attention", plain), ("flash_attention_causal", causal)):
         assert kernels.load(name).check_config(config, shape, "bfloat16", "gpu-mosaic") is None
-        assert load_space(ROOT / "search_spaces" / f"{name}.yaml").violated(config, shape, "bfloat16",
+        assert shipped_spaces.space(name).violated(config, shape, "bfloat16",
                                                                             "gpu-mosaic") is None
     assert "mosaic_gpu" in _lower("flash_attention", plain, "gpu-mosaic", shape)
 
@@ -511,7 +511,7 @@ def test_a_bundle_row_from_before_the_swizzle_knob_keeps_its_meaning():
     for name in NAMES:
         module = kernels.load(name)
         assert module.check_config(old, shape, "bfloat16", "gpu-mosaic") is None
-        assert load_space(ROOT / "search_spaces" / f"{name}.yaml").violated(old, shape, "bfloat16",
+        assert shipped_spaces.space(name).violated(old, shape, "bfloat16",
                                                                             "gpu-mosaic") is None
         assert module.footprint(old, shape, jnp.bfloat16, "gpu-mosaic") == module.footprint(
             {**old, "swizzle": 128}, shape[:3] + (128,), jnp.bfloat16, "gpu-mosaic")
@@ -533,7 +533,7 @@ def test_narrow_swizzles_match_the_reference_in_the_gpu_interpreter(name, pipeli
 def test_the_search_offers_a_narrower_swizzle_only_where_it_pads_less(name):
     from farm.search.valid_set import ValidSet
 
-    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    space = shipped_spaces.space(name)
     offered = {}
     for dim in (80, 96, 128, 256):
         shape = (1, 32, 2048, dim)
@@ -563,7 +563,7 @@ def test_default_configs_and_the_search_cover_sequences_no_block_divides(name):
     from farm.search.valid_set import ValidSet
 
     module = kernels.load(name)
-    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    space = shipped_spaces.space(name)
     shape = (1, 32, 1000, 128)
     for target in ("gpu-mosaic", "gpu-triton", "tpu"):
         assert module.check_config(module.default_config(shape, target), shape, "bfloat16", target) is None

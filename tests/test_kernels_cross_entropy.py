@@ -10,8 +10,9 @@ from farm.search.plan import expand
 from kernels import cross_entropy, rows
 from kernels.lowering import Platform
 from tests import memory_bound_checks as checks
+from tests import shipped_spaces
 
-SHORT, LONG = checks.space("cross_entropy"), checks.space("cross_entropy_long")
+SHORT, LONG = shipped_spaces.space("cross_entropy"), shipped_spaces.space("cross_entropy_long")
 SHORT_SHAPES = {"interpret": (40, 384), "gpu-triton": (37, 300), "tpu": (128, 512)}
 SHORT_EXPLICIT = {
     "interpret": [{"strategy": "grid", "block_rows": 16, "block_cols": 128}],

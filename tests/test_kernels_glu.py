@@ -10,6 +10,7 @@ from farm.measure import validate
 from kernels import geglu, glu, swiglu
 from kernels.lowering import Platform, pallas_call
 from tests import memory_bound_checks as checks
+from tests import shipped_spaces
 
 # interpret: partial edge tiles; gpu-triton: odd sizes (padding, masks); tpu: 128 KiB tiles fit.
 SHAPES = {"interpret": (3, 40, 384), "gpu-triton": (3, 37, 300), "tpu": (2, 128, 512)}
@@ -28,7 +29,7 @@ EXPLICIT = {
 def _cases():
     return [pytest.param(module, *case.values, id=f"{module.NAME}-{case.id}")
             for module in (swiglu, geglu)
-            for case in checks.cases(checks.space(module.NAME), module, SHAPES, EXPLICIT)]
+            for case in checks.cases(shipped_spaces.space(module.NAME), module, SHAPES, EXPLICIT)]
 
 
 @pytest.mark.parametrize("module, target, shape, dtype, config", _cases())
@@ -112,7 +113,7 @@ def test_footprint_matches_hand_count(module):
 
 @pytest.mark.parametrize("module", [swiglu, geglu])
 def test_space_loads_and_seed_defaults_are_valid(module):
-    space_ = checks.space(module.NAME)
+    space_ = shipped_spaces.space(module.NAME)
     for target in space_.targets:
         for shape in target.shapes:
             for dtype in target.dtypes:

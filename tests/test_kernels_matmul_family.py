@@ -18,11 +18,11 @@ import pytest
 import kernels
 from farm.measure import outcomes, validate
 from farm.measure.device import measure
-from farm.search.spaces import load_space
 from farm.tasks import TuningTask
 from kernels import matmul_config, matmul_core, mgpu_launch
 from kernels.knobs import ConfigError, Unsupported
 from kernels.lowering import Platform
+from tests import shipped_spaces
 from tests.mosaic_checks import mosaic_smem_bytes, tma_bounds_as_on_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_modules_follow_the_protocol_and_are_registered():
 
 @pytest.mark.parametrize("name", FAMILY)
 def test_space_loads_and_default_configs_satisfy_it(name):
-    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    space = shipped_spaces.space(name)
     module = kernels.load(name)
     for target in space.targets:
         for shape in target.shapes:
@@ -303,7 +303,7 @@ def test_the_mosaic_gpu_layer_norm_default_stores_bf16_and_normalises_in_triton(
     default = module.default_config(shape, "gpu-mosaic")
     assert (default["ln_store"], default["ln_phase2"], default["ln_rows"]) == ("input", "triton", rows)
     assert module.check_config(default, shape, jnp.bfloat16, "gpu-mosaic") is None
-    space = load_space(ROOT / "search_spaces" / "matmul_layernorm.yaml")
+    space = shipped_spaces.space("matmul_layernorm")
     assert space.violated(default, shape, "bfloat16", "gpu-mosaic") is None
     assert "__gpu$xla.gpu.triton" in _lower("matmul_layernorm", default, "gpu-mosaic", shape=shape)
     assert "float32" == module.default_config(shape, "gpu-triton")["ln_store"]  # other targets unchanged
@@ -318,7 +318,7 @@ def test_the_triton_layer_norm_default_stays_in_its_space_at_wide_rows(shape, ro
     module = kernels.load("matmul_layernorm")
     default = module.default_config(shape, "gpu-triton")
     assert default["ln_rows"] == rows and module.check_config(default, shape, jnp.bfloat16, "gpu-triton") is None
-    space = load_space(ROOT / "search_spaces" / "matmul_layernorm.yaml")
+    space = shipped_spaces.space("matmul_layernorm")
     if rows * shape[1] <= module.TRITON_ROW_ELEMENTS:
         assert space.violated(default, shape, "bfloat16", "gpu-triton") is None
 
@@ -351,13 +351,13 @@ def test_the_triton_default_of_a_large_product_takes_large_tiles(name, shape, ti
     m = shape[-3]
     assert -(-m // default["block_m"]) % default["group_m"] == 0
     assert module.check_config(default, shape, jnp.bfloat16, "gpu-triton") is None
-    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    space = shipped_spaces.space(name)
     assert space.violated(default, shape, "bfloat16", "gpu-triton") is None
     assert "__gpu$xla.gpu.triton" in _lower(name, default, "gpu-triton", shape=shape)
 
 
 def test_the_layer_norm_space_offers_the_triton_phase_2_up_to_4_rows_at_any_width():
-    space = load_space(ROOT / "search_spaces" / "matmul_layernorm.yaml")
+    space = shipped_spaces.space("matmul_layernorm")
     module = kernels.load("matmul_layernorm")
 
     def offered(shape, phase2):
@@ -400,7 +400,7 @@ def test_the_mosaic_gpu_default_of_a_large_product_is_warp_specialized(name, sha
     default = module.default_config(shape, "gpu-mosaic")
     assert default["mgpu_pipeline"] == pipeline
     assert module.check_config(default, shape, jnp.bfloat16, "gpu-mosaic") is None
-    space = load_space(Path(__file__).resolve().parent.parent / "search_spaces" / f"{name}.yaml")
+    space = shipped_spaces.space(name)
     assert space.violated(default, shape, "bfloat16", "gpu-mosaic") is None
     if pipeline == "warp_specialized":
         assert {k: default[k] for k in matmul_config.LARGE_TILES} == matmul_config.LARGE_TILES
@@ -419,7 +419,7 @@ def test_the_large_default_pairs_m_tiles_where_the_n_tiles_are_odd(name, shape, 
     assert {k: default[k] for k in matmul_config.LARGE_TILES} == matmul_config.LARGE_TILES | {"cluster": cluster}
     assert module.check_config(default, shape, jnp.bfloat16, "gpu-mosaic") is None
     assert module.check_config(default | {"cluster": "n"}, shape, jnp.bfloat16, "gpu-mosaic") is not None
-    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    space = shipped_spaces.space(name)
     assert space.violated(default, shape, "bfloat16", "gpu-mosaic") is None
     assert "mosaic_gpu" in _lower(name, default, "gpu-mosaic", shape=shape)
 
@@ -645,7 +645,7 @@ def test_default_configs_and_the_search_cover_shapes_no_tile_divides(shape):
 
     for name in ("matmul", "matmul_subtiled_epilogue"):
         module = kernels.load(name)
-        space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+        space = shipped_spaces.space(name)
         for target in ("gpu-mosaic", "gpu-triton", "tpu"):
             config = module.default_config(shape, target)
             assert module.check_config(config, shape, "bfloat16", target) is None, (name, target, config)
@@ -672,7 +672,7 @@ def test_a_split_k_pads_k_to_whole_runs_bounds_its_partials_and_lowers_for_cuda(
 
 
 def test_the_search_splits_k_only_where_output_tiles_are_few():
-    space = load_space(ROOT / "search_spaces" / "matmul.yaml")
+    space = shipped_spaces.space("matmul")
     from farm.search.valid_set import ValidSet
 
     def splits(shape):

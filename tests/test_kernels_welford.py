@@ -9,8 +9,9 @@ from farm.measure import validate
 from kernels import rows, welford
 from kernels.lowering import Platform
 from tests import memory_bound_checks as checks
+from tests import shipped_spaces
 
-SPACE = checks.space("welford")
+SPACE = shipped_spaces.space("welford")
 # interpret: partial row blocks; gpu-triton: odd sizes (padding, masks); tpu: lane-dense room.
 SHAPES = {"interpret": (40, 384), "gpu-triton": (37, 300), "tpu": (256, 512)}
 EXPLICIT = {

@@ -13,13 +13,13 @@ import jax.numpy as jnp
 import pytest
 
 import kernels
-from farm.search import spaces
 from kernels import attention_config, matmul_config, protocol
 from kernels.knobs import ConfigError, Unsupported
 from kernels.lowering import Platform
+from tests import shipped_spaces
 
 REPO = Path(__file__).resolve().parent.parent
-SPACES = {s.kernel: s for s in spaces.load_spaces(sorted((REPO / "search_spaces").glob("*.yaml")))}
+SPACES = {s.kernel: s for s in shipped_spaces.every_space()}
 
 
 def _kernels() -> list[str]:
