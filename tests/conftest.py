@@ -32,6 +32,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.serial)
 
 
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+@pytest.fixture(autouse=True)
+def _ray_only_in_serial_tests(request: pytest.FixtureRequest):
+    """A test that starts Ray in this process must be marked serial (SERIAL_MODULES)."""
+    running = _ray_running()
+    yield
+    if not running and _ray_running() and request.node.get_closest_marker("serial") is None:
+        pytest.fail(f"{request.node.nodeid} started Ray but is not marked serial: add its module to "
+                    "SERIAL_MODULES in tests/conftest.py")
+
+
 @pytest.fixture(scope="session")
 def worker_modules(tmp_path_factory) -> Path:
     """A folder on the import path of this process and of `ray_local`'s workers, for modules tests write."""
