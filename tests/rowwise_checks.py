@@ -1,18 +1,19 @@
 """Shared checks for the row-wise kernels (softmax, norms): numerics, lowering, config choice."""
 from __future__ import annotations
 
-import functools
 from types import ModuleType
 from typing import Any
 
-import jax
-import jax.numpy as jnp
+from tests.memory_bound_checks import (
+    DTYPES,
+    LOWERING_PLATFORM,
+    assert_matches,
+    largest_config,
+    lower_for_device,
+    named_configs,
+)
+from tests.shipped_spaces import space
 
-from farm.measure import validate
-from kernels.lowering import Platform
-from tests.shipped_spaces import admitted_configs, space
-
-DTYPES = ("float32", "bfloat16")
 # The test shape and configs the 2-D row-wise kernels share (a kernel may replace a target's list).
 SHAPE = (16, 384)  # three 128-column blocks; padded to 512 on Triton
 RAGGED = (13, 200)  # Triton: neither rows nor columns fill a power-of-two block
@@ -42,56 +43,6 @@ def with_lane_fold(configs: dict[str, list[dict[str, Any]]]) -> dict[str, list[d
     return {**configs, "gpu-triton": [*configs["gpu-triton"], LANE_FOLD]}
 
 
-# The platform each device target is lowered for when no such device is attached.
-LOWERING_PLATFORM = {"tpu": "tpu", "gpu-triton": "cuda"}
-
-
-def relative_error(module: ModuleType, config: dict[str, Any], shape: tuple[int, ...],
-                   dtype: str, target: str) -> float:
-    """The error of a poisoned, interpret-mode build of `config` against the reference."""
-    inputs = module.make_inputs(shape, jnp.dtype(dtype), jax.random.key(7))
-    fn = module.build(config, shape, jnp.dtype(dtype),
-                      Platform(target, interpret=True, poison_outputs=True))
-    out = jax.block_until_ready(jax.jit(fn)(*inputs))
-    return validate.relative_error(out, module.reference(*validate.upcast(inputs)))
-
-
-def assert_matches(module: ModuleType, config: dict[str, Any], shape: tuple[int, ...],
-                   dtype: str, target: str) -> None:
-    """`config` computes the reference within the farm's tolerance for `dtype`."""
-    error = relative_error(module, config, shape, dtype, target)
-    bound = validate.tolerance(dtype, module)
-    assert error <= bound, f"{target} {config} {dtype}: relative error {error:.3g} > {bound:.3g}"
-
-
-def lower_for_device(module: ModuleType, config: dict[str, Any], shape: tuple[int, ...],
-                     dtype: str, target: str) -> str:
-    """Lower the non-interpret build of `config` for the target's device; the module text."""
-    args = jax.eval_shape(lambda: module.make_inputs(shape, jnp.dtype(dtype), jax.random.key(0)))
-    fn = module.build(config, shape, jnp.dtype(dtype), Platform(target))
-    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=(LOWERING_PLATFORM[target],))
-    return lowered.as_text()
-
-
-def valid_configs(kernel: str, target: str, shape: tuple[int, ...],
-                  dtype: str) -> list[dict[str, Any]]:
-    """Every config of the kernel's search space that satisfies its constraints on `shape`."""
-    return admitted_configs(space(kernel), target, shape, dtype)
-
-
-def largest_config(module: ModuleType, target: str, shape: tuple[int, ...],
-                   dtype: str) -> dict[str, Any]:
-    """The valid config of the search space with the largest on-chip footprint on `shape`."""
-    return dict(_largest_config(module, target, shape, dtype))
-
-
-@functools.cache  # collection asks for the same config from more than one list of cases
-def _largest_config(module: ModuleType, target: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
-    configs = valid_configs(module.NAME, target, shape, dtype)
-    assert configs, f"no valid {target} config of {module.NAME} for {shape} {dtype}"
-    return max(configs, key=lambda c: module.footprint(c, shape, dtype, target))
-
-
 def seed_shape(kernel: str) -> tuple[int, ...]:
     """The first shape the kernel's search space tunes on TPU."""
     return next(t.shapes[0] for t in space(kernel).targets if t.name == "tpu")
@@ -105,11 +56,8 @@ def numerics_cases(module: ModuleType, shape: tuple[int, ...],
     cases = []
     for target, configs in explicit.items():
         for dtype in DTYPES:
-            named = [("default", module.default_config(shape, target)),
-                     ("largest", largest_config(module, target, shape, dtype))]
-            named += [(f"config{i}", c) for i, c in enumerate(configs)]
             cases += [pytest.param(target, dtype, c, id=f"{target}-{dtype}-{name}")
-                      for name, c in named]
+                      for name, c in named_configs(space(module.NAME), module, target, shape, dtype, configs)]
     return cases
 
 
@@ -124,7 +72,7 @@ def lowering_cases(module: ModuleType, shape: tuple[int, ...],
     seed = seed_shape(module.NAME)
     for target in (t for t in explicit if t in LOWERING_PLATFORM):
         for name, config in (("default", module.default_config(seed, target)),
-                             ("largest", largest_config(module, target, seed, "bfloat16"))):
+                             ("largest", largest_config(space(module.NAME), module, target, seed, "bfloat16"))):
             cases.append(pytest.param(target, "bfloat16", seed, config,
                                       id=f"{target}-seed-{name}"))
     return cases
