@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from farm.measure import outcomes
+from farm.search.searcher import OUTSIDE_STUDY
 from tests.sweeps import run_sweep, space
 
 FAULTS = space("tests.fixtures.faulty_softmax", [[16, 128]], trials=4, block_rows=[8],
@@ -38,11 +39,12 @@ def test_hangs_and_crashes_are_recorded_and_the_sweep_finishes(ray_local, tmp_pa
 
 def test_a_trial_whose_worker_died_once_is_requeued(ray_local, tmp_path, signing_key):
     marker = tmp_path / "crashed-once"
-    _, trials = run_sweep(tmp_path, signing_key, space("tests.fixtures.faulty_softmax", [[16, 128]], trials=1,
+    _, trials = run_sweep(tmp_path, signing_key, space("tests.fixtures.faulty_softmax", [[16, 128]], trials=2,
                                                        sampler=None, block_rows=[8], fault=["crash_once"],
                                                        marker=[str(marker)]))
     assert marker.exists()
-    assert [(t["outcome"], t["attempt"]) for t in trials] == [(outcomes.OK, 2)]
+    drawn = [t for t in trials if t["trial"] != OUTSIDE_STUDY]   # beside the kernel's default (fault "none")
+    assert [(t["outcome"], t["attempt"]) for t in drawn] == [(outcomes.OK, 2)]
 
 
 def _worker_pids() -> list[int]:
@@ -81,7 +83,7 @@ def test_killing_worker_processes_loses_no_trial(ray_local, tmp_path, signing_ke
     assert len({t["config"] for t in measured}) == 12
 
 
-RESUME_SPACE = space("tests.fixtures.faulty_softmax", [[16, 128]], trials=8, block_rows=[8, 16],
+RESUME_SPACE = space("tests.fixtures.faulty_softmax", [[16, 128]], trials=9, block_rows=[8, 16],
                      fault=["slow"], delay_ms=[0, 10, 20, 40])
 
 
@@ -113,7 +115,7 @@ def test_killed_driver_resumes_without_measuring_anything_twice(tmp_path, signin
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the embedded Ray it started
     proc.wait(timeout=60)
     before = _measured(killed)
-    assert 3 <= sum(map(len, before.values())) < 8
+    assert 3 <= sum(map(len, before.values())) < 9
 
     proc = _farm(["--resume", str(killed), *common], repo)
     assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
@@ -121,14 +123,16 @@ def test_killed_driver_resumes_without_measuring_anything_twice(tmp_path, signin
     for task, configs in after.items():
         assert len(configs) == len(set(configs)), f"{task}: a config was measured twice"
         assert configs[:len(before.get(task, []))] == before.get(task, [])
-    # The budget (8 trials a task) is the whole grid: every config measured once, as in a run
-    # that was never killed.
+    # The budget (9 trials a task) is the kernel's default (fault "none", outside this space) and
+    # the whole grid: every config measured once, as in a run that was never killed.
     grid = {(rows, delay) for rows in (8, 16) for delay in (0, 10, 20, 40)}
     assert len(after) == 1
     for task, configs in after.items():
-        assert {(json.loads(c)["block_rows"], json.loads(c)["delay_ms"]) for c in configs} == grid, task
+        loaded = [json.loads(c) for c in configs]
+        assert [c for c in loaded if c["fault"] == "none"] == [{"block_rows": 8, "fault": "none"}], task
+        assert {(c["block_rows"], c["delay_ms"]) for c in loaded if c["fault"] == "slow"} == grid, task
 
     # Each delay step adds 10 ms per call, far beyond timing noise, so the winners have no delay
-    # (block_rows, a close race, may legitimately go either way).
+    # (block_rows, a close race, may legitimately go either way; so may the default, which never sleeps).
     rows = pq.read_table(killed / "bundle" / "configs.parquet").to_pylist()
-    assert {r["task_key"]: json.loads(r["config"])["delay_ms"] for r in rows} == {k: 0 for k in after}
+    assert {r["task_key"]: json.loads(r["config"]).get("delay_ms", 0) for r in rows} == {k: 0 for k in after}

@@ -7,6 +7,7 @@ kernel module copied to a folder on the workers' import path is edited. The fixt
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from farm.retune import planning, rules
 from farm.retune.report import REPORT_JSON, REPORT_MD, task_report
 from farm.search.plan import PlannedTask
 from farm.tasks import TuningTask
+from tests.fixtures import versioned_softmax
 
 REPO = Path(__file__).resolve().parent.parent
 SPACE = """\
@@ -60,6 +62,7 @@ def farm(tmp_path_factory, worker_modules, ray_local, signing_key):
     (package / "__init__.py").write_text("")
     shutil.copyfile(REPO / "tests" / "fixtures" / "versioned_softmax.py", package / "kernel.py")
     software = root / "software.json"  # absent: the old software
+    os.environ[versioned_softmax.SOFTWARE_ENV] = str(software)   # the kernels' default names it too
     spaces = {
         "versioned": _space(root, "versioned", VERSIONED, [[16, 128], [32, 128], [64, 128]], software),
         "source": _space(root, "source", SOURCE_KERNEL, [[16, 128]], software),
@@ -73,8 +76,9 @@ def farm(tmp_path_factory, worker_modules, ray_local, signing_key):
                      "--key", str(signing_key[0]), "--quiet", "--repetitions", "3", "--workers", "1"]) == 0
     rows = {r["task_key"]: r for r in pq.read_table(previous / "bundle" / "configs.parquet").to_pylist()}
     assert {json.loads(r["config"])["variant"] for r in rows.values()} == {"a"}  # 5 ms beats 15 and 25
-    return {"root": root, "software": software, "spaces": spaces, "previous": previous, "rows": rows,
-            "package": package}
+    yield {"root": root, "software": software, "spaces": spaces, "previous": previous, "rows": rows,
+           "package": package}
+    os.environ.pop(versioned_softmax.SOFTWARE_ENV)
 
 
 def _retune(farm, signing_key, name, *spaces, extra=()):

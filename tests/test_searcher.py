@@ -11,7 +11,7 @@ import pytest
 from farm.measure import outcomes
 from farm.search import studies, valid_set
 from farm.search.plan import PlannedTask, expand
-from farm.search.searcher import Answer, Proposal, Searcher
+from farm.search.searcher import OUTSIDE_STUDY, Answer, Proposal, Searcher
 from farm.search.space_parts import Param
 from farm.search.spaces import load_space, parse_space
 
@@ -61,10 +61,12 @@ def test_the_default_config_comes_first_then_only_valid_unmeasured_configs():
     while (p := searcher.ask()) is not None:
         proposals.append(p)
         searcher.tell(_ok(p))
-    # The default (trial 0) breaks this constraint: it is answered invalid, never proposed.
-    assert (answered[0].trial, answered[0].outcome) == (0, outcomes.INVALID)
-    assert json.loads(answered[0].config) == {"block_m": 64, "block_n": 64, "block_k": 32, **PLAIN_CONFIG}
-    assert all(p.config["block_m"] * p.config["block_n"] <= 32 * 64 for p in proposals)
+    # The default breaks this search preference, and the kernel takes it: it is what a deployment
+    # runs untuned, so it is measured first, outside the study (the sampler never hears of it).
+    default = {"block_m": 64, "block_n": 64, "block_k": 32, **PLAIN_CONFIG}
+    assert (proposals[0].trial, proposals[0].config) == (OUTSIDE_STUDY, default)
+    drawn = proposals[1:]
+    assert all(p.config["block_m"] * p.config["block_n"] <= 32 * 64 for p in drawn)
     assert len({p.key for p in proposals}) == len(proposals)               # nothing proposed twice
     invalid = [a for a in answered if a.outcome == outcomes.INVALID]
     assert all(json.loads(a.config)["block_m"] * json.loads(a.config)["block_n"] > 32 * 64 for a in invalid)
@@ -72,7 +74,47 @@ def test_the_default_config_comes_first_then_only_valid_unmeasured_configs():
     assert counted == searcher.asked == 12 and not searcher.wants_trials   # the budget ends asking
     states = Counter(t.state for t in searcher.study.trials)
     assert states[optuna.trial.TrialState.PRUNED] == len(invalid)
+    assert states[optuna.trial.TrialState.COMPLETE] == len(drawn)         # the default is not in the study
     assert not states[optuna.trial.TrialState.RUNNING]
+    assert all(studies.from_optuna(t.params, searcher.params) != default for t in searcher.study.trials)
+
+
+def test_a_default_the_kernel_refuses_is_answered_invalid_with_its_reason():
+    # Mosaic GPU's rms norm stages whole 128-byte units of a row: 3000 bf16 columns are not, so the
+    # kernel refuses its default and every config (gpu-triton takes the width). Nothing is measured;
+    # the answers say why.
+    space = parse_space({"kernel": "rms_norm", "dtypes": ["bfloat16"], "shapes": [[5, 3000]],
+                         "targets": ["gpu-mosaic"],
+                         "params": {"block_rows": {"values": [1]}, "strategy": {"values": ["smem_row"]},
+                                    "block_cols": {"values": [1024, 2048]}, "approx_math": {"values": [1]},
+                                    "stream_cols": {"values": [0]}, "cluster": {"values": [1]}},
+                         "trials": 2}, "inline.yaml")
+    searcher, answered = _searcher(expand([space])[0])
+    assert searcher.outside_default is None and searcher.ask() is None
+    assert answered and all(a.outcome == outcomes.INVALID and a.trial >= 0 for a in answered)
+    assert all("not whole 128-byte units" in a.error for a in answered)
+
+
+def test_a_default_off_the_spaces_values_is_measured_once_and_survives_a_resume(tmp_path):
+    # Powers of two only: the default's block_m 64 is no value of this space's block_m.
+    planned = _planned({"block_m": {"values": [16, 32]}, "block_n": {"values": [64]}, "block_k": {"values": [32]},
+                        **PLAIN}, trials=3, sampler="grid")
+    searcher, _ = _searcher(planned, studies.storage(tmp_path))
+    first = searcher.ask()
+    assert first.trial == OUTSIDE_STUDY and first.config["block_m"] == 64
+    log = [Answer(first.trial, first.key, outcomes.OK, median_s=1e-5)]
+    searcher.tell(log[0])
+    second = searcher.ask()
+    log.append(_ok(second))                # logged; the driver dies before telling it
+    resumed, answered = _searcher(planned, studies.storage(tmp_path))
+    resumed.replay(log)
+    rest = []
+    while (p := resumed.ask()) is not None:
+        rest.append(p)
+        resumed.tell(_ok(p))
+    assert [p.config["block_m"] for p in rest] == [{16: 32, 32: 16}[second.config["block_m"]]]
+    assert resumed.asked == 3 and not answered    # the default is not measured again
+    assert resumed.measured[first.key].median_s == 1e-5
 
 
 def test_default_config_is_trial_zero():
@@ -109,12 +151,17 @@ def test_a_duplicate_of_a_config_in_flight_waits_for_its_measurement(rejection_s
 
 
 def _oom_at_16_or_more() -> tuple[dict[int, str], list[Answer]]:
-    """A grid over block_rows 16, 8, 32, 64 where 16 and more run out of memory when measured."""
+    """A grid over block_rows 16, 8, 32, 64 where 16 and more run out of memory when measured (and
+    the kernel's default, fault "none", measured first outside the study)."""
     searcher, answered = _searcher(_planned({"block_rows": {"values": [16, 8, 32, 64]}, "fault": {"values": ["oom"]}},
-                                            trials=4, sampler="grid", kernel="tests.fixtures.faulty_softmax",
+                                            trials=5, sampler="grid", kernel="tests.fixtures.faulty_softmax",
                                             shape=[64, 128]))
     measured = {}
     while (p := searcher.ask()) is not None:
+        if p.trial == OUTSIDE_STUDY:
+            assert p.config == {"block_rows": 8, "fault": "none"}
+            searcher.tell(Answer(p.trial, p.key, outcomes.OK, median_s=1e-4))
+            continue
         outcome = outcomes.OOM if p.config["block_rows"] >= 16 else outcomes.OK
         measured[p.config["block_rows"]] = outcome
         searcher.tell(Answer(p.trial, p.key, outcome, median_s=1e-4 if outcome == outcomes.OK else None))
@@ -159,7 +206,7 @@ def test_powers_of_two_are_ordered_integers_for_the_sampler():
 def test_warm_start_is_queued_first_in_order():
     params = (Param("v", (1, 2, 3, 4), "values"),)
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
-    assert studies.enqueue_warm_start(study, params, [{"v": 3}, {"v": 9}, {"v": 1}, {"v": 3}], {"v": 2})
+    assert studies.enqueue_warm_start(study, params, [{"v": 3}, {"v": 9}, {"v": 1}, {"v": 3}], {"v": 2}) == 3
     asked = [study.ask() for _ in range(3)]
     assert [(t.number, studies.suggest(t, params)) for t in asked] == [(0, {"v": 3}), (1, {"v": 1}), (2, {"v": 2})]
     assert not studies.enqueue_warm_start(study, params, [{"v": 4}], {"v": 2})  # not in a study that has trials
@@ -172,6 +219,17 @@ def test_a_searcher_warm_starts_in_order_then_the_default():
     first = [searcher.ask() for _ in range(3)]
     assert [p.config for p in first] == [*warm, {"block_m": 64, "block_n": 64, "block_k": 32, **PLAIN_CONFIG}]
     assert [p.trial for p in first] == [0, 1, 2]
+
+
+def test_warm_starts_come_before_a_default_the_space_leaves_out():
+    planned = _planned({"block_m": {"values": [16, 32]}, "block_n": {"values": [64]}, "block_k": {"values": [32]},
+                        **PLAIN}, trials=4)
+    warm = [{"block_m": 32, "block_n": 64, "block_k": 32, **PLAIN_CONFIG}]
+    searcher, _ = _searcher(planned, warm_start=warm)
+    first, second, third = searcher.ask(), searcher.ask(), searcher.ask()
+    assert (first.trial, first.config) == (0, warm[0])
+    assert (second.trial, second.config["block_m"]) == (OUTSIDE_STUDY, 64)
+    assert (third.trial, third.config["block_m"]) == (1, 16)
 
 
 def test_resume_from_the_log_measures_nothing_twice(tmp_path):
@@ -248,12 +306,14 @@ def test_an_enumerable_space_wastes_no_draw(sampler):
     while (p := searcher.ask()) is not None:
         proposals.append(p)
         searcher.tell(_ok(p, median=1e-6 * (p.config["block_m"] + p.config["block_k"])))
-    wasted = [a for a in answered if a.outcome in (outcomes.INVALID, outcomes.PRUNED, outcomes.CACHED)]
-    # The kernel's default (trial 0, queued) breaks this space's constraint: the only wasted draw.
-    assert [json.loads(a.config) for a in wasted] == [{"block_m": 64, "block_n": 64, "block_k": 32, **PLAIN_CONFIG}]
-    keys = [p.key for p in proposals]
+    assert not [a for a in answered if a.outcome in (outcomes.INVALID, outcomes.PRUNED, outcomes.CACHED)]
+    # The kernel's default breaks this space's constraint: measured first, outside the study.
+    default, *drawn = proposals
+    assert (default.trial, default.config) == (OUTSIDE_STUDY, {"block_m": 64, "block_n": 64, "block_k": 32,
+                                                               **PLAIN_CONFIG})
+    keys = [p.key for p in drawn]
     assert len(set(keys)) == len(keys) == len(searcher.valid_set) and searcher.exhausted
-    assert all(p.config["block_m"] * p.config["block_n"] <= 32 * 64 for p in proposals)
+    assert all(p.config["block_m"] * p.config["block_n"] <= 32 * 64 for p in drawn)
 
 
 def test_shipped_space_tasks_waste_at_most_a_tenth_of_their_asks():

@@ -3,18 +3,21 @@ and nothing is written."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import multiprocessing
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from farm import cli
 from farm.errors import SpaceError
 from farm.search import plan, spaces
 from farm.search.constraints import Constraint, ConstraintSyntaxError
+from farm.search.searcher import OUTSIDE_STUDY
 from farm.search.space_files import shipped_space
 from tests.sweeps import run_sweep
 from tests.sweeps import space as space_text
@@ -161,7 +164,8 @@ def test_three_line_space_sweeps_in_interpret_mode(ray_local, tmp_path, signing_
 # A user's odd or small shapes apply to every target of a shipped space, and one target's search
 # preferences may admit no config at them (the two-pass softmax's interpret-mode chunks of at most
 # 4096 columns, none of which divides 50257; TPU pads the row to whole chunks): that target's task
-# is answered invalid, naming the constraint, and the other targets still tune the shape.
+# measures only the kernel's default (the note names the constraint), and the other targets still
+# tune the shape.
 def test_a_shape_one_target_cannot_take_leaves_the_others_tuning(ray_local, tmp_path, signing_key, capsys):
     text = "kernel: softmax_two_pass\nshapes: [[8192, 50257]]\ndtypes: [bfloat16]\n"
     space = spaces.load_space(write(tmp_path, text, "user.yaml"))
@@ -171,16 +175,20 @@ def test_a_shape_one_target_cannot_take_leaves_the_others_tuning(ray_local, tmp_
     assert [(u.target, u.task) for u in space.unfit] == [
         ("interpret", "target interpret, shape 8192x50257, dtype bfloat16")]
     assert "configs satisfies every constraint" in str(space.unfit[0]) and " break " in str(space.unfit[0])
+    assert space.unfit[0].default_runs   # the kernel takes its default there
     # in one sweep: 8 rows break the space's constraint on this target, 32 rows do not
     out, trials = run_sweep(tmp_path, signing_key, space_text("softmax", [[8, 256], [32, 256]], trials=2,
                                                               constraints=["rows >= 16"], block_rows=[2, 8],
                                                               strategy=["one_pass"], block_cols=[128]))
     by_task = {key: [t for t in trials if t["task_key"] == key] for key in {t["task_key"] for t in trials}}
-    assert {t["outcome"] for t in by_task["softmax/8x256/float32/interpret"]} == {"invalid"}
-    assert all("rows >= 16" in t["error"] for t in by_task["softmax/8x256/float32/interpret"])
+    eight = by_task["softmax/8x256/float32/interpret"]
+    assert [(t["trial"], t["outcome"]) for t in eight] == [(OUTSIDE_STUDY, "ok")]   # its default only
+    assert json.loads(eight[0]["config"]) == {"block_rows": 8, "strategy": "one_pass", "block_cols": 128}
     assert {t["outcome"] for t in by_task["softmax/32x256/float32/interpret"]} == {"ok"}
     assert ("target interpret, shape 8x256, dtype float32: none of the 2 configs satisfies every constraint "
-            "(2 break 'rows >= 16'); that task is answered invalid, not tuned") in capsys.readouterr().err
+            "(2 break 'rows >= 16'); only the kernel's default config is measured") in capsys.readouterr().err
+    rows = {r["task_key"]: r for r in pq.read_table(out / "bundle" / "configs.parquet").to_pylist()}
+    assert rows["softmax/8x256/float32/interpret"]["config"] == eight[0]["config"]
 
 
 def test_every_shipped_space_has_configs_for_every_task_of_its_own(repo):

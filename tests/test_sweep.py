@@ -17,6 +17,7 @@ from farm.measure import outcomes, timing
 from farm.run.sweep import RACE_AFTER, SweepSettings
 from farm.run.sweep import run_sweep as run_planned
 from farm.search import plan, spaces, studies
+from farm.search.searcher import OUTSIDE_STUDY
 from tests.sweeps import run_sweep, space
 
 
@@ -111,9 +112,11 @@ def test_failures_do_not_stop_the_sweep(ray_local, tmp_path, signing_key):
     _, trials = run_sweep(tmp_path, signing_key, space("matmul", [[64, 64, 64]], trials=3, block_m=[64],
                                                        block_n=[64], block_k=[64], epi_n=[32, 48, 64]))
     # epi_n = 48 does not divide block_n: the kernel's check_config refuses it, so it is never drawn
-    # (the task's valid set holds the two legal configs) and never compiled.
-    assert Counter(t["outcome"] for t in trials) == {outcomes.OK: 2}
-    assert sorted(json.loads(t["config"])["epi_n"] for t in trials) == [32, 64]
+    # (the task's valid set holds the two legal configs) and never compiled. The kernel's default
+    # sets knobs this space does not tune: it is measured too, outside the study (trial -1).
+    assert Counter(t["outcome"] for t in trials) == {outcomes.OK: 3}
+    drawn = [t for t in trials if t["trial"] != OUTSIDE_STUDY]
+    assert sorted(json.loads(t["config"])["epi_n"] for t in drawn) == [32, 64]
 
 
 def test_a_compile_error_is_data_and_the_sweep_goes_on(ray_local, tmp_path, signing_key):
@@ -126,14 +129,15 @@ def test_a_compile_error_is_data_and_the_sweep_goes_on(ray_local, tmp_path, sign
 
 def test_a_space_that_rejects_almost_every_config_still_makes_progress(ray_local, tmp_path, signing_key):
     # One config of 64 satisfies the constraint: the task's valid set holds it alone, so it is
-    # measured (here as the kernel's default, trial 0) and the task ends: no draw is wasted.
+    # measured and the task ends: no draw is wasted. Beside it, the kernel's default (which sets
+    # knobs this space does not tune), measured outside the study.
     _, trials = run_sweep(tmp_path, signing_key, space(
         "matmul", [[64, 64, 64]], trials=2, sampler=None, constraints=["block_m * block_n * block_k == 64 * 64 * 64"],
         block_m=[8, 16, 32, 64], block_n=[8, 16, 32, 64], block_k=[8, 16, 32, 64]))
     counts = Counter(t["outcome"] for t in trials)
-    assert counts == {outcomes.OK: 1}
-    ok = next(t for t in trials if t["outcome"] == outcomes.OK)
-    assert json.loads(ok["config"]) == {"block_m": 64, "block_n": 64, "block_k": 64}
+    assert counts == {outcomes.OK: 2}
+    drawn = next(t for t in trials if t["trial"] != OUTSIDE_STUDY)
+    assert json.loads(drawn["config"]) == {"block_m": 64, "block_n": 64, "block_k": 64}
 
 
 def test_a_time_budget_stops_asking_and_still_writes_a_bundle(ray_local, tmp_path, signing_key):
@@ -159,6 +163,22 @@ def test_the_default_config_is_measured_first_and_reported(demo_run):
         first = next(t for t in trials if t["task_key"] == row["task_key"] and t["trial"] == 0)
         assert first["config"] == row["default_config"] and first["outcome"] == outcomes.OK
         assert row["default_median_s"] == first["median_s"] and row["median_s"] <= row["default_median_s"]
+
+
+def test_a_default_the_space_leaves_out_is_measured_and_wins_when_fastest(ray_local, tmp_path, signing_key):
+    # The space holds only a config that sleeps 20 ms a call; the kernel's default (fault "none")
+    # is no point of it. It is measured anyway, outside the study, and the bundle keeps it: tuning
+    # never ships a config slower than the default a deployment would run untuned.
+    out, trials = run_sweep(tmp_path, signing_key, space("tests.fixtures.faulty_softmax", [[16, 128]], trials=3,
+                                                         block_rows=[8], fault=["slow"], delay_ms=[20]))
+    default = next(t for t in trials if t["trial"] == OUTSIDE_STUDY)
+    assert json.loads(default["config"]) == {"block_rows": 8, "fault": "none"} and default["outcome"] == outcomes.OK
+    assert [json.loads(t["config"])["fault"] for t in trials if t["trial"] != OUTSIDE_STUDY] == ["slow"]
+    study = optuna.load_study(study_name=default["task_key"], storage=studies.storage(out))
+    assert [t.params for t in study.trials] == [{"block_rows": 8, "fault": "slow", "delay_ms": 20}]
+    row = pq.read_table(out / "bundle" / "configs.parquet").to_pylist()[0]
+    assert row["config"] == row["default_config"] == default["config"]
+    assert row["median_s"] == row["default_median_s"] == default["median_s"]
 
 
 def test_racing_cuts_short_only_configs_slower_than_the_best_so_far(ray_local, tmp_path):

@@ -33,7 +33,9 @@ class TrialRecord:
     shape: tuple[int, ...]
     dtype: str
     target: str
-    trial: int                          # the Optuna trial number within the task's study
+    # The Optuna trial number within the task's study; -1 for the kernel's default, measured outside
+    # a space that leaves it out (`farm.search.searcher.OUTSIDE_STUDY`).
+    trial: int
     config: str                         # canonical JSON (`farm.tasks.config_json`)
     outcome: str                        # one of `farm.measure.outcomes.ALL`
     median_s: float | None = None

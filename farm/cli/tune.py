@@ -96,7 +96,7 @@ def _sweep_spaces(args: argparse.Namespace) -> list[Any]:
     for space in loaded:
         for unfit in space.unfit:
             if not args.target or unfit.target in args.target:
-                print(f"note: {space.path}: {unfit}; that task is answered invalid, not tuned", file=sys.stderr)
+                print(f"note: {space.path}: {unfit}; {unfit.outcome}", file=sys.stderr)
     from_file = {s.path for s in loaded if s.path.startswith("--tasks ")}
     planned = [p for p in planned if p.space.path not in from_file or p.task.key in (wanted or ())]
     if not planned:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import kernels
 from farm.bundle import fingerprint
 from farm.bundle.locate import open_bundle
 from farm.bundle.records import TrialRecord
@@ -24,6 +25,7 @@ from farm.measure import outcomes
 from farm.retune.rules import RetuneSettings
 from farm.search import studies
 from farm.search.plan import PlannedTask
+from kernels.protocol import task_default
 
 # Default budget of a stale task: this share of the space's budget, at least the warm start + EXPLORE.
 BUDGET_SHARE = 0.25
@@ -85,15 +87,20 @@ def previous_row(previous: Previous, task_key: str, device_kind: str | None) -> 
 def warm_start(plan: TaskPlan, previous: Previous, top: int) -> tuple[list[dict[str, Any]], bool]:
     """The configs to queue first (previous winner, then the next best of its run) valid in the space now.
 
-    Returns them and whether the previous winner itself is valid in the current space.
+    Returns them and whether the previous winner itself is valid in the current space. The
+    kernel's current default counts as valid where the kernel takes it: a sweep measures it even
+    where the space leaves it out (`farm.search.searcher.OUTSIDE_STUDY`), so it may have won.
     """
     row = plan.previous
     if row is None or row.get("status") != "ok" or not row.get("config"):
         return [], True
     task, space = plan.planned.task, plan.planned.space
     params = space.params_for(task.target)
+    default = task_default(kernels.load(task.kernel), task.shape, task.target, task.dtype)
 
     def valid(config: dict[str, Any]) -> bool:
+        if config == default:
+            return space.kernel_refusal(config, task.shape, task.dtype, task.target) is None
         return studies.in_space(config, params) and space.violated(config, task.shape, task.dtype,
                                                                    task.target) is None
 

@@ -289,7 +289,7 @@ class _Sweep:
 
     def _warm_up(self) -> None:
         """Run the default config of one of its pool's tasks once on every worker, untimed, so that
-        trial 0 (the default, which `vs default` compares with) is not measured on a cold worker."""
+        the default (measured first: `vs default` compares with it) is not measured on a cold worker."""
         by_pool = {}
         for p in self.planned:
             by_pool.setdefault(self.task_pool[p.task.key], p.task)

@@ -11,6 +11,11 @@ task whose valid configs are too many to enumerate, a draw of a config already m
 followed by a random valid config not yet measured (`REPEAT_STREAK`), so a converged sampler
 cannot spend the budget on repeats.
 
+The kernel's default config is what a deployment runs untuned, so every task measures it. Where
+the space leaves it out (a knob value the space does not list, a search preference it breaks, a
+knob the space does not tune) but the kernel takes it, it is measured once outside the study, as
+trial `OUTSIDE_STUDY`: the sampler never hears of it, and it may win.
+
 When the task's valid configs can be enumerated (with bounded work: `farm.search.valid_set`),
 `open` wraps the sampler in `farm.search.valid_set.ValidSetSampler`: draws are then valid
 configs not yet measured or in flight, so the answers above are left to the queued default or
@@ -57,6 +62,8 @@ INVALID_STREAK = 4
 # measured is queued instead (products too large to enumerate: TPE converges and repeats itself).
 REPEAT_STREAK = 1
 VALID_DRAWS = 5000
+# The trial number of a task's default config measured outside its study (the space leaves it out).
+OUTSIDE_STUDY = -1
 # How much of a failure's text a trial's Optuna user attributes keep.
 ERROR_ATTR_CHARS = 500
 
@@ -66,7 +73,7 @@ class Result(Protocol):
 
     @property
     def trial(self) -> int:
-        """The Optuna trial number."""
+        """The Optuna trial number (`OUTSIDE_STUDY`: the default, measured outside the study)."""
 
     @property
     def config(self) -> str:
@@ -142,7 +149,10 @@ class Searcher:
         self.exhausted = False
         self._invalid_streak = 0
         self._repeat_streak = 0
-        self._running: dict[int, optuna.Trial] = {}   # proposals not yet told
+        self._running: dict[int, optuna.Trial | None] = {}   # proposals not yet told (None: OUTSIDE_STUDY)
+        self.outside_default: dict[str, Any] | None = None   # the default, measured outside the study
+        self._outside_after = 0                       # ... once this many trials came from the study (warm starts)
+        self._from_study = 0                          # trials this searcher drew from the study
         self._waiting: dict[str, list[optuna.Trial]] = {}   # config json -> duplicates of a proposal in flight
 
     @classmethod
@@ -150,7 +160,8 @@ class Searcher:
              seed: int | None = None, warm_start: Sequence[dict[str, Any]] = (), **options: Any) -> Searcher:
         """The task's searcher over its study in `storage` (created, or loaded when it exists).
 
-        A new study measures `warm_start` first, in order, then the kernel's default config.
+        A new study measures `warm_start` first, in order, then the kernel's default config (in
+        the study, or outside it where the space leaves it out).
         `options` go to the constructor (capacity, static_pruning, on_answer).
         """
         module = kernels.load(planned.task.kernel)
@@ -165,12 +176,26 @@ class Searcher:
         study = studies.open_study(planned, storage, chosen)
         searcher = cls(planned, study, module, valid_set=candidates, **options)
         default = task_default(module, planned.task.shape, planned.task.target, planned.task.dtype)
-        if not studies.enqueue_warm_start(study, searcher.params, list(warm_start), default):
-            # a task whose shape leaves no config within the space: the default is still asked,
-            # and answered invalid with the constraint it breaks, so that the run says why
+        searcher.outside_default = searcher._left_out(default)
+        queued = None if searcher.outside_default is not None else default
+        searcher._outside_after = studies.enqueue_warm_start(study, searcher.params, list(warm_start), queued)
+        if not searcher._outside_after and queued is not None:
+            # a task whose shape leaves no config within the space, and whose kernel refuses its
+            # default: the default is still asked, and answered invalid with the kernel's reason
             studies.enqueue_default(study, searcher.params, default,
                                     even_on_grid=candidates is not None and not len(candidates))
         return searcher
+
+    def _left_out(self, default: dict[str, Any]) -> dict[str, Any] | None:
+        """`default` if the space leaves it out and the kernel takes it (it is then measured
+        outside the study), else None (the study holds it, or the kernel refuses it)."""
+        task, space = self.planned.task, self.planned.space
+        if studies.in_space(default, self.params) and space.violated(default, task.shape, task.dtype,
+                                                                     task.target) is None:
+            return None
+        if space.kernel_refusal(default, task.shape, task.dtype, task.target) is not None:
+            return None
+        return default
 
     @property
     def key(self) -> str:
@@ -203,10 +228,16 @@ class Searcher:
         it waits for configs already in flight)."""
         task, space = self.planned.task, self.planned.space
         while self.wants_trials:
+            if self.outside_default is not None and self._from_study >= self._outside_after:
+                proposal = self._propose_outside_default()   # after the warm starts, before the sampler
+                if proposal is not None:
+                    return proposal
+                continue
             if self.valid_set is not None and not self.valid_set.remaining and not self._queued():
                 self.exhausted = True   # every valid config is measured or in flight
                 break
             trial = self.study.ask()
+            self._from_study += 1
             config = studies.suggest(trial, self.params)
             key = config_json(config)
             broken = space.violated(config, task.shape, task.dtype, task.target)
@@ -247,6 +278,26 @@ class Searcher:
                 self.valid_set.close(key)
             return Proposal(trial.number, config, key, footprint)
         return None
+
+    def _propose_outside_default(self) -> Proposal | None:
+        """The default the space leaves out, once (None if it is measured, or cannot fit: pruned)."""
+        task, config = self.planned.task, self.outside_default
+        assert config is not None
+        self.outside_default = None
+        key = config_json(config)
+        if key in self.measured:
+            return None
+        footprint, verdict = pruning.static_verdict(self.module, config, task.shape, task.dtype, task.target,
+                                                    self.capacity)
+        if verdict is not None and self.static_pruning:
+            self.skipped += 1
+            self.on_answer(Answer(OUTSIDE_STUDY, key, outcomes.PRUNED, verdict.reason,
+                                  footprint_bytes=verdict.footprint_bytes, capacity_bytes=verdict.capacity_bytes))
+            return None
+        self.asked += 1
+        self._waiting[key] = []
+        self._running[OUTSIDE_STUDY] = None
+        return Proposal(OUTSIDE_STUDY, config, key, footprint)
 
     def _skip(self, trial: optuna.Trial, key: str, outcome: str, error: str, **extra: Any) -> None:
         self.skipped += 1
@@ -291,7 +342,8 @@ class Searcher:
     def tell(self, result: Result) -> None:
         """The measured result of a proposal; duplicates that waited for it are answered from it."""
         trial = self._running.pop(result.trial)
-        self._tell(trial, result)
+        if trial is not None:   # OUTSIDE_STUDY: the sampler never hears of the default it left out
+            self._tell(trial, result)
         self._remember(result)
         for waiting in self._waiting.pop(result.config, []):
             self._answer_cached(waiting, result.config, result)
@@ -338,6 +390,8 @@ class Searcher:
         logged: dict[int, Result] = {}
         for result in results:
             logged[result.trial] = result
+            if result.trial == OUTSIDE_STUDY:
+                self.outside_default = None   # measured (or pruned) before the driver died
             if result.outcome in outcomes.SKIPPED:
                 self.skipped += 1
                 continue

@@ -35,6 +35,7 @@ from farm.search.space_parts import (
     parse_shapes,
     parse_targets,
 )
+from kernels.protocol import task_default
 
 TOP_LEVEL = ("kernel", "description", "extends", "shapes", "dtypes", "targets", "params", "constraints",
              "sampler", "trials")
@@ -58,9 +59,16 @@ class UnfitTask(NamedTuple):
     target: str
     task: str    # "target T, shape AxB, dtype D"
     reason: str  # how many configs, and the constraint that turned most of them away
+    default_runs: bool = False   # the kernel takes its default config there (measured, outside the space)
 
     def __str__(self) -> str:
         return f"{self.task}: {self.reason}"
+
+    @property
+    def outcome(self) -> str:
+        """What a sweep does with the task."""
+        return ("only the kernel's default config is measured" if self.default_runs
+                else "that task is answered invalid, not tuned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +132,7 @@ class SearchSpace:
             feasible = all(c(fixed) for c in self._evaluable(target) if not c.names & knobs)
         except ConstraintEvalError:
             feasible = False
-        return lambda config: feasible and self._kernel_refusal(config, shape, dtype, target) is None
+        return lambda config: feasible and self.kernel_refusal(config, shape, dtype, target) is None
 
     def _evaluable(self, target: str) -> list[Any]:
         """The target's constraints that a config of its knobs can evaluate (those reading a knob
@@ -133,7 +141,7 @@ class SearchSpace:
         return [spec.constraint for spec in self.constraints
                 if (spec.targets is None or target in spec.targets) and spec.constraint.names <= known]
 
-    def _kernel_refusal(self, config: Mapping[str, Any], shape: Sequence[int], dtype: str, target: str) -> str | None:
+    def kernel_refusal(self, config: Mapping[str, Any], shape: Sequence[int], dtype: str, target: str) -> str | None:
         """The kernel's reason to refuse `config` (`check_config`), or None; a check that raises refuses."""
         try:
             return kernels.load(self.kernel).check_config(dict(config), tuple(shape), dtype, target)
@@ -162,7 +170,7 @@ class SearchSpace:
                 return f"{spec.constraint.source} (cannot be evaluated: {err})"
             if not holds:
                 return spec.constraint.source
-        reason = self._kernel_refusal(config, shape, dtype, target)
+        reason = self.kernel_refusal(config, shape, dtype, target)
         return None if reason is None else f"{KERNEL_REFUSAL}{self.kernel}: {reason}"
 
     def configs(self, target: str) -> Iterator[dict[str, Any]]:
@@ -250,10 +258,11 @@ def _check_feasible(space: SearchSpace) -> tuple[UnfitTask, ...]:
     """At least one (target, shape, dtype) must admit a config, or a config within the space's
     constraints that the kernel refuses (then the kernel cannot run that shape on that target:
     its task is answered `invalid`, not the whole space refused). A task whose shape leaves no
-    config within the constraints while other tasks have some is answered `invalid` the same way
-    (the broken constraint named): a user's shapes apply to every target of a shipped space, and
-    one target's preferences (TPU tiles of 16 rows; 3 rows given) must not stop the others'
-    sweeps. A space where no task admits a config is refused, naming the constraint that turned
+    config within the constraints while other tasks have some measures only its kernel's default
+    (`farm.search.searcher.OUTSIDE_STUDY`), or where the kernel refuses that too is answered
+    `invalid` the same way (the broken constraint named): a user's shapes apply to every target
+    of a shipped space, and one target's preferences (TPU tiles of 16 rows; 3 rows given) must
+    not stop the others' sweeps. A space where no task admits a config is refused, naming the constraint that turned
     away most configs. Returns the tasks without a config (`SearchSpace.unfit`).
 
     Bounded: at most MAX_CONSIDERED configs and FEASIBILITY_SECONDS for the whole space (a space
@@ -302,8 +311,10 @@ def _check_feasible(space: SearchSpace) -> tuple[UnfitTask, ...]:
                     usable = True
                 else:
                     most, count = broken.most_common(1)[0] if broken else ("", 0)
+                    default = task_default(kernels.load(space.kernel), shape, target.name, dtype)
                     unfit.append(UnfitTask(target.name, task, f"none of the {size} configs satisfies every "
-                                           f"constraint" + (f" ({count} break {most!r})" if most else "")))
+                                           f"constraint" + (f" ({count} break {most!r})" if most else ""),
+                                           space.kernel_refusal(default, shape, dtype, target.name) is None))
     if unfit and not usable:
         raise SpaceError(space.path, "constraints", f"at least one config satisfying every constraint for "
                          f"{unfit[0].task}; {unfit[0].reason}")

@@ -208,25 +208,25 @@ def in_space(config: dict[str, Any], params: tuple[Param, ...]) -> bool:
 
 
 def enqueue_warm_start(study: optuna.Study, params: tuple[Param, ...], configs: list[dict[str, Any]],
-                       default: dict[str, Any]) -> bool:
-    """Queue `configs` first, in order, then the kernel's default; only in a new study.
+                       default: dict[str, Any] | None) -> int:
+    """Queue `configs` first, in order, then the kernel's default (unless None); only in a new study.
 
-    Configs outside the space and repeats are skipped; returns whether anything was queued. The
+    Configs outside the space and repeats are skipped; returns how many were queued. The
     default is left out with a grid sampler (see `enqueue_default`); the warm-start configs are
     not, since they must be measured first whatever the grid's order (a later visit of the same
     grid point is answered from the cache).
     """
     if study.trials:
-        return False
+        return 0
     queued: list[dict[str, Any]] = []
     for config in configs:
         if in_space(config, params) and config not in queued:
             queued.append(config)
     if not queued:
-        return False
-    if (not isinstance(study.sampler, optuna.samplers.GridSampler) and in_space(default, params)
-            and default not in queued):
+        return 0
+    if (default is not None and not isinstance(study.sampler, optuna.samplers.GridSampler)
+            and in_space(default, params) and default not in queued):
         queued.append(default)
     for config in queued:
         study.enqueue_trial(to_optuna(config, params))
-    return True
+    return len(queued)
