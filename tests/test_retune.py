@@ -21,8 +21,9 @@ from farm.errors import FarmError
 from farm.measure import outcomes
 from farm.retune import planning, rules
 from farm.retune.report import REPORT_JSON, REPORT_MD, task_report
+from farm.search import plan, spaces
 from farm.search.plan import PlannedTask
-from farm.tasks import TuningTask
+from farm.tasks import TuningTask, config_json
 from tests.fixtures import versioned_softmax
 
 REPO = Path(__file__).resolve().parent.parent
@@ -232,6 +233,25 @@ def test_gate_blocks_only_beyond_the_limit_and_the_noise():
 
 
 # -- fingerprints and warm starts --------------------------------------------------------------------
+def test_a_previous_winner_that_is_the_default_outside_the_space_is_warm_started_and_a_baseline():
+    """A sweep measures the kernel's default even where the space leaves it out (5 rows: block_rows
+    5 is no power of two), and it may win; a retune takes it as the previous winner all the same."""
+    space = spaces.parse_space({"kernel": "softmax", "dtypes": ["float32"], "shapes": [[5, 256]],
+                                "targets": ["interpret"], "params": {"block_rows": {"pow2": [1, 8]},
+                                                                     "strategy": {"values": ["one_pass"]},
+                                                                     "block_cols": {"values": [128]}},
+                                "trials": 4}, "inline.yaml")
+    planned = plan.expand([space])[0]
+    default = {"block_rows": 5, "strategy": "one_pass", "block_cols": 128}
+    row = {**OLD_ROW, "config": config_json(default)}
+    task_plan = planning.TaskPlan(planned, device_kind="cpu", fingerprint={}, previous=row, changes=["x"])
+    warm, winner_valid = planning.warm_start(task_plan, planning.Previous("p", {}, [row], []), top=2)
+    assert (warm, winner_valid) == ([default], True)
+    bad = {**default, "block_rows": 6}    # neither the default nor a point of the space
+    task_plan.previous = {**OLD_ROW, "config": config_json(bad)}
+    assert planning.warm_start(task_plan, planning.Previous("p", {}, [task_plan.previous], []), top=2) == ([], False)
+
+
 def test_kernel_source_hash_follows_the_module_and_the_kernels_it_uses(tmp_path, monkeypatch):
     (tmp_path / "hashpkg").mkdir()
     (tmp_path / "hashpkg" / "__init__.py").write_text("")
