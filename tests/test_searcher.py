@@ -96,7 +96,7 @@ def test_a_default_the_kernel_refuses_is_answered_invalid_with_its_reason():
 
 
 def test_a_default_off_the_spaces_values_is_measured_once_and_survives_a_resume(tmp_path):
-    # Powers of two only: the default's block_m 64 is no value of this space's block_m.
+    # The default's block_m 64 is no value of this space's block_m (16, 32).
     planned = _planned({"block_m": {"values": [16, 32]}, "block_n": {"values": [64]}, "block_k": {"values": [32]},
                         **PLAIN}, trials=3, sampler="grid")
     searcher, _ = _searcher(planned, studies.storage(tmp_path))
@@ -115,6 +115,27 @@ def test_a_default_off_the_spaces_values_is_measured_once_and_survives_a_resume(
     assert [p.config["block_m"] for p in rest] == [{16: 32, 32: 16}[second.config["block_m"]]]
     assert resumed.asked == 3 and not answered    # the default is not measured again
     assert resumed.measured[first.key].median_s == 1e-5
+
+
+def test_a_default_left_out_that_cannot_fit_is_answered_pruned_once(tmp_path):
+    import jax.numpy as jnp
+
+    import kernels
+    from farm.measure import capacity
+
+    planned = _planned({"block_m": {"values": [8]}, "block_n": {"values": [8]}, "block_k": {"values": [8]}, **PLAIN},
+                       trials=3)
+    small = {"block_m": 8, "block_n": 8, "block_k": 8, **PLAIN_CONFIG}
+    fits = kernels.load("matmul").footprint(small, (64, 64, 64), jnp.float32, "interpret")
+    tiny = capacity.Capacity(onchip_bytes=fits, hbm_bytes=None, memory="vmem", source="test")
+    searcher, answered = _searcher(planned, studies.storage(tmp_path), capacity=tiny)
+    first = searcher.ask()
+    assert first.config == small and first.trial == 0
+    assert [(a.trial, a.outcome) for a in answered] == [(OUTSIDE_STUDY, outcomes.PRUNED)]   # the default: 64x64x32
+    assert answered[0].footprint_bytes > tiny.onchip_bytes
+    resumed, _ = _searcher(planned, studies.storage(tmp_path), capacity=tiny)
+    resumed.replay(answered)
+    assert resumed.outside_default is None and resumed.skipped == 1
 
 
 def test_default_config_is_trial_zero():
