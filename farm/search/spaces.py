@@ -254,6 +254,15 @@ def parse_space(data: Any, path: str, *, allow_kernel_modules: bool | None = Non
     return dataclasses.replace(space, unfit=_check_feasible(space))
 
 
+def _default_runs(space: SearchSpace, shape: Sequence[int], dtype: str, target: str) -> bool:
+    """Whether the kernel takes its own default config for this task (a default that raises: no)."""
+    try:
+        default = task_default(kernels.load(space.kernel), tuple(shape), target, dtype)
+    except Exception:  # noqa: BLE001 - a kernel's default_config that fails is one the sweep cannot run
+        return False
+    return space.kernel_refusal(default, shape, dtype, target) is None
+
+
 def _check_feasible(space: SearchSpace) -> tuple[UnfitTask, ...]:
     """At least one (target, shape, dtype) must admit a config, or a config within the space's
     constraints that the kernel refuses (then the kernel cannot run that shape on that target:
@@ -262,8 +271,8 @@ def _check_feasible(space: SearchSpace) -> tuple[UnfitTask, ...]:
     (`farm.search.searcher.OUTSIDE_STUDY`), or where the kernel refuses that too is answered
     `invalid` the same way (the broken constraint named): a user's shapes apply to every target
     of a shipped space, and one target's preferences (TPU tiles of 16 rows; 3 rows given) must
-    not stop the others' sweeps. A space where no task admits a config is refused, naming the constraint that turned
-    away most configs. Returns the tasks without a config (`SearchSpace.unfit`).
+    not stop the others' sweeps. A space where no task admits a config is refused, naming the
+    constraint that turned away most configs. Returns the tasks without a config (`SearchSpace.unfit`).
 
     Bounded: at most MAX_CONSIDERED configs and FEASIBILITY_SECONDS for the whole space (a space
     that needs more to show a feasible config is refused), and each constraint evaluation is
@@ -311,10 +320,9 @@ def _check_feasible(space: SearchSpace) -> tuple[UnfitTask, ...]:
                     usable = True
                 else:
                     most, count = broken.most_common(1)[0] if broken else ("", 0)
-                    default = task_default(kernels.load(space.kernel), shape, target.name, dtype)
                     unfit.append(UnfitTask(target.name, task, f"none of the {size} configs satisfies every "
                                            f"constraint" + (f" ({count} break {most!r})" if most else ""),
-                                           space.kernel_refusal(default, shape, dtype, target.name) is None))
+                                           _default_runs(space, shape, dtype, target.name)))
     if unfit and not usable:
         raise SpaceError(space.path, "constraints", f"at least one config satisfying every constraint for "
                          f"{unfit[0].task}; {unfit[0].reason}")
