@@ -191,6 +191,18 @@ def test_a_shape_one_target_cannot_take_leaves_the_others_tuning(ray_local, tmp_
     assert rows["softmax/8x256/float32/interpret"]["config"] == eight[0]["config"]
 
 
+def test_an_unfit_tasks_note_says_whether_its_default_is_measured(tmp_path):
+    # 5 rows break the user's constraint on every target. Mosaic GPU's rms norm also refuses its own
+    # default there (3000 bf16 columns are not whole 128-byte units): nothing of that task runs.
+    text = 'kernel: rms_norm\nshapes: [[5, 3000], [32, 3072]]\ndtypes: [bfloat16]\nconstraints: ["rows >= 16"]\n'
+    space = spaces.load_space(write(tmp_path, text, "user.yaml"))
+    outcomes = {u.target: u.outcome for u in space.unfit if "5x3000" in u.task}
+    measured = "only the kernel's default config is measured"
+    assert outcomes == {"gpu-mosaic": "that task is answered invalid, not tuned",
+                        **{target: measured for target in ("gpu-triton", "tpu", "interpret")}}
+    assert not any("32x3072" in u.task for u in space.unfit)
+
+
 def test_every_shipped_space_has_configs_for_every_task_of_its_own(repo):
     for path in sorted((repo / "search_spaces").glob("*.yaml")):
         assert spaces.load_space(path).unfit == (), path
