@@ -204,6 +204,25 @@ def test_a_replay_reaches_the_best_when_the_budget_covers_the_valid_set(tmp_path
         assert trials is not None and 1 <= trials <= table.valid
 
 
+def test_a_replay_can_leave_the_default_out_of_the_space(tmp_path):
+    # --default outside: the searcher measures the kernel's default first, outside the study (as a
+    # user's space that does not list it gets it), then only what the sampler proposes.
+    planned = _planned("pattern", trials=8)
+    searcher = search_strategies.OutsideDefaultSearcher.open(planned, optuna.storages.InMemoryStorage())
+    first = searcher.ask()
+    assert first.trial == OUTSIDE_STUDY and not searcher.study.trials   # nothing queued in the study
+    second = searcher.ask()
+    assert second.trial == 0 and second.key != first.key
+    (table,), _ = search_strategies.load(_table(tmp_path))
+    (tmp_path / "w").mkdir()
+    trials = search_strategies.replay(table, "pattern", 0, in_flight=1, budget=table.valid + 1, within=0.0,
+                                      workdir=tmp_path / "w", default="outside")
+    assert trials is not None and 1 <= trials <= table.valid + 1
+    search_strategies.main([str(tmp_path / "run"), "--seeds", "1", "--strategies", "pattern", "--default",
+                            "outside", "--out", str(tmp_path / "out")])
+    assert json.loads((tmp_path / "out" / "search_strategies.json").read_text())["settings"]["default"] == "outside"
+
+
 # -- the enumeration's bounds --------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["matmul", "bmm", "broadcast_matmul"])
 def test_a_product_over_the_limit_is_enumerated_when_its_checks_prune_it(repo, name):
