@@ -204,19 +204,21 @@ def test_a_time_below_the_roofline_floor_is_measured_again_and_never_wins():
 
 class PowerCapped:
     """A stand-in for a kernel at a GPU's power cap (what the H200 showed, BENCHMARKS.md): fast in
-    short bursts, slower once it has run back to back for `heat_after_s`, fast again after a pause
-    of `cool_after_s`. Its calls sleep; they return a JAX scalar, as a kernel returns an array."""
+    short bursts, slower once it has made more than `heat_after` calls in a row, fast again once
+    another kernel has run. Counted in calls, not in seconds, so that a loaded machine (sleeps
+    that wake late) does not heat it in a burst: a sample pair is at most 30 calls of 0.5 ms
+    (`timing.calibrate` aims at 5 ms a sample). Its calls sleep; they return a JAX scalar, as a
+    kernel returns an array. `last` is shared by the kernels timed together: who ran last."""
 
-    def __init__(self, fast_s: float, slow_s: float, heat_after_s: float, cool_after_s: float):
-        self.fast_s, self.slow_s, self.heat_after_s, self.cool_after_s = fast_s, slow_s, heat_after_s, cool_after_s
-        self.busy_since, self.last_end, self.out = 0.0, -math.inf, jnp.zeros(())
+    def __init__(self, fast_s: float, slow_s: float, heat_after: int, last: list):
+        self.fast_s, self.slow_s, self.heat_after, self.last = fast_s, slow_s, heat_after, last
+        self.in_a_row, self.out = 0, jnp.zeros(())
 
     def __call__(self, *_):
-        now = time.perf_counter()
-        if now - self.last_end > self.cool_after_s:
-            self.busy_since = now
-        time.sleep(self.slow_s if now - self.busy_since > self.heat_after_s else self.fast_s)
-        self.last_end = time.perf_counter()
+        if self.last[0] is not self:     # another kernel ran in between: cooled
+            self.last[0], self.in_a_row = self, 0
+        self.in_a_row += 1
+        time.sleep(self.slow_s if self.in_a_row > self.heat_after else self.fast_s)
         return self.out
 
 
@@ -224,15 +226,16 @@ def test_sustained_finalist_samples_rank_by_the_load_they_hold():
     # Short interleaved pairs time the power-capped kernel in bursts (it wins, 0.5 against 1 ms a
     # call); sustained samples time it hot (3 ms a call) and the steady kernel wins.
     def fns():
-        return {"capped": PowerCapped(5e-4, 3e-3, heat_after_s=0.04, cool_after_s=0.008),
-                "steady": PowerCapped(1e-3, 1e-3, heat_after_s=math.inf, cool_after_s=0.008)}
+        last = [None]
+        return {"capped": PowerCapped(5e-4, 3e-3, heat_after=40, last=last),
+                "steady": PowerCapped(1e-3, 1e-3, heat_after=10**9, last=last)}
 
     sets = [(jnp.zeros(()),)]
     bursts = finalists.retime("task", fns(), sets, floor_s=None, min_samples=3, max_samples=3, budget_s=30)
     sustained = finalists.retime("task", fns(), sets, floor_s=None, min_samples=3, max_samples=3, budget_s=30,
-                                 sustain_s=0.15)
+                                 sustain_s=0.3)
     assert finalists.winner(bursts).config == "capped" and finalists.winner(sustained).config == "steady"
-    assert {t.sustain_s for t in bursts} == {0.0} and {t.sustain_s for t in sustained} == {0.15}
+    assert {t.sustain_s for t in bursts} == {0.0} and {t.sustain_s for t in sustained} == {0.3}
 
 
 def test_rotation_sets_read_past_the_caches():
