@@ -8,7 +8,9 @@ sum of its rows, and XLA adds the partials after the call (Triton: one partial p
 which loops over rows_per_program rows; TPU: one per block of rows; Mosaic GPU: one per block,
 which takes rows_per_program rows in turn through shared-memory slots, `kernels.rms_norm_bwd_mgpu`).
 Config knobs: those of the row engine (`kernels.rows`) on interpret, tpu and gpu-triton;
-Triton's fori_loop takes rows_per_program == block_rows. gpu-mosaic: `kernels.rms_norm_bwd_mgpu`'s.
+Triton's fori_loop takes several blocks of rows a program only unrolled (unroll=1), each chunk's
+dweight partial then held in registers (at most 64 float32 a thread: `kernels.rows.config`).
+gpu-mosaic: `kernels.rms_norm_bwd_mgpu`'s.
 """
 from __future__ import annotations
 

@@ -12,7 +12,11 @@ CONFIGS = {**ROW_CONFIGS,
                           # second program's last blocks are partly and wholly past the rows)
                           {"block_rows": 2, "strategy": "one_pass", "rows_per_program": 8, "num_warps": 4,
                            "prefetch": 1},
-                          SPLIT_COLS]}
+                          SPLIT_COLS,
+                          # several blocks of rows a program, each chunk's dweight partial held in
+                          # registers (RAGGED: the last program's last blocks partly and wholly past the rows)
+                          {"block_rows": 2, "strategy": "fori_loop", "block_cols": 128, "rows_per_program": 8,
+                           "unroll": 1, "num_warps": 4}]}
 
 test_matches_reference, test_triton_masks_ragged_rows_and_columns, test_lowers_for_device = \
     kernel_checks(K, SHAPE, RAGGED, CONFIGS)
@@ -59,3 +63,17 @@ def test_prefetch_needs_a_loop_over_blocks_of_rows() -> None:
                                         "gpu-triton")
     assert "prefetch" in K.check_config({"block_rows": 16, "strategy": "one_pass", "prefetch": 1}, shape,
                                         "bfloat16", "tpu")
+
+
+def test_fori_loop_holds_its_partials_over_blocks_of_rows_only_unrolled_and_within_registers() -> None:
+    # Several blocks of rows a program keep every chunk's dweight partial in registers: the chunks
+    # must be straight-line code, and the row's float32 partials at most 64 a thread.
+    shape = (4096, 16384)
+    base = {"block_rows": 1, "strategy": "fori_loop", "block_cols": 2048, "rows_per_program": 32, "num_warps": 8}
+    assert K.check_config({**base, "unroll": 1}, shape, "bfloat16", "gpu-triton") is None
+    assert "unroll=1" in K.check_config(base, shape, "bfloat16", "gpu-triton")
+    reason = K.check_config({**base, "unroll": 1, "num_warps": 4}, shape, "bfloat16", "gpu-triton")
+    assert "16384 float32 partial sums" in reason and "64 a thread with 4 warps" in reason
+    # the partials are one row per program: 4096 / 32 of them
+    plan = K.KERNEL.plan({**base, "unroll": 1}, shape, "gpu-triton")
+    assert plan.partials == 128

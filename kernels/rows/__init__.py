@@ -35,7 +35,8 @@ The knob vocabulary, the same names on every target:
   block_batch   batch entries per block of a 3-D shape (TPU and interpret; Triton takes 1).
   buffers       TPU: buffers per pipelined block: 1 or 2 (1 to 4 for emit_pipeline's inputs).
   stats_layout  TPU, kernels with per-row vectors: "column" (rows, 1) or lane-dense "lane".
-  rows_per_program  Triton: rows one program covers, looping over blocks of block_rows.
+  rows_per_program  Triton: rows one program covers, looping over blocks of block_rows (fori_loop
+                with column outputs: unroll=1, each chunk's partial sums held in registers).
   fold          Triton fori_loop, kernels with a `LaneFold`: "chunk" reduces every chunk to
                 per-row statistics as it is read; "lanes" keeps per-lane statistics and
                 reduces them once per row, after the loop.

@@ -26,6 +26,9 @@ LAYOUTS = ("column", "lane")
 FOLDS = ("chunk", "lanes")  # Triton fori_loop: per-row statistics per chunk, or per lane
 MAX_UNROLLED = 32  # chunks of a row that Triton's fori_loop may unroll into straight-line code
 MAX_SPANS = 1024  # chunks of a row that Triton's split_cols spreads over programs
+# Triton fori_loop with column outputs over several blocks of rows a program (unroll=1): float32
+# partial sums of the whole row held in registers, at most this many a thread.
+HELD_PARTIALS_PER_THREAD = 64
 # The knobs whose growth never shrinks the footprint (for the farm's OOM dominance pruning).
 MEMORY_PARAMS = ("block_batch", "block_rows", "block_cols", "buffers", "num_stages")
 # Knobs of earlier versions, named in the refusal so that an old config can be translated.
@@ -261,12 +264,21 @@ class RowConfigTriton(RowConfig):
         looped = self.strategy == "fori_loop"
         if self.fold == "lanes" and math_.lanes is None:
             raise ValueError(f"{math_.name} has no per-lane fold; it takes fold='chunk'")
-        if looped and math_.col_outputs and self.rows_per_program not in (None, self.block_rows):
-            raise ValueError("with column outputs, fori_loop takes rows_per_program == block_rows")
         # A flat window (kernels.rows.triton.flat_rows) may start up to 15 bytes early.
         if self.unroll and pl.cdiv(cols + 15, self.block_cols) > MAX_UNROLLED:
             raise ValueError(f"unroll=1 writes out every chunk: {cols} columns in chunks of "
                              f"{self.block_cols} exceed {MAX_UNROLLED} chunks")
+        if looped and math_.col_outputs and self.rows_per_program not in (None, self.block_rows):
+            # The program's partial sums of every chunk stay in registers over its blocks of rows:
+            # each chunk's own values, so the chunks must be straight-line code (unroll=1).
+            held = math_.col_outputs * pl.cdiv(cols, self.block_cols) * self.block_cols
+            if not self.unroll:
+                raise ValueError("with column outputs, fori_loop takes rows_per_program == block_rows "
+                                 "unless unroll=1 (its partial sums then stay in registers)")
+            if held > HELD_PARTIALS_PER_THREAD * 32 * self.num_warps:
+                raise ValueError(f"fori_loop over {self.rows_per_program // self.block_rows} blocks of rows holds "
+                                 f"{held} float32 partial sums in registers: over "
+                                 f"{HELD_PARTIALS_PER_THREAD} a thread with {self.num_warps} warps")
         if self.strategy == "split_cols":
             spans = pl.cdiv(cols, self.block_cols)
             if math_.span_combine is None:

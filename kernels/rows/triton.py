@@ -84,8 +84,8 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
     # Masks only where blocks overhang the array, so that full blocks load unmasked.
     ragged_cols = C % width != 0
     ragged_rows = p.rows % p.rows_per_program != 0
-    n_row_out = math_.row_outputs
-    n_out = n_row_out + math_.col_outputs
+    n_row_out, n_col_out = math_.row_outputs, math_.col_outputs
+    n_out = n_row_out + n_col_out
     # A loop that reads its chunks twice keeps them in L2 for the second walk.
     fold_policy = "evict_last" if math_.writes_chunks else None
     align_shift = (VECTOR_BYTES // itemsize).bit_length() - 1
@@ -221,8 +221,18 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
                                mask=j * width + jnp.arange(width) < C if ragged_cols else None)
             return carry
 
-        walk(write, 0)
-        return sums
+        if not held:
+            walk(write, 0)
+            return sums
+        # Several blocks of rows a program: each chunk's partial sums carried in registers (a
+        # static chunk index: unroll=1), stored once after the last block.
+        sums = list(sums)
+        for j in range(chunks):
+            blocks, chunk = load_chunk(rows, row_valid, jnp.int32(j) * width, "evict_first")
+            contributions = store_chunk(math_.apply(row_values, *blocks, *vectors), chunk.window, chunk.mask)
+            for c, value in enumerate(contributions):
+                sums[j * n_col_out + c] = sums[j * n_col_out + c] + value
+        return tuple(sums)
 
     # A flat window starts up to 15 bytes before its row: it may take one more chunk.
     chunks = pl.cdiv(C + slack, width) if flat else p.col_blocks
@@ -240,8 +250,10 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
             carry = body(jnp.int32(j), carry)
         return carry
 
-    sums = tuple(jnp.zeros((width,), F32) for _ in col_out)
     steps = p.rows_per_program // br
+    # fori_loop with column outputs over several blocks of rows: partial sums per chunk (RowConfigTriton.check)
+    held = p.strategy == "fori_loop" and bool(col_out) and steps > 1
+    sums = tuple(jnp.zeros((width,), F32) for _ in range(len(col_out) * (chunks if held else 1)))
     if p.config.prefetch:
         sums = prefetched(steps, sums)
     else:
@@ -250,6 +262,12 @@ def _triton_body(*refs: Any, math_: RowMath, p: Plan, flat: bool, itemsize: int)
         part = (b * p.row_blocks + program, pl.ds(0, width))
         for ref, value in zip(col_out, sums):
             pltriton.store(ref.at[part], value, mask=jnp.arange(width) < C if ragged_cols else None)
+    elif held:
+        for j in range(chunks):   # a traced start: a static slice past the row's end is refused
+            part = (b * p.row_blocks + program, pl.ds(jnp.int32(j) * width, width))
+            for c, ref in enumerate(col_out):
+                pltriton.store(ref.at[part], sums[j * n_col_out + c],
+                               mask=j * width + jnp.arange(width) < C if ragged_cols else None)
 
 
 def _split_body(*refs: Any, math_: RowMath, p: Plan, phase: int) -> None:
