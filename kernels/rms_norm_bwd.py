@@ -148,6 +148,15 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     return config.to_dict(KERNEL.knobs(len(shape), target))
 
 
+def default_gpu_targets(shape: tuple[int, ...], dtype: Any, targets: tuple[str, ...]) -> tuple[str, ...]:
+    """The row engine's order (gpu-triton first for a few long rows), and gpu-triton first too where
+    the Mosaic GPU default takes chunks under 512 columns (rows no chunk of 512 divides: 768 or 2304
+    columns), which no device has timed yet."""
+    if "gpu-triton" in targets and mgpu.default_config(tuple(shape))["block_cols"] < mgpu.FULL_CHUNK:
+        return ("gpu-triton", *(t for t in targets if t != "gpu-triton"))
+    return KERNEL.default_gpu_targets(shape, dtype, targets)
+
+
 def build(config: dict[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform):
     """The Pallas RMS norm backward for `config` on `platform`: a function of (x, weight, dy)."""
     if platform.target == mgpu.TARGET:

@@ -20,14 +20,18 @@ warpgroup) takes `rows_per_program` consecutive rows in turn:
 Every byte of x and dy is read once from HBM and dx written once. Rows must be whole 128-byte
 units (bulk copies into shared memory) and fit the slots beside the weight and the float32
 dweight row (227 KiB a block on sm_90; at 8192 bf16 columns, 3 slots take 144 KiB); chunks must
-divide the row. Other shapes: gpu-triton. Tested in Pallas's GPU interpreter on CPU; on the H200
+divide the row. Other shapes: gpu-triton. A chunk holds 8 bytes a thread of the warpgroup's 128
+(512 bf16 columns); rows that no chunk of 512 divides (hidden sizes 768, 896, 1280, 2304) take
+chunks of 256 or 128 columns with fewer elements a thread (`vector_size`), lowered for CUDA on
+CPU but not yet timed on a device: a deployment runs gpu-triton's default there
+(`kernels.rms_norm_bwd.default_gpu_targets`). Tested in Pallas's GPU interpreter on CPU; on the H200
 at 8192 x 8192 bf16: 103-104 us of kernels (dweight in shared memory, 3 slots, 64 rows a block,
 4096-column chunks), against 112-114 us for Triton's tuned kernel, 168 us for XLA and 96 us for a
 copy of the same bytes (BENCHMARKS.md).
 
 Config knobs: strategy "smem_rows"; block_rows 1; rows_per_program (a power of two, 1 to 1024:
 rows a block takes in turn; blocks = rows / rows_per_program, the last block's rows fewer when it
-does not divide); slots (2 to 4); block_cols (a power of two, 512 to 8192, dividing the row);
+does not divide); slots (2 to 4); block_cols (a power of two, 128 to 8192, dividing the row);
 approx_math (1: Mosaic GPU's approximate rsqrt); dweight_in, "smem" (the block's float32 dweight
 row in shared memory beside the slots, added to chunk by chunk) or "registers" (rows of up to
 8192 columns: each thread holds its cols / 128 sums, and the row takes the slots' shared memory
@@ -60,7 +64,8 @@ from kernels.rows.config import check_pow2, from_dict
 TARGET = "gpu-mosaic"
 STRATEGY = "smem_rows"
 SLOTS = (2, 4)
-CHUNKS = (512, 8192)
+CHUNKS = (128, 8192)
+FULL_CHUNK = 512  # the smallest chunk of 8 bytes a thread in 16-bit types; smaller ones are untimed
 ROWS_PER_PROGRAM = (1, 1024)
 COPY_BYTES = 128  # a bulk copy into shared memory moves whole units of this many bytes
 SMEM_OVERHEAD = 3072  # barriers and the reductions' scratch (as kernels.rows.mosaic's)
@@ -142,13 +147,13 @@ def plan(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, name: st
 def default_config(shape: tuple[int, ...]) -> dict[str, Any]:
     """dweight in shared memory, the most slots (3, else 2) that fit a float32 row (so that the
     config runs in either dtype; where none does, a 16-bit row), chunks of up to 4096 columns
-    dividing the row, rows_per_program giving about one block a SM. On the H200 at 8192 x 8192
+    dividing the row (down to 128 where 512 does not divide it), rows_per_program giving about one block a SM. On the H200 at 8192 x 8192
     bf16 (CUPTI, two runs): 3 slots (a bf16 row's best; a float32 row's 3 slots do not fit) 103.8
     and 104.1 us; 8192-column chunks 104.8; 4 slots 109.6; dweight in registers 105.1-106.6 (2
     slots, two blocks a SM) and 106.0 (3 slots); the weight read from global memory 108.5-120.2;
     Triton's tuned kernel 114.3 (BENCHMARKS.md)."""
     rows, cols = shape
-    chunk = next((c for c in (4096, 2048, 1024, 512) if cols % c == 0), CHUNKS[0])
+    chunk = next((c for c in (4096, 2048, 1024, 512, 256) if cols % c == 0), CHUNKS[0])
 
     def fits(slots: int, itemsize: int) -> bool:
         return footprint_bytes(RowsInTurnConfig(chunk, 1, slots), cols, itemsize) <= mgpu_launch.SMEM_BYTES
@@ -161,6 +166,12 @@ def default_config(shape: tuple[int, ...]) -> dict[str, Any]:
             "slots": slots, "approx_math": 1, "dweight_in": SMEM}
 
 
+def vector_size(chunk: int, dtype: Any) -> int:
+    """Elements a thread takes of a chunk loaded from shared memory: 8 bytes of `dtype`, fewer
+    where the warpgroup's 128 threads would run past a small chunk (Mosaic GPU's own choice)."""
+    return min(8 // jnp.dtype(dtype).itemsize, chunk // 128)
+
+
 def _strided(value: jax.Array, dtype: Any, interpret: bool) -> jax.Array:
     """`value` (a chunk) in the layout of a chunk of `dtype` loaded from shared memory, so that a
     float32 chunk (the dweight row) meets the inputs' chunks in one layout."""
@@ -168,7 +179,7 @@ def _strided(value: jax.Array, dtype: Any, interpret: bool) -> jax.Array:
 
     if interpret:
         return value
-    return plgpu.layout_cast(value, plgpu.Layout.WG_STRIDED(value.shape, vec_size=8 // jnp.dtype(dtype).itemsize))
+    return plgpu.layout_cast(value, plgpu.Layout.WG_STRIDED(value.shape, vec_size=vector_size(value.shape[0], dtype)))
 
 
 def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, platform: Platform, *, eps: float,
@@ -192,7 +203,7 @@ def build(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, platfor
         """A float32 chunk of the dweight row, in the inputs' chunks' layout."""
         if platform.interpret:
             return ref[...]
-        return plgpu.load(ref, (), layout=plgpu.Layout.WG_STRIDED((chunk,), vec_size=8 // dtype.itemsize))
+        return plgpu.load(ref, (), layout=plgpu.Layout.WG_STRIDED((chunk,), vec_size=vector_size(chunk, dtype)))
 
     def zeros() -> jax.Array:
         return _strided(jnp.zeros((chunk,), F32), dtype, platform.interpret)

@@ -34,6 +34,10 @@ def _errors(shape: tuple[int, int], dtype, config: dict) -> list[float]:
     ((40, 1024), jnp.bfloat16, {"rows_per_program": 16, "slots": 2, "block_cols": 512}),  # a last block of 8 rows
     ((32, 512), jnp.float32, {"rows_per_program": 8, "slots": 3, "block_cols": 512}),
     ((6, 2048), jnp.bfloat16, {"rows_per_program": 4, "slots": 4, "block_cols": 1024}),  # fewer rows than slots
+    # rows no chunk of 512 divides (hidden sizes 768, 896): smaller chunks, fewer elements a thread
+    ((24, 768), jnp.bfloat16, {"rows_per_program": 8, "slots": 3, "block_cols": 256}),
+    ((20, 896), jnp.bfloat16, {"rows_per_program": 8, "slots": 2, "block_cols": 128}),
+    ((16, 384), jnp.float32, {"rows_per_program": 4, "slots": 3, "block_cols": 128}),
 ])
 def test_rows_in_turn_match_the_reference_in_the_gpu_interpreter(shape, dtype, knobs, dweight_in):
     config = _config(shape, **knobs, dweight_in=dweight_in)
@@ -59,6 +63,26 @@ def test_lowers_for_cuda_within_the_footprint(knobs, monkeypatch):
     assert "mosaic_gpu" in lower()
     actual = mosaic_smem_bytes(lower, monkeypatch)
     assert actual <= rms_norm_bwd.footprint(config, shape, jnp.bfloat16, TARGET) <= actual + 1024
+
+
+@pytest.mark.parametrize("dweight_in", ["smem", "registers"])
+@pytest.mark.parametrize("cols,chunk,vector", [(768, 256, 2), (896, 128, 1), (2304, 256, 2), (4096, 4096, 4)])
+def test_rows_no_chunk_of_512_divides_lower_for_cuda_with_fewer_elements_a_thread(cols, chunk, vector, dweight_in):
+    # A chunk is the warpgroup's 128 threads x `vector` elements: 8 bytes a thread down to 512 bf16
+    # columns, fewer below (Mosaic GPU refuses a layout of more elements than the chunk holds).
+    shape = (4096, cols)
+    config = rms_norm_bwd.default_config(shape, TARGET)
+    assert config["block_cols"] == chunk and mgpu.vector_size(chunk, jnp.bfloat16) == vector
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in (shape, (cols,), shape)]
+    fn = rms_norm_bwd.build({**config, "dweight_in": dweight_in}, shape, jnp.bfloat16, Platform(TARGET))
+    assert "mosaic_gpu" in jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_a_deployment_runs_gpu_triton_where_the_mosaic_default_takes_untimed_small_chunks():
+    both = ("gpu-mosaic", "gpu-triton")
+    assert rms_norm_bwd.default_gpu_targets((4096, 768), "bfloat16", both) == ("gpu-triton", "gpu-mosaic")
+    assert rms_norm_bwd.default_gpu_targets((4096, 8192), "bfloat16", both) == both
+    assert rms_norm_bwd.default_gpu_targets((4096, 768), "bfloat16", ("gpu-mosaic",)) == ("gpu-mosaic",)
 
 
 def test_dweight_in_registers_leaves_the_slots_its_shared_memory():
