@@ -147,11 +147,11 @@ def plan(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, name: st
 def default_config(shape: tuple[int, ...]) -> dict[str, Any]:
     """dweight in shared memory, the most slots (3, else 2) that fit a float32 row (so that the
     config runs in either dtype; where none does, a 16-bit row), chunks of up to 4096 columns
-    dividing the row (down to 128 where 512 does not divide it), rows_per_program giving about one block a SM. On the H200 at 8192 x 8192
-    bf16 (CUPTI, two runs): 3 slots (a bf16 row's best; a float32 row's 3 slots do not fit) 103.8
-    and 104.1 us; 8192-column chunks 104.8; 4 slots 109.6; dweight in registers 105.1-106.6 (2
-    slots, two blocks a SM) and 106.0 (3 slots); the weight read from global memory 108.5-120.2;
-    Triton's tuned kernel 114.3 (BENCHMARKS.md)."""
+    dividing the row (down to 128 where 512 does not divide it), rows_per_program giving about
+    one block a SM. On the H200 at 8192 x 8192 bf16 (CUPTI, two runs): 3 slots (a bf16 row's
+    best; a float32 row's 3 slots do not fit) 103.8 and 104.1 us; 8192-column chunks 104.8; 4
+    slots 109.6; dweight in registers 105.1-106.6 (2 slots, two blocks a SM) and 106.0 (3 slots);
+    the weight read from global memory 108.5-120.2; Triton's tuned kernel 114.3 (BENCHMARKS.md)."""
     rows, cols = shape
     chunk = next((c for c in (4096, 2048, 1024, 512, 256) if cols % c == 0), CHUNKS[0])
 
