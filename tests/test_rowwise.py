@@ -36,6 +36,8 @@ def test_registered_and_complete(name: str) -> None:
     ("softmax", "gpu-triton", {"block_rows": 4, "strategy": "one_pass"}),
     ("rms_norm_bwd", "tpu", {"block_rows": 8, "strategy": "one_pass"}),
     ("rms_norm_bwd", "gpu-triton", {"block_rows": 2, "strategy": "one_pass", "rows_per_program": 4}),
+    ("rms_norm_bwd", "gpu-triton", {"block_rows": 2, "strategy": "fori_loop", "block_cols": 128,
+                                    "rows_per_program": 4, "unroll": 1}),
     ("softmax", "gpu-triton", {"block_rows": 2, "strategy": "split_cols", "block_cols": 128}),
 ])
 def test_poisoning_catches_rows_a_config_never_writes(monkeypatch, name: str, target: str,
