@@ -104,6 +104,19 @@ def test_rewrite_replaces_atomically(bundle, signing_key):
     assert sorted(p.name for p in bundle.parent.iterdir()) == ["bundle"]
 
 
+def test_write_refuses_a_folder_that_is_not_a_bundle(tmp_path, signing_key):
+    key = signing.load_private_key(signing_key[0])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trials.jsonl").write_text("{}\n")
+    (tmp_path / "file").write_text("mine")
+    for dest in (run, tmp_path / "file"):
+        with pytest.raises(FarmError, match="not a bundle folder"):
+            artifacts.write_bundle(dest, [ROW], [TRIAL], key)
+    assert (run / "trials.jsonl").read_text() == "{}\n" and (tmp_path / "file").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "run"]
+
+
 def test_keygen_modes_and_refuses_overwrite(tmp_path):
     private, public, kid = signing.generate_keypair(tmp_path / "k.pem")
     assert stat.S_IMODE(os.stat(private).st_mode) == 0o600

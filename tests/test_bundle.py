@@ -134,6 +134,66 @@ def test_cli_bundle(tmp_path, key, two_runs, capsys):
 
     assert cli.main(["bundle", str(two_runs[0]), "--out", str(out), "--key", str(keyfile)]) == 2
     assert "--trust" in capsys.readouterr().err
-    assert cli.main(["bundle", str(tmp_path / "nowhere"), "--out", str(out), "--key", str(keyfile),
-                     "--trust", str(public)]) == 2
+    assert cli.main(["bundle", str(tmp_path / "nowhere"), "--out", str(tmp_path / "other.tar.gz"), "--key",
+                     str(keyfile), "--trust", str(public)]) == 2
     assert "nowhere: not found" in capsys.readouterr().err
+
+
+def _tree(path):
+    return {p.relative_to(path): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_an_existing_out_is_refused_and_only_a_bundle_replaced(tmp_path, key, two_runs, capsys, monkeypatch):
+    """--out never removes what it did not write: a run folder (one of the inputs), a folder of other
+    files, a file; an archive or bundle folder only with --replace, and it may be an input too."""
+    private, public = key
+    keyfile = tmp_path / "keys" / "ci.pem"
+    args = ["--key", str(keyfile), "--trust", str(public)]
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "notes.txt").write_text("mine")
+    space = tmp_path / "space.yaml"
+    space.write_text("extends: softmax\n")
+    before = {path: _tree(path) for path in (two_runs[0], notes)}
+    for out in (two_runs[0], notes, space):
+        for replace in ([], ["--replace"]):
+            assert cli.main(["bundle", *map(str, two_runs), "--out", str(out), *args, *replace]) == 2
+            assert str(out) in capsys.readouterr().err
+    assert {path: _tree(path) for path in before} == before and space.read_text() == "extends: softmax\n"
+    monkeypatch.chdir(notes)
+    assert cli.main(["bundle", *map(str, two_runs), "--out", ".", *args, "--replace"]) == 2
+    assert "not a bundle folder" in capsys.readouterr().err and _tree(notes) == before[notes]
+    assert cli.main(["bundle", *map(str, two_runs), "--out", str(tmp_path / "x.zip"), *args]) == 2
+    assert ".tar.gz" in capsys.readouterr().err and not (tmp_path / "x.zip").exists()
+
+    archive, folder = tmp_path / "all.tar.gz", tmp_path / "merged"
+    assert cli.main(["bundle", str(two_runs[0]), "--out", str(archive), *args]) == 0
+    assert cli.main(["bundle", str(two_runs[0]), "--out", str(folder), *args]) == 0
+    capsys.readouterr()
+    for out in (archive, folder):
+        assert cli.main(["bundle", str(two_runs[1]), "--out", str(out), *args]) == 2
+        assert "--replace" in capsys.readouterr().err
+        assert cli.main(["bundle", str(out), str(two_runs[1]), "--out", str(out), *args, "--replace"]) == 0
+        assert "3 tasks from 2 inputs" in capsys.readouterr().out
+    verify(folder, load_trust([public]))
+    assert len(pq.read_table(folder / artifacts.CONFIGS)) == 3
+    assert len(pq.read_table(_open(archive, tmp_path, load_trust([public])) / artifacts.CONFIGS)) == 3
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_bundle_signs_with_the_environment_key(tmp_path, key, two_runs, capsys, monkeypatch):
+    """`farm bundle` takes the key as `farm sweep` does: --key, else $FARM_SIGNING_KEY (a path or the PEM)."""
+    from farm.bundle import signing
+
+    private, public = key
+    other, other_public = B.keypair(tmp_path / "keys", "env")
+    monkeypatch.chdir(tmp_path)  # no .keys/ here: the default key would be refused
+    for value in (str(tmp_path / "keys" / "env.pem"), (tmp_path / "keys" / "env.pem").read_text()):
+        monkeypatch.setenv("FARM_SIGNING_KEY", value)
+        out = tmp_path / f"env{len(value)}"
+        assert cli.main(["bundle", str(two_runs[0]), "--out", str(out), "--trust", str(public)]) == 0
+        assert signing.key_id(other.public_key()) in capsys.readouterr().out
+        verify(out, load_trust([other_public]))
+    monkeypatch.setenv("FARM_SIGNING_KEY", "garbage")
+    assert cli.main(["bundle", str(two_runs[0]), "--out", str(tmp_path / "g.tar.gz"), "--trust", str(public)]) == 2
+    assert "garbage" in capsys.readouterr().err and not (tmp_path / "g.tar.gz").exists()

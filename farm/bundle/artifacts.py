@@ -22,12 +22,14 @@ import pyarrow.parquet as pq
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from farm.bundle import records, signing
+from farm.errors import FarmError
 
 SCHEMA_VERSION = 1
 CONFIGS = "configs.parquet"
 TRIALS = "trials.parquet"
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
+BUNDLE_FILES = frozenset((CONFIGS, TRIALS, MANIFEST, SIGNATURE))
 
 # A config's knobs as typed values, so that pandas, Polars and DuckDB read them without a JSON
 # parser or hand-written types: one struct per knob, its value in the field of its type.
@@ -113,15 +115,31 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def is_replaceable(path: Path) -> bool:
+    """Whether a bundle may be written over `path`: nothing there, an empty folder, or a bundle
+    folder (its files a subset of the bundle's four, a partly written one included)."""
+    if not os.path.lexists(path):
+        return True
+    if path.is_symlink() or not path.is_dir():
+        return False
+    return {entry.name for entry in path.iterdir()} <= BUNDLE_FILES
+
+
 def write_bundle(dest: str | Path, configs: Sequence[Mapping[str, Any]],
                  trials: Sequence[records.TrialRecord | Mapping[str, Any]], private_key: Ed25519PrivateKey,
                  meta: Mapping[str, Any] | None = None) -> Path:
-    """Write a signed bundle at `dest` atomically (replacing an older bundle there).
+    """Write a signed bundle at `dest` atomically (replacing an older bundle there; anything else
+    at `dest`, a file or a folder holding other files, is refused and left as it was).
 
     `trials`: `TrialRecord`s (or rows already in their dict form, e.g. read from another bundle).
     """
     trials = [t.to_dict() if isinstance(t, records.TrialRecord) else t for t in trials]
     dest = Path(dest)
+    if not dest.name:
+        dest = dest.resolve()
+    if not is_replaceable(dest):
+        raise FarmError(f"{dest}: exists and is not a bundle folder (expected a new path, an empty folder or a "
+                        f"bundle's {', '.join(sorted(BUNDLE_FILES))}); refusing to replace it")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:

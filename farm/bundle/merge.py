@@ -10,6 +10,7 @@ merged bundle is merged again, is kept once).
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 from collections.abc import Sequence
 from datetime import datetime
@@ -19,11 +20,14 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from farm.bundle import artifacts, signing
-from farm.bundle.archive import is_archive, write_archive
+from farm.bundle.archive import ARCHIVE_SUFFIXES, is_archive, write_archive
 from farm.bundle.locate import open_bundle
 from farm.bundle.trust import Trust, verify
 from farm.errors import BundleError, FarmError
 
+# Archive formats `farm bundle` does not write: such an --out is refused rather than made a folder.
+OTHER_ARCHIVE_SUFFIXES = (".zip", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tar.zst", ".gz", ".xz", ".bz2", ".zst",
+                          ".7z")
 _TRIAL_IDENTITY = ("run_id", "task_key", "trial", "attempt", "worker", "started", "finished")
 
 
@@ -76,12 +80,35 @@ def merge_trials(inputs: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]
     return merged
 
 
+def check_out(out: Path, replace: bool) -> Path:
+    """`out` as a merge may write it: an archive name (ARCHIVE_SUFFIXES) or a folder name with no
+    other archive's suffix; an existing path only with `replace`, and then only an archive file
+    or a bundle folder (anything else there is refused, never removed)."""
+    if not out.name or out.name in (".", ".."):
+        out = out.resolve()
+    if not is_archive(out.name) and out.name.lower().endswith(OTHER_ARCHIVE_SUFFIXES):
+        raise FarmError(f"--out {out}: expected FILE{', FILE'.join(ARCHIVE_SUFFIXES)} for an archive, or a folder "
+                        f"name without an archive suffix (other archive formats are not written)")
+    if not os.path.lexists(out):
+        return out
+    if not replace:
+        raise FarmError(f"--out {out}: already exists; expected a new path (--replace replaces an archive or a "
+                        f"bundle folder there)")
+    if is_archive(out.name) and (out.is_symlink() or not out.is_file()):
+        raise FarmError(f"--out {out}: expected an archive file to replace, found a folder or link; left as it was")
+    if not is_archive(out.name) and not artifacts.is_replaceable(out):
+        raise FarmError(f"--out {out}: exists and is not a bundle folder (expected its files to be a bundle's "
+                        f"{', '.join(sorted(artifacts.BUNDLE_FILES))}); left as it was")
+    return out
+
+
 def merge(inputs: Sequence[str | Path], out: str | Path, key: Ed25519PrivateKey, trust: Trust, *,
-          allow_unsigned: bool = False) -> MergeResult:
-    """Verify each input bundle, merge them, and write one signed bundle at `out` (archive or folder)."""
+          allow_unsigned: bool = False, replace: bool = False) -> MergeResult:
+    """Verify each input bundle, merge them, and write one signed bundle at `out` (archive or folder).
+    An existing `out` is refused unless `replace` (see `check_out`); it may be one of the inputs."""
     if not inputs:
         raise FarmError("bundle: expected at least one run folder, bundle folder or bundle archive")
-    out = Path(out)
+    out = check_out(Path(out), replace)
     configs: list[tuple[str, list[dict[str, Any]]]] = []
     trials: list[list[dict[str, Any]]] = []
     run_ids: list[str] = []

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from typing import Any
 
+from farm.cli.options import DEFAULT_KEY, KEY_ENV
 from farm.errors import FarmError
 
 
@@ -59,6 +61,29 @@ def _warn_unverified(message: str | None) -> None:
         print(f"WARNING: {message}", file=sys.stderr)
 
 
+def signing_key(args: argparse.Namespace) -> Any:
+    """The private key: --key, else $FARM_SIGNING_KEY (a path, or the PEM text), else the default path."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from farm.bundle import signing
+
+    if args.key is not None:
+        return signing.load_private_key(args.key)
+    value = os.environ.get(KEY_ENV, "").strip()
+    if not value:
+        return signing.load_private_key(DEFAULT_KEY)
+    if not value.startswith("-----BEGIN"):
+        return signing.load_private_key(value)
+    try:
+        key = serialization.load_pem_private_key(value.encode(), password=None)
+    except (ValueError, TypeError) as err:
+        raise FarmError(f"${KEY_ENV}: expected a PEM Ed25519 private key or a path to one ({err})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise FarmError(f"${KEY_ENV}: expected an Ed25519 private key, got {type(key).__name__}")
+    return key
+
+
 def cmd_bundle(args: argparse.Namespace) -> int:
     """Merge run bundles into one signed bundle."""
     from farm.bundle import merge as bundle
@@ -66,8 +91,9 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
     warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)
     trusted = _trust(args)
-    key = signing.load_private_key(args.key)
-    result = bundle.merge(args.inputs, args.out, key, trusted, allow_unsigned=args.allow_unsigned)
+    key = signing_key(args)
+    result = bundle.merge(args.inputs, args.out, key, trusted, allow_unsigned=args.allow_unsigned,
+                          replace=args.replace)
     for note in result.warnings:
         _warn_unverified(note)
     print(f"bundle: {result.out} (signed by key {signing.key_id(key.public_key())}): {result.rows} tasks "

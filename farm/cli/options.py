@@ -97,8 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_argument("inputs", nargs="+", type=Path, metavar="RUN_DIR",
                         help="run folders (their bundle/), bundle folders or bundle archives")
     bundle.add_argument("--out", type=Path, required=True,
-                        help="FILE.tar.gz (or .tgz, .tar) for an archive; any other path writes a bundle folder")
-    bundle.add_argument("--key", type=Path, default=Path(DEFAULT_KEY), help=f"signing key (default {DEFAULT_KEY})")
+                        help="FILE.tar.gz (or .tgz, .tar) for an archive; any other path writes a bundle folder; "
+                        "an existing path is refused unless --replace (and then only an archive or a bundle folder)")
+    bundle.add_argument("--replace", action="store_true",
+                        help="replace the archive or bundle folder at --out (one of the inputs may be it)")
+    bundle.add_argument("--key", type=Path, help=f"signing key (default: ${KEY_ENV}, a path or the PEM itself, "
+                        f"else {DEFAULT_KEY})")
     bundle.add_argument("--trust", action="append", type=Path,
                         help="verify the inputs against these public keys / trust folders (repeatable)")
     bundle.add_argument("--allow-unsigned", action="store_true",
@@ -160,7 +164,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         "processes + 2; 1 on CPU)")
     parser.add_argument("--compile-processes", type=_count, metavar="N",
                         help="compile processes per worker; 0 compiles in the worker itself (default: the worker's "
-                        "share of its node's CPUs, less one, at most 16; 0 on CPU workers)")
+                        "share of its node's CPUs, less two, at most 16; 0 on CPU workers)")
     parser.add_argument("--node-label", action="append", metavar="KEY=VALUE", help="only nodes with this label")
     parser.add_argument("--interpret", action="store_true", help="run kernels in interpret mode on CPU")
     parser.add_argument("--emulate", choices=capacity_profiles(), help="memory capacity to prune against in "

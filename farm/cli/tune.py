@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from farm.cli.bundles import _trust, print_winners
-from farm.cli.options import DEFAULT_KEY, KEY_ENV, RESUME_SAFE, _run_option
+from farm.cli.bundles import _trust, print_winners, signing_key
+from farm.cli.options import RESUME_SAFE, _run_option
 from farm.errors import FarmError
 
 
@@ -40,29 +40,6 @@ def _measuring(args: argparse.Namespace) -> dict[str, Any]:
     """--sample-budget and --race as SweepSettings fields (0 turns each off; left out: the default)."""
     given = {"sample_budget_s": args.sample_budget, "race": args.race}
     return {k: (v or None) for k, v in given.items() if v is not None}
-
-
-def signing_key(args: argparse.Namespace) -> Any:
-    """The private key: --key, else $FARM_SIGNING_KEY (a path, or the PEM text), else the default path."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from farm.bundle import signing
-
-    if args.key is not None:
-        return signing.load_private_key(args.key)
-    value = os.environ.get(KEY_ENV, "").strip()
-    if not value:
-        return signing.load_private_key(DEFAULT_KEY)
-    if not value.startswith("-----BEGIN"):
-        return signing.load_private_key(value)
-    try:
-        key = serialization.load_pem_private_key(value.encode(), password=None)
-    except (ValueError, TypeError) as err:
-        raise FarmError(f"${KEY_ENV}: expected a PEM Ed25519 private key or a path to one ({err})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise FarmError(f"${KEY_ENV}: expected an Ed25519 private key, got {type(key).__name__}")
-    return key
 
 
 def _sweep_spaces(args: argparse.Namespace) -> list[Any]:
