@@ -1,7 +1,8 @@
-"""The targets a kernel builds for, importable without JAX (the CLI and the space loader read them)."""
+"""The targets a kernel builds for and the dtypes of its tasks, importable without JAX (the CLI and the space loader read them)."""
 from __future__ import annotations
 
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
+DTYPES = ("float32", "bfloat16", "float16")  # the dtypes a task names (a search space's, a bundle row's)
 # The Mosaic GPU kernels here issue Hopper's WGMMA and TMA (sm_90a): CUDA compute capability 9.x.
 MOSAIC_GPU_MAJOR = 9
 

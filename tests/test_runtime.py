@@ -236,6 +236,41 @@ def test_tuned_runs_the_kernel_with_the_looked_up_config(registry):
     assert dict(mm.choice(a, b).config) == json.loads(B.MATMUL_ROWS[1]["config"])
 
 
+@pytest.mark.parametrize("kernel, shape, dtype, target, field", [
+    ("softmax", (3, 1000), "float32", "gpu", "target"), ("matmul", (33, 65), "float32", "interpret", "shape"),
+    ("softmax", "3x1000", "float32", "interpret", "shape"), ("softmax", (-3, 1000), "float32", "interpret", "shape"),
+    ("softmax", (0, 1000), "float32", "interpret", "shape"), ("softmax", (3.0, 1000), "float32", "interpret", "shape"),
+    ("softmax", (True, 1000), "float32", "interpret", "shape"), ("softmax", (3, 1000), "bf16", "interpret", "dtype"),
+    ("softmax", (3, 1000), "int32", "interpret", "dtype")])
+def test_a_task_no_kernel_runs_is_refused_naming_the_field(registry, kernel, shape, dtype, target, field):
+    """Never a default for it (nor a miss recorded that `farm sweep --tasks` would then refuse)."""
+    with pytest.raises(FarmError, match=f"{field}: expected"):
+        registry.lookup(kernel, shape, dtype, target)
+    assert registry.lookups() == []
+    if target != "gpu":
+        with pytest.raises(FarmError, match=f"{field}: expected"):
+            registry.gpu_target(kernel, shape, dtype)
+
+
+def test_tuned_refuses_inputs_that_are_not_the_kernels(registry):
+    """Inputs whose shapes the task does not give (a matmul's inner dimensions that differ), an
+    integer dtype or an empty array: a FarmError naming them, not a result."""
+    import jax.numpy as jnp
+
+    mm = registry.tuned("matmul", target="interpret")
+    a = jnp.ones((33, 17))
+    for b, expected in ((jnp.ones((18, 65)), r"\(33, 17\), \(17, 65\)"), (jnp.ones((5, 65)), r"\(17, 65\)"),
+                        (jnp.ones((65,)), "the kernel's inputs")):
+        with pytest.raises(FarmError, match=expected):
+            mm(a, b)
+    assert mm(a, jnp.ones((17, 65))).shape == (33, 65)
+    fn = registry.tuned("softmax", target="interpret")
+    with pytest.raises(FarmError, match="dtype: expected"):
+        fn(jnp.ones((3, 1000), jnp.int32))
+    with pytest.raises(FarmError, match="shape: expected"):
+        fn(jnp.ones((0, 1000)))
+
+
 def test_tuned_needs_a_registry():
     runtime.set_default(None)
     with pytest.raises(FarmError, match="no registry"):

@@ -7,11 +7,10 @@ from typing import Any
 
 import farm
 from farm.measure.capacity import profiles as capacity_profiles
-from kernels.targets import TARGETS
+from kernels.targets import DTYPES, TARGETS
 
 DEFAULT_KEY = ".keys/dev_ed25519.pem"
 KEY_ENV = "FARM_SIGNING_KEY"        # the signing key's path, or the PEM itself (for Ray jobs)
-DTYPES = ("float32", "bfloat16", "float16")  # farm.search.space_parts.DTYPES; kept here so `farm show` loads no YAML
 SAMPLERS = ("tpe", "random", "grid", "pattern", "hybrid")  # farm.search.space_parts.SAMPLERS, kept here likewise
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 

@@ -28,6 +28,7 @@ from farm.deploy import recording
 from farm.deploy.misses import Miss
 from farm.errors import BundleError, FarmError
 from kernels.protocol import task_default
+from kernels.targets import DTYPES
 
 if TYPE_CHECKING:
     from farm.deploy.tuned import TunedKernel
@@ -242,12 +243,15 @@ class Registry:
 
     def lookup(self, kernel: str, shape: Sequence[int], dtype: Any, target: str,
                device_kind: str | None = None) -> Choice:
-        """The config for a task and the rule that chose it (exact, nearest or default)."""
-        key = (kernel, shape if type(shape) is tuple else tuple(shape),
+        """The config for a task and the rule that chose it (exact, nearest or default); a task no
+        kernel can run (an unknown kernel or target, a shape of the wrong rank or with a dimension
+        below 1, a dtype not in DTYPES) is a FarmError naming the field."""
+        key = (kernel, shape if type(shape) is tuple else _shape_key(shape),
                dtype if type(dtype) is str else _dtype_name(dtype), target, device_kind)
         choice = self._cache.get(key)
         if choice is None:
             noticed = None
+            check_task(*key[:4])
             with self._lock:
                 choice = self._cache.get(key)
                 if choice is None:
@@ -303,7 +307,12 @@ class Registry:
         config the task accepts (`targets[0]` if none does). Only targets with a config valid for
         this task (a tuned row or the default) are compared: a target faster at a nearby shape may
         take no config at this one (the Mosaic GPU norms at widths of no whole 128-byte units)."""
-        shape, dtype = tuple(int(d) for d in shape), _dtype_name(dtype)
+        shape, dtype = _shape_key(shape), _dtype_name(dtype)
+        for target in targets:
+            if target not in GPU_TARGETS:
+                raise FarmError(f"gpu_target({kernel!r}): targets: expected GPU targets ({', '.join(GPU_TARGETS)}), "
+                                f"got {target!r}")
+        check_task(kernel, shape, dtype, None)
         targets = [t for t in targets if self._serves(kernel, shape, dtype, t, device_kind)] or list(targets[:1])
         timed = [(row.median_s, target) for target in targets
                  if (row := self._exact.get((kernel, shape, dtype, target, device_kind))) is not None
@@ -407,6 +416,28 @@ class Registry:
 
         return TunedKernel(self, kernel, target=target, device_kind=device_kind, interpret=interpret,
                            shape_of=shape_of)
+
+
+def _shape_key(shape: Any) -> tuple:
+    """A shape as a tuple (its dimensions as given: `check_task` judges them), else a FarmError."""
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise FarmError(f"shape: expected a sequence of positive integers such as (4096, 50257), got {shape!r}")
+    return tuple(shape)
+
+
+def check_task(kernel: str, shape: tuple, dtype: str, target: str | None) -> None:
+    """A FarmError naming the field unless a kernel can run this task: a registered kernel, one of
+    its targets (None: not checked), a shape of its rank with integer dimensions >= 1, a dtype of DTYPES."""
+    module = kernels.load(kernel)  # an unknown kernel: kernels.UnknownKernel, naming the registered ones
+    if target is not None and target not in module.TARGETS:
+        raise FarmError(f"{kernel}: target: expected one of {', '.join(module.TARGETS)}, got {target!r}")
+    names = tuple(module.SHAPE_NAMES)
+    if (len(shape) != len(names) or any(isinstance(d, bool) or not hasattr(type(d), "__index__") for d in shape)
+            or any(int(d) < 1 for d in shape)):
+        raise FarmError(f"{kernel}: shape: expected ({', '.join(names)}), {len(names)} integers >= 1, got "
+                        f"{shape!r}")
+    if dtype not in DTYPES:
+        raise FarmError(f"{kernel}: dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
 def _choice(row: _Row, rule: str, distance: float, config: dict[str, Any] | None = None) -> Choice:

@@ -12,7 +12,7 @@ from typing import Any
 
 import kernels
 import kernels.protocol
-from farm.deploy.registry import Choice, Lookup, NoBackwardKernel, Registry, _dtype_name
+from farm.deploy.registry import Choice, Lookup, NoBackwardKernel, Registry, _dtype_name, check_task
 from farm.errors import FarmError
 from kernels.targets import gpu_targets_for
 
@@ -96,8 +96,19 @@ class TunedKernel:
 
         from kernels.lowering import Platform
 
-        shape = tuple(int(d) for d in self._shape_of(*inputs))
+        shapes = ", ".join(str(tuple(x.shape)) for x in inputs)
+        try:
+            shape = tuple(int(d) for d in self._shape_of(*inputs))
+        except (TypeError, ValueError, IndexError) as err:
+            raise FarmError(f"tuned({self.kernel!r}): inputs of shapes {shapes}: expected the kernel's inputs "
+                            f"({err})") from None
         dtype = _dtype_name(inputs[0].dtype)
+        check_task(self.kernel, shape, dtype, self.target)
+        expected = jax.eval_shape(lambda: self._module.make_inputs(shape, dtype, jax.random.key(0)))
+        if [tuple(x.shape) for x in inputs] != [tuple(x.shape) for x in expected]:
+            want = ", ".join(str(tuple(x.shape)) for x in expected)
+            raise FarmError(f"tuned({self.kernel!r}): inputs of shapes {shapes}: expected {want} for the task "
+                            f"{dict(zip(self._module.SHAPE_NAMES, shape))}")
         target, interpret = self._platform(shape, dtype)
         choice = self.registry.lookup(self.kernel, shape, dtype, target, self.device_kind)
         lookup = Lookup.of(self.kernel, shape, dtype, target, self.device_kind, choice)

@@ -8,9 +8,8 @@ from typing import Any
 
 from farm.errors import SpaceError
 from farm.search.constraints import Constraint, ConstraintSyntaxError
-from kernels.targets import TARGETS
+from kernels.targets import DTYPES, TARGETS
 
-DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SAMPLERS = ("tpe", "random", "grid", "pattern", "hybrid")
 PARAM_KINDS = ("values", "range", "pow2")
