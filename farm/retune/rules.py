@@ -16,12 +16,15 @@ A decision per retuned task:
 The *baseline* is the previous winner measured under the new software (trial 0 of the task).
 
 Noise. A is *faster than B beyond noise* when A's median, raised by the relative noise floor
-(`--noise`, default 2%), is still below B's fastest sample: median_A * (1 + noise) < min_B (B's
-median * (1 - noise) when it has no minimum). Timing noise only ever adds time, so B's fastest
-sample is the best B can do, and the median is what A does typically; both are order statistics
-that a slow outlier cannot move, unlike the spread (IQR / median), which with few samples one
-outlier sets (with 5 samples, the slowest sample is half of the upper quartile), so spreads are
-reported but not used.
+(`--noise`, default 2%), is still below B's fast end: median_A * (1 + noise) < B's median *
+(1 - noise). Medians are order statistics that one slow (or fast) sample cannot move, unlike the
+spread (IQR / median), which with few samples one outlier sets (with 5 samples, the slowest
+sample is half of the upper quartile), so spreads are reported but not used. Where B was timed
+on the device clock (kernel durations from a trace, `clock` "device"), noise only ever adds
+time, so B's fastest sample is the best B can do and is its fast end. On the wall clock it is
+not: each sample there is the difference of two queued runs (`farm.measure.timing`), which
+noise moves either way (on a loaded CPU, fastest samples 2 to 990 times below the median were
+seen), so a fastest sample there would excuse any regression.
 
 Gate. A task *blocks the rollout* when it is `failed`, or when its new time over the previous
 bundle's time exceeds 1 + max_regression *and* the new time is slower beyond noise (whatever
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from farm.bundle import select
 from farm.bundle.records import TrialRecord
 from farm.measure import outcomes
+from farm.measure.timing import DEVICE
 from farm.tasks import config_json
 
 if TYPE_CHECKING:
@@ -62,11 +66,12 @@ class RetuneSettings:
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    """A measurement's median, relative spread and fastest sample, for comparisons beyond noise."""
+    """A measurement's median, relative spread, fastest sample and clock, for comparisons beyond noise."""
 
     median_s: float
     spread: float = 0.0
     min_s: float | None = None
+    clock: str | None = None  # farm.measure.timing's WALL or DEVICE (None: not recorded, as wall)
 
     @classmethod
     def of(cls, row: Mapping[str, Any] | TrialRecord | None) -> Timing | None:
@@ -76,19 +81,22 @@ class Timing:
         if not row or row.get("median_s") is None:
             return None
         return cls(float(row["median_s"]), float(row.get("spread") or 0.0),
-                   None if row.get("min_s") is None else float(row["min_s"]))
+                   None if row.get("min_s") is None else float(row["min_s"]), row.get("clock"))
 
     def upper(self, noise: float) -> float:
         """The slow end of the measurement: its median raised by the noise floor."""
         return self.median_s * (1 + noise)
 
     def lower(self, noise: float) -> float:
-        """The fast end of the measurement: its fastest sample (else its median lowered by the noise floor)."""
-        return self.median_s * (1 - noise) if self.min_s is None else min(self.min_s, self.median_s)
+        """The fast end of the measurement: its median lowered by the noise floor, or on the device
+        clock its fastest sample (module docstring)."""
+        if self.clock == DEVICE and self.min_s is not None:
+            return min(self.min_s, self.median_s)
+        return self.median_s * (1 - noise)
 
 
 def faster_beyond_noise(a: Timing | None, b: Timing | None, noise: float) -> bool:
-    """Whether `a` is faster than `b` beyond noise: A's median * (1 + noise) below B's fastest sample."""
+    """Whether `a` is faster than `b` beyond noise: A's median * (1 + noise) below B's fast end (`Timing.lower`)."""
     return a is not None and b is not None and a.upper(noise) < b.lower(noise)
 
 
