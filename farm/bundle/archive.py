@@ -28,6 +28,29 @@ CHUNK = 1 << 20
 MANIFEST_NAME, SIGNATURE_NAME = "manifest.json", "manifest.sig"   # farm.bundle.artifacts' names
 # The small files read in the first pass, and the most bytes each may declare.
 SMALL_FILES = {MANIFEST_NAME: 1 << 20, SIGNATURE_NAME: 4096}
+# A pax or GNU long-name header's data is read whole into memory by `tarfile` as it iterates (a
+# 14 MB .tar.gz can hold one of 3 GiB); a bundle's headers hold a few short names.
+MAX_EXTENSION_HEADER = 64 << 10
+_EXTENSION_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                    tarfile.SOLARIS_XHDTYPE)
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A member header whose extension headers (pax, GNU long names) are refused over
+    MAX_EXTENSION_HEADER bytes before `tarfile` reads their data, and sparse members refused."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENSION_TYPES and self.size > MAX_EXTENSION_HEADER:
+            raise BundleError(f"{show(tarfile_.name or '?')}: a {self.size}-byte extended tar header; expected at "
+                              f"most {MAX_EXTENSION_HEADER} (a header bomb?)")
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise BundleError(f"{show(tarfile_.name or '?')}: a sparse member; expected only files and folders")
+        return super()._proc_member(tarfile_)
+
+
+def _open_tar(archive: Path) -> tarfile.TarFile:
+    """A tar archive (any compression tarfile reads) opened for reading with bounded headers."""
+    return tarfile.open(archive, "r:*", tarinfo=_BoundedTarInfo)
 
 
 def is_archive(name: str) -> bool:
@@ -111,10 +134,12 @@ def _scan(tar: tarfile.TarFile, label: str, max_bytes: int, max_members: int) ->
             continue
         limit = SMALL_FILES.get(rel.name, max_bytes)
         total += member.size
-        if member.size > limit or total > max_bytes:
-            raise BundleError(f"{label}: member {show(member.name)} declares {member.size} bytes "
-                              f"({total} in all); expected a bundle archive of at most {max_bytes} bytes "
-                              f"(decompression bomb?)")
+        if member.size > limit and rel.name in SMALL_FILES:
+            raise BundleError(f"{label}: member {show(member.name)} declares {member.size} bytes; expected at most "
+                              f"{limit} (decompression bomb?)")
+        if total > max_bytes:
+            raise BundleError(f"{label}: member {show(member.name)} declares {member.size} bytes ({total} in all); "
+                              f"expected a bundle archive of at most {max_bytes} bytes (decompression bomb?)")
         if rel.name in SMALL_FILES and len(rel.parts) <= 2:
             source = tar.extractfile(member)
             assert source is not None
@@ -137,8 +162,10 @@ def _check_plan(plan: _Plan, label: str) -> PurePosixPath:
         except ValueError:
             manifest = None
     listed = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(listed, dict):
-        return root  # no usable manifest: the verifier says what is wrong, nothing large was declared
+    if not isinstance(listed, dict):  # refused before any file is written: nothing says what may be
+        what = "missing" if (root / MANIFEST_NAME) not in files else "not a JSON object with a 'files' table"
+        raise BundleError(f"{label}: {MANIFEST_NAME} {what}; expected a bundle archive (its manifest lists "
+                          f"every file)")
     known = {root / MANIFEST_NAME, root / SIGNATURE_NAME}
     unlisted = sorted(str(rel) for rel in files if rel not in known and
                       (rel.parent != root or rel.name not in listed))
@@ -170,14 +197,14 @@ def extract_archive(archive: str | Path, dest: str | Path, *, max_bytes: int = M
     archive, dest = Path(archive), Path(dest)
     label = label or str(archive)
     try:
-        with tarfile.open(archive, "r:*") as tar:
+        with _open_tar(archive) as tar:
             plan = _scan(tar, label, max_bytes, max_members)
         _check_plan(plan, label)
         if check_manifest is not None and plan.manifest is not None:
             check_manifest(plan.manifest, plan.signature)
         dest.mkdir()
         written = 0
-        with tarfile.open(archive, "r:*") as tar:
+        with _open_tar(archive) as tar:
             for member in tar:
                 rel = _member_path(member, label)
                 if rel is None:
