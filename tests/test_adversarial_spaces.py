@@ -194,6 +194,34 @@ def test_module_path_kernel_needs_the_opt_in(tmp_path):
     assert code == 2 and marker.exists()
 
 
+def test_no_other_input_imports_a_module_path_without_the_opt_in(tmp_path):
+    """--kernel, a --tasks line (a recorded misses file from elsewhere) and a run's trials.jsonl
+    (`farm report` of someone's run folder) name kernels too: the same opt-in, or one line and no import."""
+    modules = tmp_path / "mods"
+    (modules / "evil_kernel").mkdir(parents=True)
+    marker = tmp_path / "marker"
+    (modules / "evil_kernel" / "__init__.py").write_text(KERNEL_MODULE.format(marker=str(marker)))
+    (modules / "evil_kernel" / "sub.py").write_text("")
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(modules)]), "FARM_ALLOW_KERNEL_MODULES": ""}
+    tasks = tmp_path / "misses.jsonl"
+    tasks.write_text(json.dumps({"kernel": "evil_kernel.sub", "shape": [64, 256], "dtype": "float32",
+                                 "target": "interpret"}) + "\n")
+    run = tmp_path / "someone_else"
+    run.mkdir()
+    (run / "trials.jsonl").write_text(json.dumps({
+        "task_key": "evil_kernel.sub/64x256/float32/interpret", "kernel": "evil_kernel.sub", "shape": [64, 256],
+        "dtype": "float32", "target": "interpret", "trial": 0, "config": "{}", "outcome": "ok",
+        "median_s": 1e-4}) + "\n")
+    for args, named in ((["sweep", "--kernel", "evil_kernel.sub", "--shape", "64x256"], "--kernel evil_kernel.sub"),
+                        (["sweep", "--tasks", str(tasks)], f"{tasks}:1: kernel"),
+                        (["report", str(run)], "evil_kernel.sub/64x256/float32/interpret")):
+        out = ["--out", str(tmp_path / "run"), "--quiet"] if args[0] == "sweep" else []
+        code, err, _ = _run([*args, *out], env=env)
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-2000:]
+        assert named in err and "FARM_ALLOW_KERNEL_MODULES=1" in err, err
+        assert not marker.exists() and not (tmp_path / "run").exists()
+
+
 def test_module_path_refused_in_process_without_opt_in(tmp_path):
     path = tmp_path / "space.yaml"
     path.write_text(HEAD.replace("kernel: softmax", "kernel: tests.fixtures.wrong_softmax") + PARAMS)

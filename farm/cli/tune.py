@@ -52,12 +52,8 @@ def _sweep_spaces(args: argparse.Namespace) -> list[Any]:
         raise FarmError("farm sweep: expected SPACE files, --kernel KERNEL --shape AxB, or --tasks FILE")
     loaded = spaces.load_spaces(args.spaces) if args.spaces else []
     if args.kernel:
-        import kernels
-
-        try:
-            names = kernels.load(args.kernel).SHAPE_NAMES
-        except kernels.UnknownKernel as err:
-            raise FarmError(f"--kernel {args.kernel}: expected a known kernel ({err})") from None
+        names = spaces.load_kernel(args.kernel, f"--kernel {args.kernel}",
+                                   args.allow_kernel_module or None).SHAPE_NAMES
         for shape in args.shape or []:
             if len(shape) != len(names):
                 raise FarmError(f"--shape {'x'.join(map(str, shape))}: expected {len(names)} dimensions for "

@@ -16,12 +16,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import kernels
 from farm.bundle.records import TrialRecord
 from farm.errors import FarmError
 from farm.measure import outcomes
 from farm.run import runlog
 from farm.run.progress import format_duration, format_seconds
+from farm.search.spaces import load_kernel
 from farm.tasks import config_json
 from kernels.protocol import task_default
 
@@ -65,7 +65,8 @@ def task_reports(records: list[TrialRecord]) -> list[TaskReport]:
     reports = []
     for key, group in by_task.items():
         first = group[0]
-        default = config_json(task_default(kernels.load(first.kernel), tuple(first.shape), first.target, first.dtype))
+        module = load_kernel(str(first.kernel), f"{key}: kernel")
+        default = config_json(task_default(module, tuple(first.shape), first.target, first.dtype))
         ok = [r for r in group if r.outcome == outcomes.OK and r.median_s is not None]
         curve, best_so_far, index = [], float("inf"), 0
         for r in group:

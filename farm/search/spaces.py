@@ -16,10 +16,11 @@ import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import kernels
-from farm.errors import SpaceError, show
+from farm.errors import FarmError, SpaceError, show
 from farm.search.constraints import ConstraintEvalError
 from farm.search.space_files import read_yaml, resolve
 from farm.search.space_parts import (
@@ -203,6 +204,20 @@ def load_spaces(paths: Sequence[str | Path], *, allow_kernel_modules: bool | Non
 def kernel_modules_allowed(allow: bool | None = None) -> bool:
     """Whether a space may name its kernel by module path: `allow`, else FARM_ALLOW_KERNEL_MODULES=1."""
     return allow if allow is not None else os.environ.get(ALLOW_KERNEL_MODULES_ENV, "") in ("1", "true", "yes")
+
+
+def load_kernel(name: str, where: str, allow_kernel_modules: bool | None = None) -> ModuleType:
+    """The kernel module a user's input names (a space, --kernel, a tasks file, a run's records):
+    a registered kernel, or a module path only where `kernel_modules_allowed` (importing it runs
+    its code); else a FarmError naming `where` (e.g. "FILE: kernel")."""
+    if "." in name and name not in kernels.REGISTRY and not kernel_modules_allowed(allow_kernel_modules):
+        raise FarmError(f"{where}: expected a registered kernel ({', '.join(sorted(kernels.REGISTRY))}), got "
+                        f"{name!r}; a module path is imported, running its code, only with "
+                        f"{ALLOW_KERNEL_MODULES_ENV}=1 or --allow-kernel-module")
+    try:
+        return kernels.load(name)
+    except kernels.UnknownKernel as err:
+        raise FarmError(f"{where}: expected a known kernel ({err})") from None
 
 
 def parse_space(data: Any, path: str, *, allow_kernel_modules: bool | None = None) -> SearchSpace:

@@ -19,10 +19,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import kernels
 from farm.errors import FarmError
 from farm.search.space_parts import DTYPES
-from farm.search.spaces import SearchSpace, parse_space
+from farm.search.spaces import SearchSpace, load_kernel, parse_space
 from farm.tasks import TuningTask
 from kernels.targets import TARGETS
 
@@ -88,10 +87,7 @@ def _task(line: str, where: str) -> TuningTask:
     if missing:
         raise FarmError(f"{where}: {missing[0]}: expected a value (fields {', '.join(FIELDS)})")
     kernel, dtype, target = data["kernel"], data["dtype"], data["target"]
-    try:
-        module = kernels.load(str(kernel))
-    except kernels.UnknownKernel as err:
-        raise FarmError(f"{where}: kernel: expected a known kernel ({err})") from None
+    module = load_kernel(str(kernel), f"{where}: kernel")
     rank = len(module.SHAPE_NAMES)
     try:
         shape = _shape(data["shape"])
