@@ -222,6 +222,20 @@ def test_no_other_input_imports_a_module_path_without_the_opt_in(tmp_path):
         assert not marker.exists() and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("text, knob", [
+    ("extends: softmax\nshapes: [[3, 1000]]\ndtypes: [float32]\nparams: {block_row: {values: [1, 2]}}\n",
+     "block_row"),
+    (HEAD.replace("softmax", "matmul").replace("[[64, 256]]", "[[64, 64, 64]]")
+     + "params:\n  block_m: {values: [32]}\n  blok_n: {values: [32, 64]}\n", "blok_n")])
+def test_a_misspelled_knob_is_refused_naming_it(tmp_path, text, knob):
+    """Not a sweep of the default alone (the kernel refusing every config the knob is in)."""
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    code, err, _ = _run(["sweep", str(path), "--out", str(tmp_path / "run"), "--quiet", "--target", "interpret"])
+    _one_line_error(code, err, path)
+    assert f"params.{knob}: expected a knob" in err and "unknown knob" in err and not (tmp_path / "run").exists()
+
+
 def test_module_path_refused_in_process_without_opt_in(tmp_path):
     path = tmp_path / "space.yaml"
     path.write_text(HEAD.replace("kernel: softmax", "kernel: tests.fixtures.wrong_softmax") + PARAMS)

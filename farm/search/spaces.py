@@ -266,7 +266,30 @@ def parse_space(data: Any, path: str, *, allow_kernel_modules: bool | None = Non
             if space.size(target.name) > MAX_GRID:
                 raise SpaceError(path, "sampler", f"a grid of at most {MAX_GRID} configs (target {target.name} "
                                  f"has {space.size(target.name)}); use tpe or random")
+    _check_knobs(space, module)
     return dataclasses.replace(space, unfit=_check_feasible(space))
+
+
+def _check_knobs(space: SearchSpace, module: Any) -> None:
+    """Every knob of `params` is one the kernel takes on each target it applies to: a misspelled
+    knob (block_row) would have the kernel refuse every config, and the sweep measure only the
+    default. Asked of the kernel itself (`check_config` of its default with the knob set)."""
+    for target in space.targets:
+        if not target.shapes or not target.dtypes:
+            continue
+        shape, dtype = tuple(target.shapes[0]), target.dtypes[0]
+        try:
+            default = task_default(module, shape, target.name, dtype)
+        except Exception:  # noqa: BLE001 - no default here: `_check_feasible` judges the task
+            continue
+        for param in space.params_for(target.name):
+            try:
+                reason = module.check_config({**default, param.name: param.choices[0]}, shape, dtype, target.name)
+            except Exception:  # noqa: BLE001 - a check that fails says nothing of the knob's name
+                continue
+            if reason and "unknown knob" in reason and repr(param.name) in reason:
+                raise SpaceError(space.path, f"params.{param.name}", f"a knob {space.kernel} takes on {target.name} "
+                                 f"(the kernel says: {reason})", param.name)
 
 
 def _default_runs(space: SearchSpace, shape: Sequence[int], dtype: str, target: str) -> bool:
