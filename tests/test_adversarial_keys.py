@@ -97,3 +97,21 @@ def test_junk_key_files_are_bounded_errors(tmp_path, content):
         with pytest.raises(FarmError) as err:
             load(path)
         assert "\n" not in str(err.value) and len(str(err.value)) <= MAX_MESSAGE
+
+
+def test_a_fifo_or_device_as_a_key_is_refused_not_waited_on(tmp_path):
+    """A plain open() of a FIFO blocks until a writer comes: a key path, or a `*.pub` in a trust folder."""
+    from farm.bundle import trust
+
+    fifo = tmp_path / "key.pem"
+    os.mkfifo(fifo, 0o600)
+    for load in (signing.load_private_key, signing.load_public_key):
+        with pytest.raises(FarmError, match="regular file"):
+            load(fifo)
+    folder = tmp_path / "trust"
+    folder.mkdir()
+    os.mkfifo(folder / "ci.pub")
+    with pytest.raises(FarmError, match="regular file"):
+        trust.load_trust([folder])
+    with pytest.raises(FarmError, match="regular file"):
+        signing.load_public_key("/dev/zero")

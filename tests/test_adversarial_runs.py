@@ -155,3 +155,61 @@ def test_a_full_disk_is_one_line_and_the_run_resumes_when_there_is_room(tmp_path
     measured = [(r["task_key"], r["config"]) for r in records if r["outcome"] == "ok"]
     assert len(measured) == len(set(measured)) == 3      # the budget, nothing measured twice
     assert (run / "bundle" / "manifest.sig").is_file()
+
+
+def _bundle_bytes(run: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (run / "bundle").iterdir()}
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda s: {**s, "tasks": {"other/1x1/float32/interpret": 2}}, "'other/1x1/float32/interpret' is not a task"),
+    (lambda s: {**s, "tasks": ["softmax/16x128/float32/interpret"]}, "tasks: expected a non-empty JSON object"),
+    (lambda s: {**s, "tasks": {k: "5" for k in s["tasks"]}}, "expected a budget from 1 to"),
+    (lambda s: {**s, "settings": {**s["settings"], "workers": "many"}}, "--workers (workers): expected an integer"),
+    (lambda s: {**s, "settings": {**s["settings"], "compile_timeout_s": "soon"}}, "--compile-timeout"),
+    (lambda s: {**s, "settings": {**s["settings"], "repetitions": -3}}, "--repetitions (repetitions)"),
+    (lambda s: {**s, "spaces": {"../../etc/passwd": "x"}}, "spaces: expected file names"),
+])
+def test_an_edited_sweep_file_is_refused_and_the_bundle_kept(finished_run, signing_key, capsys, edit, fragment):
+    """A resume of a run folder whose sweep.json names other tasks would sign a bundle without the
+    run's winners; settings out of their bounds would run unbounded: one line, nothing rewritten."""
+    from farm import cli
+
+    path = finished_run / runlog.SWEEP_FILE
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    before = _bundle_bytes(finished_run)
+    assert cli.main(["sweep", "--resume", str(finished_run), "--key", str(signing_key[0]), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0] and runlog.SWEEP_FILE in err[0], err
+    assert _bundle_bytes(finished_run) == before
+
+
+@pytest.mark.parametrize("line, fragment", [
+    (b'{"foo": 1}\n', "task_key: expected str"), (b"[1, 2, 3]\n", "expected a JSON object"),
+    (b"\xff\xfe not text\n", "expected UTF-8 text"), (b"[" * 100_000 + b"\n", "nested too deep"),
+    (None, "median_s: expected float or null"), (b"", "task_key: expected"),
+])
+def test_an_edited_trial_log_is_one_line_naming_its_line(finished_run, capsys, line, fragment):
+    """`farm report` (and a resume, through the same reader) of a trial log someone edited."""
+    from farm import cli
+
+    log = finished_run / runlog.TRIALS_LOG
+    lines = log.read_bytes().splitlines(keepends=True)
+    record = json.loads(lines[0])
+    if line is None:
+        line = (json.dumps({**record, "median_s": "x"}) + "\n").encode()
+    elif line == b"":  # a kernel name of 1000 characters: a plot file name no file system takes
+        line = (json.dumps({**record, "task_key": "k" * 1000}) + "\n").encode()
+    log.write_bytes(lines[0] + line + b"".join(lines[1:]))
+    assert cli.main(["report", str(finished_run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{log}:2: " in err[0] and fragment in err[0], err
+
+
+def test_a_report_survives_a_run_file_of_the_wrong_shape(finished_run, capsys):
+    from farm import cli
+
+    for text in ("[1, 2]", '{"summary": [1]}', '{"summary": {"wall_s": "x", "trials_per_s": "y"}}'):
+        (finished_run / runlog.RUN_INFO).write_text(text)
+        assert cli.main(["report", str(finished_run)]) == 0, capsys.readouterr().err
+        assert (finished_run / "report.md").is_file()

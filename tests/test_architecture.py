@@ -18,7 +18,7 @@ import pytest
 from farm.bundle.fingerprint import imported_modules
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = {"farm", "farm.errors", "farm.tasks", "kernels"}
+CORE = {"farm", "farm.errors", "farm.inputs", "farm.tasks", "kernels"}
 # package -> the farm packages (besides CORE and itself) it may import
 ALLOWED: dict[str, set[str]] = {
     "farm.measure": set(),
@@ -38,6 +38,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "farm.deploy": {"ray", "optuna", "yaml"},
     "farm.tasks": {"ray", "optuna", "yaml", "jax"},
     "farm.errors": {"ray", "optuna", "yaml", "jax"},
+    "farm.inputs": {"ray", "optuna", "yaml", "jax"},
     "kernels": {"ray", "optuna", "yaml", "farm"},
 }
 

@@ -3,6 +3,7 @@ writes nothing, --resume with changed flags. Real Ray, Optuna and CLI."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -53,6 +54,8 @@ def test_tasks_file_reads_recorded_misses_once_each(tmp_path):
     ({"kernel": "softmax", "shape": [64, 256], "dtype": "int8", "target": "tpu"}, ":2: dtype: expected one of"),
     ({"kernel": "softmax", "shape": [64, 256], "dtype": "float32", "target": "cuda"}, ":2: target: expected a "
      "target of softmax"),
+    ('{"kernel": "softmax", "shape": [' + "9" * 5000 + ', 256]}', ":2: expected a JSON object of small values"),
+    ("[" * 100_000, ":2: expected a JSON object, got JSON nested too deep"),
 ])
 def test_a_bad_tasks_line_is_one_error_naming_file_and_line(tmp_path, capsys, line, fragment):
     good = {"kernel": "softmax", "shape": [64, 256], "dtype": "float32", "target": "interpret"}
@@ -79,6 +82,11 @@ def test_tasks_file_is_bounded(tmp_path, monkeypatch):
     path.write_text("\n\n")
     with pytest.raises(FarmError, match="expected at least one task line"):
         tasks_file.read_tasks(path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)   # would block a plain open() forever; /dev/zero would never end
+    for special in (fifo, Path("/dev/zero"), tmp_path):
+        with pytest.raises(FarmError, match="a regular file, not a folder, device or FIFO|Is a directory"):
+            tasks_file.read_tasks(special)
 
 
 @pytest.mark.parametrize("argv,fragment", [

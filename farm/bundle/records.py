@@ -108,6 +108,43 @@ class TrialRecord:
                 values.pop(name)
         return cls(**values)
 
+    @classmethod
+    def checked(cls, data: Any) -> TrialRecord:
+        """`from_dict` of data read from a file anyone may have edited (a run's trials.jsonl): every
+        field of its type (ints for ints, numbers for floats, a shape of dimensions 1 to 2**31 - 1),
+        the task key the one its kernel, shape, dtype and target make; else a ValueError naming the
+        field."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        for f in dataclasses.fields(cls):
+            value = data.get(f.name, None if f.default is dataclasses.MISSING else f.default)
+            if f.name == "shape":
+                if not (isinstance(value, (list, tuple)) and 0 < len(value) <= 8 and all(
+                        type(d) is int and 1 <= d < 2 ** 31 for d in value)):
+                    raise ValueError(f"shape: expected up to 8 dimensions from 1 to 2**31 - 1, got {value!r:.80}")
+                continue
+            allowed = _FIELD_TYPES[f.name]
+            if not any(value is None if t is type(None) else _is(value, t) for t in allowed):
+                names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+                raise ValueError(f"{f.name}: expected {names}, got {value!r:.80}")
+        record = cls.from_dict(data)
+        key = TuningTask(record.kernel, record.shape, record.dtype, record.target).key
+        if record.task_key != key:
+            raise ValueError(f"task_key: expected {key!r:.200} (its kernel, shape, dtype and target), got "
+                             f"{record.task_key!r:.200}")
+        return record
+
+
+def _is(value: Any, kind: type) -> bool:
+    """isinstance, but a bool is no int or float, and an int is a float."""
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+
+
+_FIELD_TYPES = {name: (typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,))
+                for name, hint in typing.get_type_hints(TrialRecord).items() if name != "shape"}
+
 
 _ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 TIMESTAMP = pa.timestamp("us", tz="UTC")

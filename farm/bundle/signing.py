@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from farm.errors import FarmError, shorten
+from farm.inputs import NotAFile, TooLarge, read_regular
 
 PUBLIC_SUFFIX = ".pub"
 PRIVATE_MODE, PUBLIC_MODE = 0o600, 0o644
@@ -92,11 +93,12 @@ def _check_private_mode(path: Path) -> None:
 
 
 def _read_key_file(path: str | Path, what: str) -> bytes:
-    with open(path, "rb") as f:
-        data = f.read(MAX_KEY_BYTES + 1)
-    if len(data) > MAX_KEY_BYTES:
-        raise ValueError(f"more than {MAX_KEY_BYTES} bytes for {what}")
-    return data
+    try:
+        return read_regular(path, MAX_KEY_BYTES)
+    except NotAFile:
+        raise ValueError(f"expected a regular file for {what}, not a folder, device or FIFO") from None
+    except TooLarge:
+        raise ValueError(f"more than {MAX_KEY_BYTES} bytes for {what}") from None
 
 
 def _load_key(path: str | Path, load: Any, kind: type, role: str, not_found: str) -> Any:

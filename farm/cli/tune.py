@@ -111,6 +111,8 @@ def _resume_settings(args: argparse.Namespace) -> tuple[list[Any], Any]:
     except TypeError as err:
         raise FarmError(f"--resume {out}: {runlog.SWEEP_FILE} holds settings this version does not know "
                         f"({err}); expected a run folder written by this version") from None
+    except FarmError as err:  # a setting out of its bounds: saved so (an edited file), or given now
+        raise FarmError(f"--resume {out}: {runlog.SWEEP_FILE} settings or flags: {err}") from None
     return planned, settings
 
 

@@ -10,6 +10,7 @@ report is written and `plots_note` says why there are no plots.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from collections import Counter
@@ -27,6 +28,7 @@ from kernels.protocol import task_default
 
 REPORT_MD = "report.md"
 PLOTS_DIR = "report"
+PLOT_NAME_CHARS = 200   # a plot file name's characters before ".png" (file names: 255 bytes)
 
 
 @dataclasses.dataclass
@@ -131,6 +133,28 @@ def _plot(task: TaskReport, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_name(task_key: str) -> str:
+    """A task's plot file name: its key with unsafe characters as `_`; a long key (a module-path
+    kernel) cut, with a hash of the whole, to stay within a file name's 255 bytes."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", task_key)
+    if len(name) > PLOT_NAME_CHARS:
+        name = f"{name[:PLOT_NAME_CHARS - 17]}-{hashlib.sha256(task_key.encode()).hexdigest()[:16]}"
+    return name + ".png"
+
+
+def _summary(path: Path) -> dict[str, Any]:
+    """run.json's summary, its figures numbers (anything else left out of the report's header)."""
+    try:
+        summary = json.loads(path.read_text()).get("summary")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(summary, dict):
+        return {}
+    numbers = ("measured_trials", "wall_s", "trials_per_s", "workers")
+    return {k: v for k, v in summary.items()
+            if k not in numbers or (isinstance(v, (int, float)) and not isinstance(v, bool))}
+
+
 def write_report(run_dir: str | Path) -> Report:
     """Write `RUN_DIR/report.md` and (with matplotlib) `RUN_DIR/report/<task>.png`.
 
@@ -143,10 +167,7 @@ def write_report(run_dir: str | Path) -> Report:
     records = runlog.replay(run_dir)
     if not records:
         raise FarmError(f"{run_dir / runlog.TRIALS_LOG}: expected at least one trial record")
-    try:
-        summary = json.loads((run_dir / runlog.RUN_INFO).read_text()).get("summary") or {}
-    except (OSError, ValueError):
-        summary = {}
+    summary = _summary(run_dir / runlog.RUN_INFO)
     tasks = task_reports(records)
     md = run_dir / REPORT_MD
     md.write_text(markdown(tasks, summary, run_dir))
@@ -161,7 +182,7 @@ def write_report(run_dir: str | Path) -> Report:
         folder.mkdir(exist_ok=True)
         for task in tasks:
             if task.curve:
-                path = folder / (re.sub(r"[^A-Za-z0-9_.-]+", "_", task.task_key) + ".png")
+                path = folder / plot_name(task.task_key)
                 _plot(task, path)
                 plots.append(path)
     return Report(md, plots, note, tasks)

@@ -22,10 +22,11 @@ import yaml
 
 from farm.bundle.artifacts import now
 from farm.bundle.records import TrialRecord
-from farm.errors import FarmError
+from farm.errors import FarmError, show
 from farm.measure.finalists import FinalTiming
 from farm.search import plan, spaces
 from farm.search.plan import PlannedTask
+from farm.search.spaces import MAX_TRIALS
 
 log = logging.getLogger(__name__)
 
@@ -137,18 +138,31 @@ def prepare_resume(run_dir: Path) -> None:
 
 
 def replay(run_dir: Path) -> list[TrialRecord]:
-    """Every record of a run folder's log, in order (none when there is no log yet)."""
+    """Every record of a run folder's log, in order (none when there is no log yet). A line cut
+    mid-JSON (the driver died writing it: that trial was never told) is skipped; a line that is
+    not UTF-8, or JSON that is no trial record (an edited file), is a FarmError naming its line."""
     path = Path(run_dir) / TRIALS_LOG
     if not path.exists():
         return []
     records = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            records.append(TrialRecord.from_dict(json.loads(line)))
-        except json.JSONDecodeError:   # the driver died mid-line: that trial was never told
-            continue
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode()
+            except UnicodeDecodeError:
+                raise FarmError(f"{path}:{number}: expected UTF-8 text (a trial record as JSON)") from None
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except RecursionError:
+                raise FarmError(f"{path}:{number}: expected a trial record, got JSON nested too deep") from None
+            except ValueError:   # the driver died mid-line: that trial was never told
+                continue
+            try:
+                records.append(TrialRecord.checked(data))
+            except ValueError as err:
+                raise FarmError(f"{path}:{number}: expected a trial record ({err})") from None
     return records
 
 
@@ -185,9 +199,24 @@ def load_run(run_dir: Path) -> tuple[list[PlannedTask], dict[str, Any]]:
         budgets, settings, copies = saved["tasks"], saved["settings"], saved["spaces"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise FarmError(f"--resume {run_dir}: expected a run folder with {SWEEP_FILE} ({err!r})") from None
+    where = f"--resume {run_dir}: {SWEEP_FILE}"
+    for field, value, expected in (("tasks", budgets, dict), ("settings", settings, dict), ("spaces", copies, dict)):
+        if not isinstance(value, expected) or not value:
+            raise FarmError(f"{where}: {field}: expected a non-empty JSON object, got {show(value)}")
+    for key, trials in budgets.items():
+        if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_TRIALS:
+            raise FarmError(f"{where}: tasks.{key}: expected a budget from 1 to {MAX_TRIALS} trials, got "
+                            f"{show(trials)}")
+    for name in copies:
+        if not isinstance(name, str) or Path(name).name != name or not (Path(run_dir) / SPACES_DIR / name).is_file():
+            raise FarmError(f"{where}: spaces: expected file names in {SPACES_DIR}/, got {show(name)}")
     loaded = spaces.load_spaces([Path(run_dir) / SPACES_DIR / name for name in copies])
     planned = [dataclasses.replace(p, trials=budgets[p.task.key]) for p in plan.expand(loaded)
                if p.task.key in budgets]
+    missing = sorted(set(budgets) - {p.task.key for p in planned})
+    if missing:  # resuming would write a bundle without them: the run's winners lost
+        raise FarmError(f"{where}: tasks: {show(missing[0])} is not a task of the run's spaces ({len(missing)} such); "
+                        f"expected the tasks its {SPACES_DIR}/ define")
     return planned, settings
 
 

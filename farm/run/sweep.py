@@ -36,6 +36,7 @@ from farm.measure.device import MeasureSettings
 from farm.measure.finalists import FinalTiming
 from farm.measure.outcomes import Measurement
 from farm.run import placement, runlog
+from farm.run.bounds import check_settings
 from farm.run.pool import Crashed, Done, Flight, WorkerPool, connect
 from farm.run.schedule import StrideScheduler
 from farm.search import studies
@@ -91,6 +92,9 @@ class SweepSettings:
     # The actor class of the workers: farm.run.actor.Worker when None; stand-ins for benchmarks
     # (bench/driver_throughput.py). Not saved with the run.
     worker_class: Any = dataclasses.field(default=None, repr=False, metadata={"saved": False})
+
+    def __post_init__(self) -> None:
+        check_settings({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
     def measure(self) -> MeasureSettings:
         """What every worker needs to know to measure a config."""

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from farm.errors import FarmError
+from farm.errors import FarmError, shorten
+from farm.inputs import TooLarge, read_regular
 from farm.search.space_parts import DTYPES
 from farm.search.spaces import SearchSpace, load_kernel, parse_space
 from farm.tasks import TuningTask
@@ -57,19 +58,19 @@ def read_tasks(path: str | Path) -> list[TuningTask]:
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
+        raw = read_regular(path, MAX_BYTES)
+    except TooLarge:
+        raise FarmError(f"--tasks {path}: expected at most {MAX_BYTES} bytes") from None
     except OSError as err:
-        raise FarmError(f"--tasks {path}: expected a readable JSON-lines file ({err.strerror})") from None
-    if size > MAX_BYTES:
-        raise FarmError(f"--tasks {path}: expected at most {MAX_BYTES} bytes, got {size}")
+        raise FarmError(f"--tasks {path}: expected a readable JSON-lines file "
+                        f"({err.strerror or 'a regular file, not a folder, device or FIFO'})") from None
     tasks: dict[str, TuningTask] = {}
-    with open(path, encoding="utf-8", errors="replace") as lines:
-        for number, line in enumerate(lines, 1):
-            if number > MAX_LINES:
-                raise FarmError(f"--tasks {path}: expected at most {MAX_LINES} lines")
-            if line.strip():
-                task = _task(line, f"{path}:{number}")
-                tasks.setdefault(task.key, task)
+    for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+        if number > MAX_LINES:
+            raise FarmError(f"--tasks {path}: expected at most {MAX_LINES} lines")
+        if line.strip():
+            task = _task(line, f"{path}:{number}")
+            tasks.setdefault(task.key, task)
     if not tasks:
         raise FarmError(f"--tasks {path}: expected at least one task line ({', '.join(FIELDS)})")
     return list(tasks.values())
@@ -81,6 +82,10 @@ def _task(line: str, where: str) -> TuningTask:
         data = json.loads(line)
     except json.JSONDecodeError as err:
         raise FarmError(f"{where}: expected a JSON object, got invalid JSON ({err.msg})") from None
+    except RecursionError:
+        raise FarmError(f"{where}: expected a JSON object, got JSON nested too deep") from None
+    except ValueError as err:  # an integer of over 4300 digits
+        raise FarmError(f"{where}: expected a JSON object of small values ({shorten(str(err), 120)})") from None
     if not isinstance(data, dict):
         raise FarmError(f"{where}: expected a JSON object with fields {', '.join(FIELDS)}")
     missing = [f for f in FIELDS if data.get(f) in (None, "")]
