@@ -110,6 +110,9 @@ def _length(value: Any) -> int:
 
 def _binary(op: ast.operator, left: Any, right: Any) -> Any:
     """One arithmetic operation, refused before it runs when its result would exceed the bounds."""
+    if isinstance(op, ast.Mod) and isinstance(left, (str, bytes)):
+        # printf-style formatting: '%04000000000d' % rows would build a 4 GB string first
+        raise ConstraintEvalError("string formatting (%) is not allowed; expected arithmetic on numbers")
     if isinstance(op, ast.Pow) and isinstance(left, int) and isinstance(right, int) and right > 0 \
             and abs(left) > 1 and (abs(left).bit_length() - 1) * right > MAX_INT_BITS:
         raise ConstraintEvalError(f"a power of more than {MAX_INT_BITS} bits")

@@ -218,10 +218,12 @@ def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     else:
         merged["constraints"] = child_constraints if "constraints" in child else base_constraints
     targets = merged.get("targets")
-    if isinstance(child.get("targets"), list) and isinstance(base.get("targets"), dict):
+    if _target_names(child.get("targets")) is not None and isinstance(child.get("targets"), list) \
+            and isinstance(base.get("targets"), dict):
         # a list of names picks the base's targets, with their own shapes and dtypes
         targets = merged["targets"] = {name: base["targets"].get(name) for name in child["targets"]}
-    if isinstance(targets, dict) and ("targets" not in child or isinstance(child["targets"], list)):
+    if isinstance(targets, dict) and ("targets" not in child or (
+            isinstance(child["targets"], list) and _target_names(child["targets"]) is not None)):
         overridden = [f for f in ("shapes", "dtypes") if f in child]
         merged["targets"] = {name: ({k: v for k, v in body.items() if k not in overridden}
                                     if isinstance(body, dict) else body) for name, body in targets.items()}
