@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+import warnings
 
 import pyarrow.parquet as pq
 import pytest
@@ -197,3 +198,74 @@ def test_bundle_signs_with_the_environment_key(tmp_path, key, two_runs, capsys, 
     monkeypatch.setenv("FARM_SIGNING_KEY", "garbage")
     assert cli.main(["bundle", str(two_runs[0]), "--out", str(tmp_path / "g.tar.gz"), "--trust", str(public)]) == 2
     assert "garbage" in capsys.readouterr().err and not (tmp_path / "g.tar.gz").exists()
+
+
+def _rewrite_configs(folder, table, private):
+    """Replace a bundle's configs table and sign its manifest again (what a hostile signer can do)."""
+    from farm.bundle import signing
+
+    pq.write_table(table, folder / artifacts.CONFIGS)
+    manifest = json.loads((folder / artifacts.MANIFEST).read_text())
+    manifest["files"][artifacts.CONFIGS] = {"sha256": artifacts.sha256_file(folder / artifacts.CONFIGS),
+                                            "bytes": (folder / artifacts.CONFIGS).stat().st_size}
+    data = json.dumps(manifest, indent=2, sort_keys=True).encode()
+    (folder / artifacts.MANIFEST).write_bytes(data)
+    (folder / artifacts.SIGNATURE).write_bytes(signing.sign(data, private))
+
+
+def _stranger_with_bad_rows(tmp_path):
+    """A bundle signed by an untrusted key (read only with --allow-unsigned) whose rows hold configs
+    that are no JSON object."""
+    import pyarrow as pa
+
+    stranger, _ = B.keypair(tmp_path / "keys", "stranger")
+    rows = [B.row("softmax", (rows, 128), {"block_rows": 8}) for rows in (8, 16, 32)]
+    folder = B.write(tmp_path / "stranger", rows, stranger)
+    table = pq.read_table(folder / artifacts.CONFIGS)
+    configs = ["not json{", "[1, 2]", table.column("config")[2].as_py()]
+    _rewrite_configs(folder, table.set_column(table.schema.get_field_index("config"), "config", pa.array(configs)),
+                     stranger)
+    return folder
+
+
+def test_rows_that_are_no_tasks_are_shown_never_signed_nor_run(tmp_path, key, capsys):
+    """An unverified bundle may hold anything: `farm show` prints it, `farm bundle --allow-unsigned`
+    refuses to sign it, and a deployment's lookup never picks its broken rows."""
+    from farm.deploy import runtime
+
+    private, public = key
+    bad = _stranger_with_bad_rows(tmp_path)
+    assert cli.main(["show", str(bad)]) == 0
+    assert capsys.readouterr().out.count("(not a JSON object)") == 2
+    out = tmp_path / "m.tar.gz"
+    assert cli.main(["bundle", str(bad), "--out", str(out), "--key", str(tmp_path / "keys" / "ci.pem"),
+                     "--allow-unsigned"]) == 1
+    err = capsys.readouterr().err
+    assert "row 'softmax/8x128/float32/interpret': config: expected a JSON object" in err and not out.exists()
+    with pytest.warns(UnverifiedBundleWarning):
+        registry = runtime.Registry.load(bad, [public], allow_unsigned=True)
+    for rows in (8, 16):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", runtime.TuningMissWarning)
+            choice = registry.lookup("softmax", (rows, 128), "float32", "interpret")
+        assert choice.rule == runtime.NEAREST and choice.tuned_shape == (32, 128)
+
+
+def test_tables_are_bounded_and_typed_before_they_are_read(tmp_path, key, monkeypatch, capsys):
+    """Rows are counted from the Parquet footer (650 kB of dictionary-encoded rows held 50 million
+    and took 6.4 GB to read); the columns readers rely on must be there, with their types."""
+    import pyarrow as pa
+
+    from farm.bundle import locate
+
+    private, public = key
+    folder = B.write(tmp_path / "b", [B.row("softmax", (8, 128), {"block_rows": 8})] * 3, private)
+    monkeypatch.setitem(locate.MAX_ROWS, artifacts.CONFIGS, 2)
+    assert cli.main(["show", str(folder), "--trust", str(public)]) == 1
+    assert "configs.parquet: 3 rows; expected at most 2" in capsys.readouterr().err
+    monkeypatch.setitem(locate.MAX_ROWS, artifacts.CONFIGS, 10)
+    table = pq.read_table(folder / artifacts.CONFIGS)
+    _rewrite_configs(folder, table.set_column(table.schema.get_field_index("shape"), "shape", pa.array(["8x128"] * 3)),
+                     private)   # signed by a trusted key, and still refused
+    assert cli.main(["show", str(folder), "--trust", str(public)]) == 1
+    assert "column shape: expected list<item: int64>, got string" in capsys.readouterr().err

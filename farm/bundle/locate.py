@@ -38,12 +38,20 @@ import pyarrow.parquet as pq
 from farm.bundle import artifacts
 from farm.bundle.archive import extract_archive, is_archive
 from farm.bundle.trust import TrustLike, as_trust, verify
-from farm.errors import BundleError, FarmError
+from farm.errors import BundleError, FarmError, shorten
 
 RUN_BUNDLE = "bundle"     # RUN_DIR/bundle
 CURRENT = "current"       # DIR/current -> versions/<created>-<bundle id>
 VERSIONS = "versions"     # DIR/versions/<created>-<bundle id>/
 FOLDER, RUN, DEPLOYMENT, ARCHIVE = "folder", "run", "deployment", "archive"
+# Rows a table may hold, checked from its footer before it is read: a tuned task a row (a
+# deployment's registry of 100,000 tasks loads in about a second), a trial a row.
+MAX_ROWS = {artifacts.CONFIGS: 1_000_000, artifacts.TRIALS: 5_000_000}
+# The columns every reader relies on, with their types (older bundles may lack the others).
+_TASK_COLUMNS = {"task_key": pa.string(), "kernel": pa.string(), "shape": pa.list_(pa.int64()),
+                 "dtype": pa.string(), "target": pa.string(), "config": pa.string()}
+REQUIRED_COLUMNS = {artifacts.CONFIGS: {**_TASK_COLUMNS, "status": pa.string()},
+                    artifacts.TRIALS: {**_TASK_COLUMNS, "trial": pa.int64(), "outcome": pa.string()}}
 EXPECTED = (f"expected a bundle folder ({artifacts.MANIFEST}), a run folder ({RUN_BUNDLE}/{artifacts.MANIFEST}), "
             f"a `farm pull` deployment folder ({CURRENT}) or a bundle archive (.tar.gz, .tgz, .tar)")
 
@@ -122,10 +130,22 @@ class OpenedBundle:
         if entry is None or hashlib.sha256(data).hexdigest() != entry.get("sha256"):
             raise BundleError(f"{shown}: changed since it was verified, or not in the manifest")
         try:
+            metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+            schema = metadata.schema.to_arrow_schema()
+        except (pa.ArrowException, OSError) as err:
+            raise BundleError(f"{shown}: expected Parquet ({shorten(str(err), 200)})") from None
+        if metadata.num_rows > MAX_ROWS[name]:  # a few hundred kB of dictionary-encoded rows can hold 50 million
+            raise BundleError(f"{shown}: {metadata.num_rows} rows; expected at most {MAX_ROWS[name]}")
+        for column, kind in REQUIRED_COLUMNS[name].items():
+            index = schema.get_field_index(column)
+            if index < 0 or schema.field(index).type != kind:
+                got = "missing" if index < 0 else str(schema.field(index).type)
+                raise BundleError(f"{shown}: column {column}: expected {kind}, got {got}")
+        try:
             return pq.read_table(pa.BufferReader(data), columns=list(columns) if columns is not None else None)
         except (pa.ArrowException, KeyError) as err:
             wanted = f" with columns {list(columns)}" if columns is not None else ""
-            raise BundleError(f"{shown}: expected Parquet{wanted} ({err})") from None
+            raise BundleError(f"{shown}: expected Parquet{wanted} ({shorten(str(err), 200)})") from None
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ merged bundle is merged again, is kept once).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from farm.bundle import artifacts, signing
 from farm.bundle.archive import ARCHIVE_SUFFIXES, is_archive, write_archive
 from farm.bundle.locate import open_bundle
 from farm.bundle.trust import Trust, verify
-from farm.errors import BundleError, FarmError
+from farm.errors import BundleError, FarmError, show
 
 # Archive formats `farm bundle` does not write: such an --out is refused rather than made a folder.
 OTHER_ARCHIVE_SUFFIXES = (".zip", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tar.zst", ".gz", ".xz", ".bz2", ".zst",
@@ -51,12 +52,33 @@ def _created(row: dict[str, Any], source: str) -> datetime:
                           f"got {row.get('created')!r}") from None
 
 
+def check_row(row: dict[str, Any], source: str) -> None:
+    """A BundleError unless the row is one a deployment can read: its task named by text fields and
+    a shape of positive integers, and an "ok" row's config a JSON object (an input opened with
+    --allow-unsigned may hold anything; a merge signs what it writes)."""
+    where = f"{source}: {artifacts.CONFIGS}: row {show(row.get('task_key'))}"
+    for field in ("task_key", "kernel", "dtype", "target", "status"):
+        if not isinstance(row.get(field), str) or not row[field]:
+            raise BundleError(f"{where}: {field}: expected text, got {show(row.get(field))}")
+    shape = row.get("shape")
+    if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+        raise BundleError(f"{where}: shape: expected positive integers, got {show(shape)}")
+    if row["status"] == "ok":
+        try:
+            config = json.loads(row.get("config") or "")
+        except (ValueError, RecursionError):
+            config = None
+        if not isinstance(config, dict):
+            raise BundleError(f"{where}: config: expected a JSON object, got {show(row.get('config'))}")
+
+
 def merge_rows(inputs: Sequence[tuple[str, list[dict[str, Any]]]]) -> tuple[list[dict[str, Any]], int]:
     """The newest row per (task key, device kind), later inputs winning ties; and how many were replaced."""
     chosen: dict[tuple[str, str | None], tuple[datetime, dict[str, Any]]] = {}
     replaced = 0
     for source, rows in inputs:
         for row in rows:
+            check_row(row, source)
             key = (row["task_key"], row.get("device_kind"))
             created = _created(row, source)
             if key in chosen:
@@ -126,8 +148,9 @@ def merge(inputs: Sequence[str | Path], out: str | Path, key: Ed25519PrivateKey,
                 rows = opened.configs().to_pylist()
                 configs.append((str(given), rows))
                 trials.append(opened.trials().to_pylist())
-            for run_id in [*opened.manifest.get("run_ids", []), *(r["run_id"] for r in rows)]:
-                if run_id and run_id not in run_ids:
+            saved_ids = opened.manifest.get("run_ids")
+            for run_id in [*(saved_ids if isinstance(saved_ids, list) else []), *(r.get("run_id") for r in rows)]:
+                if isinstance(run_id, str) and run_id and run_id not in run_ids:
                     run_ids.append(run_id)
         rows, replaced = merge_rows(configs)
         all_trials = merge_trials(trials)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import warnings
@@ -117,6 +118,21 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_object(text: Any) -> dict[str, Any] | None:
+    """A JSON object's text as a dict; None for anything else (an unverified bundle's row may hold anything)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) and text else None
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _number(value: Any) -> float | None:
+    """A finite number as a float, else None."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
 def print_winners(rows: list[dict[str, Any]]) -> None:
     """A readable table of each task's winner against its default.
 
@@ -125,6 +141,7 @@ def print_winners(rows: list[dict[str, Any]]) -> None:
     pruned), which are not failures.
     """
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from farm.measure import outcomes
@@ -136,19 +153,21 @@ def print_winners(rows: list[dict[str, Any]]) -> None:
                    "skipped"):
         table.add_column(column)
     for row in rows:
+        row = {**row, **{k: _number(row.get(k)) for k in ("median_s", "default_median_s", "spread")}}
         speedup = "-"
         if row.get("median_s") and row.get("default_median_s"):
             speedup = f"{row['default_median_s'] / row['median_s']:.2f}x"
-        config = json.loads(row["config"]) if row.get("config") else None
-        shown = " ".join(f"{k}={v}" for k, v in config.items()) if config else "-"
+        config = _json_object(row.get("config"))
+        shown = " ".join(f"{k}={v}" for k, v in config.items()) if config else (
+            "(not a JSON object)" if row.get("config") and config is None else "-")
         spread = f"{row['spread'] * 100:.1f}%" if row.get("spread") is not None else "-"
-        counts = json.loads(row.get("outcome_counts") or "{}")
+        counts = {k: v for k, v in (_json_object(row.get("outcome_counts")) or {}).items() if isinstance(v, int)}
         measured = sum(counts.get(o, 0) for o in outcomes.MEASURED)
         failed = ", ".join(f"{o} {counts[o]}" for o in outcomes.FAILURES if counts.get(o))
         skipped = ", ".join(f"{o} {counts[o]}" for o in (*outcomes.SKIPPED, outcomes.CACHED) if counts.get(o))
-        table.add_row(row["task_key"], row["status"], shown, format_seconds(row.get("median_s")), spread,
-                      format_seconds(row.get("default_median_s")), speedup, str(measured), failed or "-",
-                      skipped or "-")
+        table.add_row(escape(str(row.get("task_key"))), escape(str(row.get("status"))), escape(shown),
+                      format_seconds(row.get("median_s")), spread, format_seconds(row.get("default_median_s")),
+                      speedup, str(measured), escape(failed or "-"), escape(skipped or "-"))
     console = Console(width=200)
     console.print(table)
     console.print()

@@ -202,7 +202,7 @@ class Registry:
         try:
             for (task_key, kernel, shape, dtype, target, device_kind, status, config, fingerprint, median_s,
                  created) in zip(*columns):
-                if status != "ok" or not config:
+                if status != "ok" or not config or not shape or not kernel or not dtype or not target:
                     continue
                 rows.append(_Row(task_key, kernel, tuple(shape), dtype, target, device_kind, config, median_s,
                                  created.isoformat() if isinstance(created, datetime) else created or ""))
@@ -363,16 +363,17 @@ class Registry:
                  device_kind: str | None) -> Choice:
         shape = tuple(int(d) for d in shape)
         row = self._exact.get((kernel, shape, dtype, target, device_kind))
-        if row is not None and self._valid(kernel, json.loads(row.config_json), shape, dtype, target):
-            return _choice(row, EXACT, 0.0)
+        if row is not None and (config := _config(row)) is not None and self._valid(kernel, config, shape, dtype,
+                                                                                      target):
+            return _choice(row, EXACT, 0.0, config)
         if all(d > 0 for d in shape):
             candidates = [r for r in self._groups.get((kernel, dtype, target), ())
                           if len(r.shape) == len(shape) and (device_kind is None or r.device_kind == device_kind)]
             candidates.sort(key=lambda r: r.created, reverse=True)
             candidates.sort(key=lambda r: (log_distance(r.shape, shape), r.shape))
             for row in candidates:
-                config = json.loads(row.config_json)
-                if self._valid(kernel, config, shape, dtype, target):
+                config = _config(row)
+                if config is not None and self._valid(kernel, config, shape, dtype, target):
                     return _choice(row, NEAREST, log_distance(row.shape, shape), config)
         return Choice(MappingProxyType(self._default(kernel, shape, dtype, target)), DEFAULT)
 
@@ -438,6 +439,15 @@ def check_task(kernel: str, shape: tuple, dtype: str, target: str | None) -> Non
                         f"{shape!r}")
     if dtype not in DTYPES:
         raise FarmError(f"{kernel}: dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
+def _config(row: _Row) -> dict[str, Any] | None:
+    """A row's config, None where its text is no JSON object (such a row is never chosen)."""
+    try:
+        config = json.loads(row.config_json)
+    except (ValueError, RecursionError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _choice(row: _Row, rule: str, distance: float, config: dict[str, Any] | None = None) -> Choice:
