@@ -30,6 +30,22 @@ def test_unknown_log_level_is_a_usage_error(capsys):
     assert exit_.value.code == 2 and "--log-level" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, fragment", [
+    (["sweep", "--kernel", "softmax", "--shape", "4x"], "farm sweep: argument --shape: expected positive integers"),
+    (["sweep", "x.yaml", "--trials", "-3"], "--trials: expected a positive integer"),
+    (["sweep", "x.yaml", "--dtype", "float64"], "--dtype: invalid choice"),
+    (["nosuch"], "farm: argument command: invalid choice"),
+])
+def test_usage_errors_are_one_line(capsys, argv, fragment):
+    """As every other error of the CLI: one line naming the flag and what was expected (the usage
+    block is one --help away)."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and fragment in err and "--help" in err
+
+
 def test_race_and_sample_budget_reach_the_sweep_settings(tmp_path, capsys):
     from farm.cli.options import build_parser
     from farm.cli.tune import _sweep_settings

@@ -196,7 +196,8 @@ def check_signature(manifest_bytes: bytes, signature: bytes | None, trust: Trust
 def unsigned_refusal(shown: str, problem: str) -> BundleError:
     """The error for a bundle that is unsigned or signed by an untrusted key (without allow_unsigned)."""
     return BundleError(f"{shown}: {problem}; expected a bundle signed by a trusted key "
-                       f"(--allow-unsigned accepts it anyway)")
+                       f"(farm pull, bundle and retune accept it anyway with --allow-unsigned; farm show "
+                       f"without --trust shows it, unverified)")
 
 
 def verify(path: str | Path, trust: Trust, *, allow_unsigned: bool = False, label: str | None = None) -> Verified:

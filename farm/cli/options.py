@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import farm
 from farm.measure.capacity import profiles as capacity_profiles
@@ -44,9 +44,17 @@ def _race(text: str) -> float:
     return value
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line, as every other error of the CLI (the usage is
+    one `--help` away), with exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    parser = argparse.ArgumentParser(prog="farm", description="Autotune JAX Pallas kernels on Ray.")
+    parser = OneLineParser(prog="farm", description="Autotune JAX Pallas kernels on Ray.")
     parser.add_argument("--version", action="version", version=f"%(prog)s (pallas-farm) {farm.__version__}")
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
                         help="diagnostics on stderr from this level up (default WARNING; `sweep` and `retune` "
