@@ -313,7 +313,9 @@ def test_cli_pull(tmp_path, deployed, keys, capsys):
     dest, base, trust = deployed
     _archive(tmp_path, "v2", [B.row("softmax", (64, 256), {"block_rows": 32})], keys["ci"][0], DAY2)
     assert cli.main(["pull", f"{base}/v2.tar.gz", "--dest", str(dest), "--trust", str(trust)]) == 0
-    assert "installed" in capsys.readouterr().out
+    captured = capsys.readouterr()   # v2 lacks one task of v1: a pull replaces, so it says so
+    assert "installed" in captured.out and "WARNING: 1 tuned task(s) of the bundle it replaced" in captured.err
+    assert "softmax/128x512/float32/interpret on cpu" in captured.err and "farm bundle" in captured.err
     _archive(tmp_path, "foreign", B.SOFTMAX_ROWS, keys["other"][0], DAY3)
     assert cli.main(["pull", f"{base}/foreign.tar.gz", "--dest", str(dest), "--trust", str(trust)]) == 1
     err = capsys.readouterr().err
@@ -323,3 +325,4 @@ def test_cli_pull(tmp_path, deployed, keys, capsys):
     assert cli.main(["pull", f"{base}/foreign.tar.gz", "--dest", str(dest), "--allow-unsigned"]) == 0
     captured = capsys.readouterr()
     assert "WARNING: ACCEPTING AN UNVERIFIED BUNDLE" in captured.err and "UNVERIFIED" in captured.out
+    assert "tuned task(s) of the bundle it replaced" not in captured.err   # it holds every task v2 had

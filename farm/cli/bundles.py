@@ -115,6 +115,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
     print(f"OK: bundle {result.manifest.get('bundle_id')} {state}: {args.dest / pull.CURRENT} -> {result.installed} "
           f"(signer {result.manifest.get('signer_key_id')}"
           f"{'' if result.signed else ', UNVERIFIED'}; previous: {result.previous or 'none'})")
+    if result.dropped:
+        print(f"WARNING: {len(result.dropped)} tuned task(s) of the bundle it replaced are not in this one, e.g. "
+              f"{result.dropped[0]}: they now run a nearest or default config. A pull replaces the deployment's "
+              f"bundle; to add tasks to it, merge first: farm bundle {result.previous} NEW --out MERGED.tar.gz",
+              file=sys.stderr)
     return 0
 
 

@@ -47,6 +47,9 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from farm.bundle import artifacts
 from farm.bundle.archive import CHUNK, MAX_EXTRACTED_BYTES, MAX_MEMBERS, extract_archive, is_archive
 from farm.bundle.locate import CURRENT, VERSIONS, installed
@@ -68,6 +71,20 @@ class PullResult:
     signed: bool
     reused: bool
     warning: str | None = None
+    dropped: tuple[str, ...] = ()   # tuned tasks (task key, and device kind where one is named) of the
+    #                                 replaced bundle that the new one lacks: they now run a nearest or default
+
+
+def _tuned_tasks(folder: Path) -> set[str]:
+    """The tasks a bundle folder holds a tuned config for ("key" or "key on DEVICE KIND"); empty
+    when its table cannot be read (an installed bundle that does not read does not block a pull)."""
+    try:
+        table = pq.read_table(folder / artifacts.CONFIGS, columns=["task_key", "device_kind", "status"])
+    except (OSError, pa.ArrowException, KeyError):
+        return set()
+    return {f"{key} on {kind}" if kind else str(key)
+            for key, kind, status in zip(*(table.column(c).to_pylist() for c in table.column_names))
+            if status == "ok"}
 
 
 def _open_source(url: str, timeout: float, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
@@ -323,5 +340,6 @@ def pull(url: str, dest: str | Path, trust: Trust, *, allow_unsigned: bool = Fal
             raise FarmError(f"--dest {dest}: cannot install {url} ({err.strerror}); {kept}") from None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        dropped = sorted(_tuned_tasks(previous) - _tuned_tasks(target)) if previous is not None else []
         _prune(dest, keep, target)
-    return PullResult(target, staged.manifest, previous, staged.signed, reused, staged.warning)
+    return PullResult(target, staged.manifest, previous, staged.signed, reused, staged.warning, tuple(dropped))
