@@ -103,10 +103,15 @@ def test_each_file_torn_alone_is_cut_before_a_resume(finished_run, torn):
 def test_a_stale_journal_lock_does_not_stall_a_resume(finished_run, signing_key, repo):
     lock = finished_run / f"{runlog.JOURNAL}.lock"
     lock.write_text("")   # what a process killed inside Optuna's journal lock leaves
+    bundle = {p.name: p.read_bytes() for p in (finished_run / "bundle").iterdir()}
     started = time.monotonic()
     proc = _farm(["sweep", "--resume", str(finished_run), "--key", str(signing_key[0]), *COMMON], repo)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not lock.exists() and "stale lock" in proc.stderr
+    # A finished run resumed measures nothing: its signed bundle is kept (not signed anew, which
+    # would make the same winners look newer to farm pull), and the summary counts no new trial.
+    assert {p.name: p.read_bytes() for p in (finished_run / "bundle").iterdir()} == bundle
+    assert "unchanged: nothing was left to measure" in proc.stdout and "\n0 configs measured" in proc.stdout
     assert time.monotonic() - started < 120   # Optuna alone would wait out its grace period per access
 
 

@@ -146,7 +146,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"run folder: {destination.run_dir}")
     if destination.url:
         print(f"copied to: {destination.publish()}")
-    print(f"bundle: {result.bundle} (signed by key {signing.key_id(key.public_key())})")
+    if summary.get("bundle_unchanged"):
+        print(f"bundle: {result.bundle} unchanged: nothing was left to measure ({summary.get('replayed_trials')} "
+              f"trials logged before)")
+    else:
+        print(f"bundle: {result.bundle} (signed by key {signing.key_id(key.public_key())})")
     duty = summary.get("duty_cycle") or {}
     print(f"{summary.get('measured_trials', 0)} configs measured in {summary.get('wall_s', 0):.1f} s "
           f"({summary.get('trials_per_s', 0):.2f}/s) on {len(duty)} workers; device duty cycle "

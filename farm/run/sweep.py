@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import shutil
 import time
@@ -28,7 +29,7 @@ import ray
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import kernels
-from farm.bundle import artifacts, select
+from farm.bundle import artifacts, select, signing
 from farm.bundle.records import TrialRecord
 from farm.errors import FarmError
 from farm.measure import capacity, finalists, outcomes
@@ -146,9 +147,25 @@ def run_sweep(planned: Sequence[PlannedTask], settings: SweepSettings, key: Ed25
     rows = select.winner_rows([p.task for p in sweep.planned], records, run_id=sweep.run_id, created=artifacts.now(),
                               environment=environment, finals=sweep.finals)
     bundle = None
-    if key is not None:
+    if key is not None and _unchanged(run_dir / BUNDLE_DIR, key, sweep):
+        bundle = run_dir / BUNDLE_DIR   # a resume of a finished run: its signed bundle stays as it was
+        sweep.summary["bundle_unchanged"] = True
+    elif key is not None:
         bundle = artifacts.write_bundle(run_dir / BUNDLE_DIR, rows, records, key, {"run_ids": [sweep.run_id]})
     return RunResult(run_dir, sweep.run_id, records, rows, bundle, sweep.summary, environment)
+
+
+def _unchanged(bundle: Path, key: Ed25519PrivateKey, sweep: _Sweep) -> bool:
+    """Whether a resume measured nothing new (no trial, no finalists) over a bundle this key signed:
+    then it is kept, not signed again with a new id and time (which would make the same winners
+    look newer to `farm pull`)."""
+    if sweep.replayed != len(sweep.records) or sweep.new_finals or not sweep.replayed:
+        return False
+    try:
+        manifest = json.loads((bundle / artifacts.MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("signer_key_id") == signing.key_id(key.public_key())
 
 
 def _undo(run_dir: Path, existed: bool) -> None:
@@ -177,6 +194,8 @@ class _Sweep:
         self.run_dir = Path(settings.run_dir)
         self.run_id = self.run_dir.name
         self.records: list[TrialRecord] = []
+        self.replayed = 0          # records a resume replayed from the log (measured by an earlier process)
+        self.new_finals = 0        # tasks whose finalists this process re-timed
         self.pool_info: dict[str, dict[str, Any]] = {}   # pool -> a worker's info()
         self.task_pool: dict[str, str] = {}              # task key -> pool
         self.summary: dict[str, Any] = {}
@@ -378,6 +397,7 @@ class _Sweep:
             with runlog.RunLog(self.run_dir) as self._log:
                 if resume:
                     self._resume()
+                    self.replayed = len(self.records)
                 if any(searcher.wants_trials for searcher in self.searchers.values()):
                     self._warm_up()
                 if self.on_start is not None:
@@ -448,6 +468,7 @@ class _Sweep:
                 continue
             runlog.append_finals(self.run_dir, timings)
             self.finals[jobs[ref]] = timings
+            self.new_finals += 1
         for ref in set(jobs) - set(ready):
             logger.warning("re-timing the finalists of %s took over %.0f s; the sweep's best stands", jobs[ref], limit)
 
@@ -462,8 +483,9 @@ class _Sweep:
         return select.finalists([r for r in self.records if r.task_key == p.task.key], count, default)
 
     def _summarize(self, wall: float, measured_s: float, duty: dict[str, float], finals_s: float) -> dict[str, Any]:
-        measured = sum(1 for r in self.records if r.outcome in outcomes.MEASURED)
-        return {"wall_s": wall, "measured_trials": measured, "trials_per_s": measured / wall if wall else 0,
+        measured = sum(1 for r in self.records[self.replayed:] if r.outcome in outcomes.MEASURED)
+        return {"wall_s": wall, "measured_trials": measured, "replayed_trials": self.replayed,
+                "trials_per_s": measured / wall if wall else 0,
                 "measuring_s": measured_s, "measuring_trials_per_s": measured / measured_s if measured_s else 0,
                 "finalists_s": finals_s,
                 "retimed_quiet": sum(1 for r in self.records if r.retimed_quiet),   # disturbed timings taken again
