@@ -50,6 +50,18 @@ def test_counts_separate_measured_trials_asked_and_skipped():
     assert "4/4 trials (3 measured, 1 failed, 6 asked, 2 skipped as invalid/pruned)" in line and "1.0 us" in line
 
 
+def test_the_last_line_says_how_the_sweep_ended_not_an_eta():
+    progress = SweepProgress(_planned(8), Console(file=io.StringIO()))
+    progress.update(_record(0, outcomes.OK, 3e-6))
+    assert "ETA" in progress.line()
+    progress.done = True
+    assert "ETA" not in progress.line() and "under the budget: the tasks short of it had no valid config" in \
+        progress.line()
+    timed = SweepProgress(_planned(8), Console(file=io.StringIO()), time_budget_s=0.0)
+    timed.done = True
+    assert "stopped by the time budget" in timed.line()
+
+
 def test_terminal_view_shows_elapsed_rate_and_eta_and_ends_its_line():
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=150)
@@ -140,3 +152,16 @@ def test_sweep_logs_farm_info_by_default_only(tmp_path, monkeypatch):
     farm_logger.setLevel(logging.NOTSET)
     assert cli.main(["--log-level", "warning", "sweep", "--kernel", "nosuch"]) == 2
     assert farm_logger.level == logging.NOTSET
+
+
+def test_report_names_the_winner_its_bundle_ships():
+    """Finalists re-timed side by side (a sweep), or the promotion rule (a retune), may ship a
+    config other than the fastest logged median: the report says what the bundle holds."""
+    from farm.run.report import task_reports
+
+    records = [_record(0, outcomes.OK, 2e-3), _record(1, outcomes.OK, 1e-3)]
+    fastest, = task_reports(records)
+    assert fastest.best.trial == 1 and fastest.best.median_s == 1e-3
+    shipped = {records[0].task_key: {"config": records[0].config, "median_s": 1.5e-3}}
+    kept, = task_reports(records, shipped)
+    assert kept.best.trial == 0 and kept.best.median_s == 1.5e-3

@@ -79,6 +79,7 @@ class SweepProgress:
         self.counts: dict[str, Counter] = {p.task.key: Counter() for p in planned}
         self.best: dict[str, float] = {}
         self.replayed = 0                  # records counted before this process measured anything
+        self.done = False                  # the sweep ended: the last line says how, not an ETA
         self._started = time.monotonic()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -138,10 +139,18 @@ class SweepProgress:
         best = sorted(s["best"].items())
         shown = ", ".join(f"{k} {format_seconds(v)}" for k, v in best[:3]) + (
             f" (+{len(best) - 3} tasks)" if len(best) > 3 else "")
+        if not self.done:
+            timing = f"elapsed {format_duration(s['elapsed_s'])}, ETA {format_duration(s['eta_s'])}"
+        elif s["trials"] >= s["budget"]:
+            timing = f"took {format_duration(s['elapsed_s'])}"
+        elif self.time_budget_s is not None and s["elapsed_s"] >= self.time_budget_s:
+            timing = f"took {format_duration(s['elapsed_s'])}, stopped by the time budget"
+        else:
+            timing = (f"took {format_duration(s['elapsed_s'])}, under the budget: the tasks short of it had no "
+                      f"valid config left to measure")
         return (f"sweep: {s['trials']}/{s['budget']} trials ({s['measured']} measured, {s['failed']} failed, "
                 f"{s['asked']} asked, {s['skipped']} skipped as invalid/pruned); {s['rate']:.2f} measured/s; "
-                f"elapsed {format_duration(s['elapsed_s'])}, ETA {format_duration(s['eta_s'])}; "
-                f"best: {shown or '-'}")
+                f"{timing}; best: {shown or '-'}")
 
     def _view(self) -> Group:
         s = self.snapshot()
@@ -186,4 +195,5 @@ class SweepProgress:
         if self._thread is not None:
             self._thread.join(timeout=5)
         if exc_type is None:
+            self.done = True
             logger.info(self.line().replace("sweep:", "sweep done:", 1))

@@ -17,6 +17,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from farm.bundle import artifacts
+from farm.bundle.locate import RUN_BUNDLE
 from farm.bundle.records import TrialRecord
 from farm.errors import FarmError
 from farm.measure import outcomes
@@ -59,8 +64,22 @@ class Report:
     tasks: list[TaskReport]
 
 
-def task_reports(records: list[TrialRecord]) -> list[TaskReport]:
-    """Per task (in order of first record): winner, default, outcome counts, best-so-far curve."""
+def bundle_winners(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """task key -> its row in the run's bundle (status ok): the winner that ships, which finalists
+    re-timed side by side (a sweep) or the promotion rule kept (a retune) may have chosen over the
+    fastest logged median; empty without a readable bundle."""
+    try:
+        table = pq.read_table(run_dir / RUN_BUNDLE / artifacts.CONFIGS, columns=["task_key", "status", "config",
+                                                                                  "median_s"])
+    except (OSError, pa.ArrowException, KeyError):
+        return {}
+    return {row["task_key"]: row for row in table.to_pylist() if row["status"] == "ok" and row["config"]}
+
+
+def task_reports(records: list[TrialRecord], winners: dict[str, dict[str, Any]] | None = None) -> list[TaskReport]:
+    """Per task (in order of first record): winner, default, outcome counts, best-so-far curve.
+    `winners` (`bundle_winners`) names the winners where given: the record of the bundle's config,
+    with the bundle's median; else the fastest logged median."""
     by_task: dict[str, list[TrialRecord]] = {}
     for record in records:
         by_task.setdefault(record.task_key, []).append(record)
@@ -79,7 +98,13 @@ def task_reports(records: list[TrialRecord]) -> list[TaskReport]:
                 if best_so_far < float("inf"):
                     curve.append((index, best_so_far))
         default_ok = [r for r in ok if r.config == default]
-        reports.append(TaskReport(key, min(ok, key=lambda r: r.median_s, default=None),
+        best = min(ok, key=lambda r: r.median_s, default=None)
+        row = (winners or {}).get(key)
+        shipped = [r for r in ok if row and r.config == row["config"]]
+        if shipped:
+            best = min(shipped, key=lambda r: r.median_s)
+            best = best.replace(median_s=row["median_s"] or best.median_s)
+        reports.append(TaskReport(key, best,
                                   min(default_ok, key=lambda r: r.median_s, default=None),
                                   Counter(r.outcome for r in group), curve))
     return reports
@@ -168,7 +193,7 @@ def write_report(run_dir: str | Path) -> Report:
     if not records:
         raise FarmError(f"{run_dir / runlog.TRIALS_LOG}: expected at least one trial record")
     summary = _summary(run_dir / runlog.RUN_INFO)
-    tasks = task_reports(records)
+    tasks = task_reports(records, bundle_winners(run_dir))
     md = run_dir / REPORT_MD
     md.write_text(markdown(tasks, summary, run_dir))
     plots: list[Path] = []
