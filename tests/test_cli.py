@@ -66,3 +66,20 @@ def test_race_and_sample_budget_reach_the_sweep_settings(tmp_path, capsys):
     assert default.finalist_sustain_s == 0.0 and settings("--finalist-sustain", "0.5").finalist_sustain_s == 0.5
     with pytest.raises(SystemExit):
         settings("--finalist-sustain", "-1")
+
+
+def test_an_out_or_address_that_cannot_work_is_one_line_and_leaves_nothing(tmp_path, capsys):
+    """A run folder under a file, and a Ray address that is none: one line, no run folder left."""
+    space = tmp_path / "space.yaml"
+    space.write_text("extends: softmax\nshapes: [[8, 128]]\ndtypes: [float32]\n")
+    key = tmp_path / "k.pem"
+    assert cli.main(["keygen", str(key)]) == 0
+    capsys.readouterr()
+    common = [str(space), "--target", "interpret", "--key", str(key), "--quiet"]
+    assert cli.main(["sweep", *common, "--out", str(space / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert f"{space} is not a folder" in err and len(err.strip().splitlines()) == 1
+    out = tmp_path / "run"
+    assert cli.main(["sweep", *common, "--out", str(out), "--address", "junk:::1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--address junk:::1: cannot join a Ray cluster there" in err[-1] and not out.exists()

@@ -310,3 +310,19 @@ def test_retune_refuses_bad_input_before_any_work(tmp_path, signing_key, capsys)
     assert cli.main(["retune", *base, "--previous", str(bundle), "--trust", str(signing_key[1])]) == 1
     assert "not trusted" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("value, fragment", [("notjson", "not JSON"), ("[1]", "expected a JSON object"),
+                                             ("@/dev/zero", "not a regular file")])
+def test_a_bad_fingerprint_override_is_answered_before_anything_runs(tmp_path, monkeypatch, capsys, value, fragment):
+    """Not at the end of a sweep that measured everything (then no bundle was written)."""
+    space = tmp_path / "space.yaml"
+    space.write_text("extends: softmax\nshapes: [[8, 128]]\ndtypes: [float32]\n")
+    monkeypatch.setenv(fingerprint.OVERRIDE_ENV, value)
+    out = tmp_path / "run"
+    for argv in (["sweep", str(space), "--target", "interpret", "--out", str(out)],
+                 ["retune", str(space), "--previous", str(tmp_path), "--out", str(out)]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert fingerprint.OVERRIDE_ENV in err and fragment in err and len(err.strip().splitlines()) == 1, err
+        assert not out.exists()

@@ -30,8 +30,10 @@ from typing import Any
 
 import kernels
 from farm.errors import FarmError
+from farm.inputs import TooLarge, read_regular
 
 OVERRIDE_ENV = "FARM_FINGERPRINT_OVERRIDE"
+MAX_OVERRIDE_BYTES = 1 << 20
 KERNEL_SOURCE = "kernel_source"
 DEVICE_KIND = "device_kind"
 # Software entries that are not part of the fingerprint (a Python patch release does not retune).
@@ -48,12 +50,14 @@ def override() -> dict[str, Any]:
     if text.startswith("@"):
         source = f"{OVERRIDE_ENV} file {text[1:]}"
         try:
-            text = Path(text[1:]).read_text()
+            text = read_regular(text[1:], MAX_OVERRIDE_BYTES).decode("utf-8", errors="replace")
+        except TooLarge:
+            raise FarmError(f"{source}: expected a JSON object file of at most {MAX_OVERRIDE_BYTES} bytes") from None
         except OSError as err:
             raise FarmError(f"{source}: cannot be read ({err}); expected a JSON object file") from None
     try:
         value = json.loads(text)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise FarmError(f"{source}: not JSON ({err}); expected an object such as {{\"jax\": \"0.99.0\"}}") from None
     if not isinstance(value, dict):
         raise FarmError(f"{source}: expected a JSON object of fingerprint components, got {type(value).__name__}")

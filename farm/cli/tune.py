@@ -119,9 +119,11 @@ def _resume_settings(args: argparse.Namespace) -> tuple[list[Any], Any]:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Validate everything, run (or resume) the sweep, write the signed bundle, print winners.
     Spaces and tasks are read first: a bad file is answered before Ray and JAX are imported."""
+    from farm.bundle import fingerprint
     from farm.run.destination import Destination
     from farm.search import spaces
 
+    fingerprint.override()  # a bad $FARM_FINGERPRINT_OVERRIDE is answered now, not once the sweep has measured
     if args.allow_kernel_module:  # --resume reloads the run's spaces through the same switch
         os.environ[spaces.ALLOW_KERNEL_MODULES_ENV] = "1"
     if args.resume:
@@ -179,11 +181,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_retune(args: argparse.Namespace) -> int:
     """Retune stale tasks warm-started from a previous bundle; write the bundle and report; 3 if the gate blocks."""
+    from farm.bundle import fingerprint
     from farm.retune import planning, report, retune, rules
     from farm.run.destination import check_empty, default_run_dir
     from farm.run.progress import SweepProgress
     from farm.search import plan, spaces
 
+    fingerprint.override()  # checked before anything runs
     loaded = spaces.load_spaces(args.spaces, allow_kernel_modules=args.allow_kernel_module or None)
     planned = plan.expand(loaded, args.target, None)
     out = args.out or default_run_dir("retune")

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
 import fsspec
 
-from farm.errors import FarmError
+from farm.errors import FarmError, shorten
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,9 @@ class Destination:
             return cls(run_dir)
         try:
             fs, path = fsspec.core.url_to_fs(out)
-        except (ImportError, ValueError) as err:
-            raise FarmError(f"--out {out}: expected a path or a URL fsspec can write ({err})") from None
+        except Exception as err:  # noqa: BLE001 - an unknown scheme, a missing backend, a host that does not answer
+            raise FarmError(f"--out {out}: expected a path or a URL fsspec can write ({type(err).__name__}: "
+                            f"{shorten(str(err), 200)})") from None
         try:
             taken = fs.exists(path) and (not fs.isdir(path) or bool(fs.ls(path)))
         except Exception as err:  # noqa: BLE001 - a store that cannot be listed cannot be written
@@ -74,6 +76,13 @@ class Destination:
 
 
 def check_empty(out: Path) -> None:
-    """A run folder must be new or empty."""
+    """A run folder must be new or empty, and creatable: under a folder (not a file) this process may write."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FarmError(f"--out {out}: already exists and is not an empty folder; expected a new run folder")
+    parent = out.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not out.exists() and (not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK)):
+        why = "not a folder" if not parent.is_dir() else "not writable"
+        raise FarmError(f"--out {out}: cannot be created ({parent} is {why}); expected a new folder in a writable "
+                        f"place")

@@ -20,7 +20,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from farm.errors import FarmError
+from farm.errors import FarmError, shorten
 from farm.measure import outcomes
 from farm.measure.device import MeasureSettings
 from farm.measure.outcomes import Measured, Measurement
@@ -46,7 +46,11 @@ def connect(address: str | None) -> None:
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         logger.info("joining the Ray cluster at %s", address)
-        ray.init(address=address, log_to_driver=False)
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except (ValueError, ConnectionError, RuntimeError, TimeoutError) as err:
+            raise FarmError(f"--address {address}: cannot join a Ray cluster there ({type(err).__name__}: "
+                            f"{shorten(str(err), 200)}); expected host:port of a running cluster's head, or auto")
     else:
         roots = [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]
         ray.init(address="local", include_dashboard=False, log_to_driver=False,

@@ -131,7 +131,11 @@ def run_sweep(planned: Sequence[PlannedTask], settings: SweepSettings, key: Ed25
     existed = run_dir.exists()
     sweep = _Sweep(list(planned), settings, on_record or (lambda record: None), on_start)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise FarmError(f"--out {run_dir}: cannot create the run folder ({err.strerror}); expected a new folder "
+                            f"in a writable place") from None
         with runlog.RunLock(run_dir):   # before Ray starts: a second process is refused at once
             if resume:
                 runlog.prepare_resume(run_dir)
