@@ -104,6 +104,27 @@ def test_rewrite_replaces_atomically(bundle, signing_key):
     assert sorted(p.name for p in bundle.parent.iterdir()) == ["bundle"]
 
 
+def test_rewrite_is_one_atomic_exchange_where_the_system_has_one(bundle, signing_key, monkeypatch, tmp_path):
+    """No moment without a bundle: the old and new folders swap in one renameat2 call, so a crash
+    cannot leave the run without its bundle/ (two renames could)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    if not artifacts.exchange(tmp_path / "a", tmp_path / "b"):
+        pytest.skip("no atomic exchange on this system or file system (the two renames are used)")
+    for name in ("a", "b"):
+        (tmp_path / name).rmdir()
+    key = signing.load_private_key(signing_key[0])
+
+    def no_rename(*args):
+        raise AssertionError("renamed in two steps")
+
+    monkeypatch.setattr(os, "rename", no_rename)
+    artifacts.write_bundle(bundle, [{**ROW, "median_s": 7e-5}], [TRIAL], key)
+    verify(bundle, trusted(signing_key))
+    assert pq.read_table(bundle / "configs.parquet").column("median_s").to_pylist() == [7e-5]
+    assert sorted(p.name for p in bundle.parent.iterdir()) == ["bundle"]
+
+
 def test_write_refuses_a_folder_that_is_not_a_bundle(tmp_path, signing_key):
     key = signing.load_private_key(signing_key[0])
     run = tmp_path / "run"

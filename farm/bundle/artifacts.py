@@ -6,10 +6,13 @@ sees either the old bundle or the complete new one. Bundles are opened and verif
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
@@ -106,6 +109,27 @@ def _table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist(cells, schema=schema)
 
 
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2   # <fcntl.h>, <linux/fs.h>
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux `renameat2` with RENAME_EXCHANGE), so a
+    reader or a crash sees one or the other, never neither; False where the system or file system
+    has no such call (the caller then renames twice). Other failures raise OSError."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):   # a C library without it (glibc < 2.28, musl)
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
 def fsync_dir(path: Path) -> None:
     """Make a folder's entries (renames, new files) durable."""
     fd = os.open(path, os.O_RDONLY)
@@ -162,7 +186,11 @@ def write_bundle(dest: str | Path, configs: Sequence[Mapping[str, Any]],
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
         old = None
-        if dest.exists():
+        if dest.exists() and exchange(tmp, dest):   # one atomic step: tmp now holds the old bundle
+            fsync_dir(dest.parent)
+            shutil.rmtree(tmp)
+            return dest
+        if dest.exists():   # no atomic exchange here: a crash between the renames leaves `old` aside
             old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
             os.rename(dest, old)
         os.rename(tmp, dest)
