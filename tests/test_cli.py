@@ -34,9 +34,15 @@ def test_unknown_log_level_is_a_usage_error(capsys):
     (["sweep", "--kernel", "softmax", "--shape", "4x"], "farm sweep: argument --shape: expected positive integers"),
     (["sweep", "x.yaml", "--trials", "-3"], "--trials: expected a positive integer"),
     (["sweep", "x.yaml", "--dtype", "float64"], "--dtype: invalid choice"),
+    (["sweep", "x.yaml", "--trials", "2000000"], "--trials: expected a positive integer of at most 1000000"),
+    (["sweep", "x.yaml", "--compile-timeout", "inf"], "--compile-timeout: expected a positive number, got inf"),
     (["nosuch"], "farm: argument command: invalid choice"),
 ])
 def test_usage_errors_are_one_line(capsys, argv, fragment):
+    from farm.cli import options
+    from farm.search import spaces
+
+    assert options.MAX_TRIALS == spaces.MAX_TRIALS
     """As every other error of the CLI: one line naming the flag and what was expected (the usage
     block is one --help away)."""
     with pytest.raises(SystemExit) as exit_:

@@ -219,3 +219,12 @@ def test_signing_key_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv(cli.KEY_ENV, "-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----")
     with pytest.raises(FarmError, match=r"\$FARM_SIGNING_KEY: expected a PEM Ed25519 private key"):
         tune.signing_key(args)
+
+
+def test_a_shape_or_dtype_given_twice_is_one_task():
+    from farm.cli.options import build_parser
+
+    args = build_parser().parse_args(["sweep", "--kernel", "softmax", "--shape", "3x1000", "--shape", "3x1000",
+                                      "--dtype", "float32", "--dtype", "float32", "--target", "interpret"])
+    tasks = [p.task.key for p in tune._sweep_spaces(args)]
+    assert tasks == ["softmax/3x1000/float32/interpret"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -10,20 +11,22 @@ from farm.measure.capacity import profiles as capacity_profiles
 from kernels.targets import DTYPES, TARGETS
 
 DEFAULT_KEY = ".keys/dev_ed25519.pem"
+MAX_TRIALS = 1_000_000              # farm.search.spaces.MAX_TRIALS, kept here so `farm show` loads no YAML
 KEY_ENV = "FARM_SIGNING_KEY"        # the signing key's path, or the PEM itself (for Ray jobs)
 SAMPLERS = ("tpe", "random", "grid", "pattern", "hybrid")  # farm.search.space_parts.SAMPLERS, kept here likewise
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-def _number(cast: type, minimum: float, *, strict: bool, expected: str) -> Any:
-    """An argparse type: `cast(text)` that is > minimum (strict) or >= minimum, else a clear error."""
+def _number(cast: type, minimum: float, *, strict: bool, expected: str, maximum: float = math.inf) -> Any:
+    """An argparse type: `cast(text)` that is > minimum (strict) or >= minimum, and finite and at
+    most `maximum`, else a clear error."""
 
     def parse(text: str) -> Any:
         try:
             value = cast(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if not (value > minimum if strict else value >= minimum):
+        if not (value > minimum if strict else value >= minimum) or not math.isfinite(value) or value > maximum:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
         return value
 
@@ -31,6 +34,7 @@ def _number(cast: type, minimum: float, *, strict: bool, expected: str) -> Any:
 
 
 _positive_int = _number(int, 0, strict=True, expected="a positive integer")
+_trials = _number(int, 0, strict=True, expected=f"a positive integer of at most {MAX_TRIALS}", maximum=MAX_TRIALS)
 _count = _number(int, 0, strict=False, expected="an integer >= 0")
 _positive_float = _number(float, 0.0, strict=True, expected="a positive number")
 _non_negative_float = _number(float, 0.0, strict=False, expected="a number >= 0")
@@ -75,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--resume", type=Path, metavar="RUN_DIR",
                        help="continue a killed sweep: same tasks and settings, nothing measured twice (only "
                        f"{', '.join(RESUME_SAFE)} may change)")
-    sweep.add_argument("--trials", type=_positive_int, help="trials per task (overrides the spaces)")
+    sweep.add_argument("--trials", type=_trials, help="trials per task (overrides the spaces)")
     sweep.add_argument("--out", metavar="RUN_DIR_OR_URL", help="run folder, new or empty (default "
                        "artifacts/run-<UTC time>), or a URL (file://, gs://, s3://) the run folder is copied to "
                        "at the end")
@@ -139,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="gate: new / old time above 1 + this, beyond noise, exits 3 (default 0.05)")
     retune.add_argument("--noise", type=_non_negative_float, default=0.02,
                         help="relative noise floor of a measurement (default 0.02)")
-    retune.add_argument("--trials", type=_positive_int, help="trials per retuned task (default: a quarter of the "
+    retune.add_argument("--trials", type=_trials, help="trials per retuned task (default: a quarter of the "
                         "space's budget, at least the warm start + 2; 1: only the previous winner); new tasks get "
                         "the space's budget")
     retune.add_argument("--no-escalate", action="store_true", help="no second pass up to the space's budget for "

@@ -58,8 +58,9 @@ def _sweep_spaces(args: argparse.Namespace) -> list[Any]:
             if len(shape) != len(names):
                 raise FarmError(f"--shape {'x'.join(map(str, shape))}: expected {len(names)} dimensions for "
                                 f"{args.kernel} ({'x'.join(names)})")
-        loaded.append(tasks_file.minimal_space(args.kernel, args.shape or [], args.dtype, label=f"--kernel "
-                                               f"{args.kernel}"))
+        shapes = list(dict.fromkeys(map(tuple, args.shape or [])))   # a shape given twice is one task
+        dtypes = list(dict.fromkeys(args.dtype)) if args.dtype else args.dtype
+        loaded.append(tasks_file.minimal_space(args.kernel, shapes, dtypes, label=f"--kernel {args.kernel}"))
     wanted: set[str] | None = None
     if args.tasks:
         listed = tasks_file.read_tasks(args.tasks)
