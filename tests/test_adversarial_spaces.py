@@ -314,3 +314,19 @@ def test_generated_constraints_evaluate_in_bounded_time(seed):
         except ConstraintEvalError as err:
             assert len(str(err)) < 300
         assert time.monotonic() - start < 0.5, source
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("extends: softmax\nshapes: [[3, 1000]]\ndtypes: [float32]\nconstraints: ['block_rows > 1000']\n",
+     "alone, 'block_rows > 1000' turns away every one of them"),
+    ("kernel: softmax\nshapes: [[3, 1000]]\nparams: {block_rows: {values: [1, 3]}}\n",
+     "targets: expected a non-empty list or mapping of targets from ['interpret', 'tpu', 'gpu-triton', "
+     "'gpu-mosaic'] (a space without `extends: softmax` gives its own targets"),
+])
+def test_an_error_names_the_users_own_mistake(tmp_path, text, fragment):
+    """Not only the shipped constraint that happens to be checked first, nor a bare `got None`."""
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    with pytest.raises(SpaceError) as err:
+        spaces.load_space(path)
+    assert fragment in str(err.value), str(err.value)

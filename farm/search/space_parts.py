@@ -102,6 +102,9 @@ def parse_targets(value: Any, path: str, module: Any, shapes: tuple, dtypes: tup
     expected = f"a non-empty list or mapping of targets from {list(module.TARGETS)}"
     if isinstance(value, list):
         value = {name: None for name in value} if all(isinstance(v, str) for v in value) else value
+    if value is None:   # a space that names its kernel without `extends:` gives everything itself
+        raise SpaceError(path, "targets", f"{expected} (a space without `extends: {module.NAME}` gives its own "
+                         f"targets, params and shapes; with it, only what it changes)", value)
     if not isinstance(value, dict) or not value:
         raise SpaceError(path, "targets", expected, value)
     rank = len(module.SHAPE_NAMES)

@@ -50,6 +50,7 @@ MAX_TRIALS = 1_000_000
 MAX_GRID = 10_000_000          # configs of a target when the sampler is grid (Optuna lists them all)
 MAX_CONSIDERED = 2_000_000     # configs the feasibility check may consider for the whole space
 FEASIBILITY_SECONDS = 120.0    # and for how long
+BLAME_SAMPLES = 4096           # configs an infeasible space's constraints are each judged on, alone
 # Kernels named by a module path are imported (their module-level code runs) only with this opt-in.
 ALLOW_KERNEL_MODULES_ENV = "FARM_ALLOW_KERNEL_MODULES"
 
@@ -317,6 +318,7 @@ def _check_feasible(space: SearchSpace) -> tuple[UnfitTask, ...]:
     bounded by `farm.search.constraints`; a constraint that cannot be evaluated is refused.
     """
     considered, deadline = 0, time.monotonic() + FEASIBILITY_SECONDS
+    first_unfit: tuple[str, tuple[int, ...], str] | None = None
     unfit: list[UnfitTask] = []
     usable = False
     for target in space.targets:
@@ -358,10 +360,30 @@ def _check_feasible(space: SearchSpace) -> tuple[UnfitTask, ...]:
                     usable = True
                 else:
                     most, count = broken.most_common(1)[0] if broken else ("", 0)
+                    first_unfit = first_unfit or (target.name, tuple(shape), dtype)
                     unfit.append(UnfitTask(target.name, task, f"none of the {size} configs satisfies every "
                                            f"constraint" + (f" ({count} break {most!r})" if most else ""),
                                            _default_runs(space, shape, dtype, target.name)))
     if unfit and not usable:
+        first = unfit[0]
         raise SpaceError(space.path, "constraints", f"at least one config satisfying every constraint for "
-                         f"{unfit[0].task}; {unfit[0].reason}")
+                         f"{first.task}; {first.reason}{_blame(space, *first_unfit)}")
     return tuple(unfit)
+
+
+def _blame(space: SearchSpace, target: str, shape: tuple[int, ...], dtype: str) -> str:
+    """Which constraint turns away every config of the task on its own (counted alone, not only
+    where it is the first broken one: a user's constraint comes after the shipped space's), over
+    up to BLAME_SAMPLES configs; '' when none does."""
+    envs = [space.env(c, shape, dtype) for c in itertools.islice(space.configs(target), BLAME_SAMPLES)]
+    always = []
+    for spec in space.constraints:
+        if spec.targets is not None and target not in spec.targets:
+            continue
+        try:
+            held = [spec.constraint(env) for env in envs if spec.constraint.names <= env.keys()]
+        except ConstraintEvalError:
+            continue
+        if held and not any(held):
+            always.append(spec.constraint.source)
+    return f"; alone, {show(always[-1])} turns away every one of them" if always else ""
