@@ -54,6 +54,8 @@ def test_tasks_file_reads_recorded_misses_once_each(tmp_path):
     ({"kernel": "softmax", "shape": [64, 256], "dtype": "int8", "target": "tpu"}, ":2: dtype: expected one of"),
     ({"kernel": "softmax", "shape": [64, 256], "dtype": "float32", "target": "cuda"}, ":2: target: expected a "
      "target of softmax"),
+    ({"kernel": "softmax", "shape": [8, 10 ** 12], "dtype": "float32", "target": "interpret"},
+     ":2: shape: expected dimensions of at most 2147483647"),
     ('{"kernel": "softmax", "shape": [' + "9" * 5000 + ', 256]}', ":2: expected a JSON object of small values"),
     ("[" * 100_000, ":2: expected a JSON object, got JSON nested too deep"),
 ])
@@ -228,3 +230,17 @@ def test_a_shape_or_dtype_given_twice_is_one_task():
                                       "--dtype", "float32", "--dtype", "float32", "--target", "interpret"])
     tasks = [p.task.key for p in tune._sweep_spaces(args)]
     assert tasks == ["softmax/3x1000/float32/interpret"]
+
+
+def test_a_misses_file_of_more_shapes_than_a_space_lists_is_tuned_whole(tmp_path):
+    """A deployment records every shape it missed: 300 of one kernel (a space lists at most 256)."""
+    from farm.search import plan
+
+    path = _lines(tmp_path / "misses.jsonl", *({"kernel": "softmax", "shape": [rows, 1000], "dtype": "float32",
+                                                 "target": "interpret"} for rows in range(1, 301)))
+    tasks = tasks_file.read_tasks(path)
+    spaces = tasks_file.tasks_spaces(tasks, label="--tasks m")
+    keys = tasks_file.task_key_set(tasks)
+    assert [s.path for s in spaces] == ["--tasks m (kernel softmax, shapes 1-256 of 300)",
+                                        "--tasks m (kernel softmax, shapes 257-300 of 300)"]
+    assert sorted(p.task.key for p in plan.expand(spaces) if p.task.key in keys) == sorted(keys)

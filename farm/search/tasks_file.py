@@ -15,13 +15,14 @@ its shapes, dtypes and targets; everything else from its shipped space), and `fa
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from farm.errors import FarmError, shorten
+from farm.errors import FarmError, shorten, show
 from farm.inputs import TooLarge, read_regular
-from farm.search.space_parts import DTYPES
+from farm.search.space_parts import DTYPES, MAX_DIM, MAX_ELEMENTS, MAX_LIST
 from farm.search.spaces import SearchSpace, load_kernel, parse_space
 from farm.tasks import TuningTask
 from kernels.targets import TARGETS
@@ -100,7 +101,10 @@ def _task(line: str, where: str) -> TuningTask:
         shape = ()
     if len(shape) != rank:
         raise FarmError(f"{where}: shape: expected {rank} positive integers ({', '.join(module.SHAPE_NAMES)}) as "
-                        f"a list or AxB, got {data['shape']!r}")
+                        f"a list or AxB, got {show(data['shape'])}")
+    if max(shape) > MAX_DIM or math.prod(shape) > MAX_ELEMENTS:
+        raise FarmError(f"{where}: shape: expected dimensions of at most {MAX_DIM} and at most {MAX_ELEMENTS} "
+                        f"elements, got {show(data['shape'])}")
     if dtype not in DTYPES:
         raise FarmError(f"{where}: dtype: expected one of {list(DTYPES)}, got {dtype!r}")
     if target not in TARGETS or target not in module.TARGETS:
@@ -138,9 +142,17 @@ def tasks_spaces(tasks: Iterable[TuningTask], *, label: str) -> list[SearchSpace
     def distinct(values: Iterable[Any]) -> list[Any]:
         return list(dict.fromkeys(values))
 
-    return [minimal_space(kernel, distinct(t.shape for t in group), distinct(t.dtype for t in group),
-                          distinct(t.target for t in group), label=f"{label} (kernel {kernel})")
-            for kernel, group in by_kernel.items()]
+    spaces = []
+    for kernel, group in by_kernel.items():
+        shapes = distinct(t.shape for t in group)
+        for start in range(0, len(shapes), MAX_LIST):   # a space lists at most MAX_LIST shapes
+            part = shapes[start:start + MAX_LIST]
+            chosen = [t for t in group if t.shape in set(part)]
+            named = f" (kernel {kernel})" if len(shapes) <= MAX_LIST else \
+                f" (kernel {kernel}, shapes {start + 1}-{start + len(part)} of {len(shapes)})"
+            spaces.append(minimal_space(kernel, part, distinct(t.dtype for t in chosen),
+                                        distinct(t.target for t in chosen), label=label + named))
+    return spaces
 
 
 def task_key_set(tasks: Iterable[TuningTask]) -> set[str]:
