@@ -269,3 +269,14 @@ def test_tables_are_bounded_and_typed_before_they_are_read(tmp_path, key, monkey
                      private)   # signed by a trusted key, and still refused
     assert cli.main(["show", str(folder), "--trust", str(public)]) == 1
     assert "column shape: expected list<item: int64>, got string" in capsys.readouterr().err
+
+
+def test_show_marks_device_targets_timed_in_interpret_mode(tmp_path, key, capsys):
+    private, public = key
+    rows = [{**B.row("softmax", (8, 128), {"block_rows": 8}, target="gpu-triton"), "interpret": True},
+            {**B.row("softmax", (16, 128), {"block_rows": 8}, target="gpu-triton"), "interpret": False},
+            {**B.row("softmax", (32, 128), {"block_rows": 8}), "interpret": True}]
+    folder = B.write(tmp_path / "b", rows, private)
+    assert cli.main(["show", str(folder), "--trust", str(public)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("(timed in interpret mode)") == 1 and "softmax/8x128/float32/gpu-triton (timed in" in out

@@ -138,6 +138,10 @@ def test_report_plots_best_so_far(finished_run, capsys):
 def test_report_of_a_folder_that_is_no_run(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path)]) == 2
     assert "expected a run folder with trials.jsonl" in capsys.readouterr().err
+    assert cli.main(["report", tmp_path.as_uri()]) == 2   # file://: the same folder, not a mangled path
+    assert f"{tmp_path}: expected a run folder with trials.jsonl" in capsys.readouterr().err
+    assert cli.main(["report", "gs://bucket/run"]) == 2
+    assert "expected a local run folder" in capsys.readouterr().err
 
 
 def test_sweep_logs_farm_info_by_default_only(tmp_path, monkeypatch):

@@ -170,7 +170,10 @@ def print_winners(rows: list[dict[str, Any]]) -> None:
         measured = sum(counts.get(o, 0) for o in outcomes.MEASURED)
         failed = ", ".join(f"{o} {counts[o]}" for o in outcomes.FAILURES if counts.get(o))
         skipped = ", ".join(f"{o} {counts[o]}" for o in (*outcomes.SKIPPED, outcomes.CACHED) if counts.get(o))
-        table.add_row(escape(str(row.get("task_key"))), escape(str(row.get("status"))), escape(shown),
+        task = str(row.get("task_key"))
+        if row.get("interpret") is True and row.get("target") != "interpret":
+            task += " (timed in interpret mode)"   # emulated on a CPU: no guide to the device's times
+        table.add_row(escape(task), escape(str(row.get("status"))), escape(shown),
                       format_seconds(row.get("median_s")), spread, format_seconds(row.get("default_median_s")),
                       speedup, str(measured), escape(failed or "-"), escape(skipped or "-"))
     console = Console(width=200)

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(sweep)
 
     report = sub.add_parser("report", help="a run's report: winners against their defaults, best-so-far plots")
-    report.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder written by farm sweep")
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by farm sweep (a path or file://)")
 
     verify = sub.add_parser("verify", help="check a bundle's signature and file hashes")
     verify.add_argument("bundle", type=Path, help="bundle folder, run folder, `farm pull` deployment folder or "

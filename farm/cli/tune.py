@@ -170,7 +170,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Write and print a run's report (report.md, best-so-far plots)."""
     from farm.run import report
 
-    written = report.write_report(args.run_dir)
+    run_dir = str(args.run_dir)
+    if run_dir.startswith("file://"):
+        run_dir = run_dir[len("file://"):]
+    elif "://" in run_dir:
+        raise FarmError(f"{run_dir}: expected a local run folder (a sweep with a URL --out keeps its run folder "
+                        f"under artifacts/ too, and prints its path)")
+    written = report.write_report(run_dir)
     print(written.markdown.read_text(), end="")
     print(f"report: {written.markdown}")
     for plot in written.plots:
