@@ -37,7 +37,7 @@ BOUNDS: Mapping[str, Bound] = {
     "seed": Bound("int", -(2 ** 63), 2 ** 63 - 1, True, "--seed"),
     "repetitions": Bound("int", 1, 1000, flag="--repetitions"),
     "sample_budget_s": Bound("float", 0, 3600, True, "--sample-budget"),
-    "race": Bound("float", 1, 1e6, True, "--race"),
+    "race": Bound("float", 1e-12, 1e6, True, "--race"),
     "input_sets": Bound("int", 1, 64, flag="--input-sets"),
     "compile_timeout_s": Bound("float", 1e-3, DAY_S, flag="--compile-timeout"),
     "timing_timeout_s": Bound("float", 1e-3, DAY_S, flag="--timing-timeout"),
