@@ -260,7 +260,8 @@ def test_tuned_refuses_inputs_that_are_not_the_kernels(registry):
     mm = registry.tuned("matmul", target="interpret")
     a = jnp.ones((33, 17))
     for b, expected in ((jnp.ones((18, 65)), r"\(33, 17\), \(17, 65\)"), (jnp.ones((5, 65)), r"\(17, 65\)"),
-                        (jnp.ones((65,)), "the kernel's inputs")):
+                        (jnp.ones((65,)), "expected 2 arrays of 2, 2 dimensions"),
+                        ([[1.0] * 65] * 17, "input 1: expected an array")):
         with pytest.raises(FarmError, match=expected):
             mm(a, b)
     assert mm(a, jnp.ones((17, 65))).shape == (33, 65)

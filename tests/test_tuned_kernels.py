@@ -256,6 +256,32 @@ def _miss_warnings(caught) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, runtime.TuningMissWarning)]
 
 
+def test_a_config_tuned_for_another_regime_is_not_used(registry):
+    """Beyond NEAREST_MAX_DISTANCE the kernel's default, chosen for the asked shape, runs: a
+    row-block size tuned for a few rows ran 2048 rows 8x slower than the default (interpret mode)."""
+    assert runtime.NEAREST_MAX_DISTANCE == 3.0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        within = registry.lookup("softmax", (128, 4096), "float32", "interpret")   # 3.0 from (128, 512)
+        beyond = registry.lookup("softmax", (2048, 2048), "float32", "interpret")  # 6.0 from (128, 512)
+    assert within.rule == runtime.NEAREST and beyond.rule == runtime.DEFAULT
+    assert dict(beyond.config) == kernels.load("softmax").default_config((2048, 2048), "interpret")
+    shown = _miss_warnings(caught)
+    assert "rule 'default': no config tuned for softmax in float32 on interpret at a shape within log2 " \
+           "distance 3.0 is valid for it" in shown[1]
+
+
+def test_miss_warnings_stop_after_the_limit(registry):
+    """A model of many distinct shapes gets WARN_LIMIT warnings and one saying no more follow."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in range(1, runtime.WARN_LIMIT + 10):
+            registry.lookup("softmax", (rows, 128), "float16", "interpret")
+    shown = _miss_warnings(caught)
+    assert len(shown) == runtime.WARN_LIMIT + 1 and "no more are warned" in shown[-1]
+    assert len(registry.misses()) == runtime.WARN_LIMIT + 9
+
+
 def test_misses_warn_once_per_task_and_are_listed(registry):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

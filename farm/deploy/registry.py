@@ -40,6 +40,11 @@ EXACT, NEAREST, DEFAULT = "exact", "nearest", "default"
 # A "nearest" farther than this (sum of |log2| ratios: 1.0 is one dimension twice or half the
 # tuned one) warns, as a "default" always does: the config was tuned for a rather different task.
 NEAREST_WARN_DISTANCE = 1.0
+# Farther than this (one dimension 8 times the tuned one, or two 2.8 times), no tuned config is
+# used: the kernel's default, chosen for the asked shape, runs. A row-block size tuned for 3 rows
+# ran 2048 rows 8x slower than the default in interpret mode (block_rows 1 against 8).
+NEAREST_MAX_DISTANCE = 3.0
+WARN_LIMIT = 20   # miss warnings per registry; then one saying so (`misses()` lists them all)
 HISTORY_LIMIT = 100_000  # distinct lookups remembered (and warned about, and recorded) per registry
 GPU_TARGETS = ("gpu-triton", "gpu-mosaic")  # in order of preference when the bundle has neither
 _COLUMNS = ("task_key", "kernel", "shape", "dtype", "target", "device_kind", "status", "config", "software",
@@ -290,10 +295,17 @@ class Registry:
         task = (lookup.kernel, lookup.shape, lookup.dtype, lookup.target)
         if lookup.rule == DEFAULT or lookup.distance > NEAREST_WARN_DISTANCE:
             with self._lock:
-                new = task not in self._warned
+                new = task not in self._warned and len(self._warned) <= WARN_LIMIT
                 self._warned.add(task)
-            if new:
-                warnings.warn(_miss_message(lookup, self.source), TuningMissWarning, stacklevel=recording.caller_level())
+                last = new and len(self._warned) > WARN_LIMIT
+            if last:
+                warnings.warn(f"{self.source}: more than {WARN_LIMIT} tasks missed tuning; no more are warned "
+                              f"about (registry.misses() lists them all; record them with {recording.RECORD_ENV}="
+                              f"misses.jsonl and tune them with `farm sweep --tasks misses.jsonl`)",
+                              TuningMissWarning, stacklevel=recording.caller_level())
+            elif new:
+                warnings.warn(_miss_message(lookup, self.source), TuningMissWarning,
+                              stacklevel=recording.caller_level())
         path = recording.recording_path()
         if path is not None:
             recording.write(path, [lookup.miss])
@@ -368,7 +380,8 @@ class Registry:
             return _choice(row, EXACT, 0.0, config)
         if all(d > 0 for d in shape):
             candidates = [r for r in self._groups.get((kernel, dtype, target), ())
-                          if len(r.shape) == len(shape) and (device_kind is None or r.device_kind == device_kind)]
+                          if len(r.shape) == len(shape) and (device_kind is None or r.device_kind == device_kind)
+                          and log_distance(r.shape, shape) <= NEAREST_MAX_DISTANCE]
             candidates.sort(key=lambda r: r.created, reverse=True)
             candidates.sort(key=lambda r: (log_distance(r.shape, shape), r.shape))
             for row in candidates:
@@ -458,7 +471,8 @@ def _choice(row: _Row, rule: str, distance: float, config: dict[str, Any] | None
 def _miss_message(lookup: Lookup, source: str) -> str:
     task = f"{lookup.kernel} {lookup.shape} {lookup.dtype} on {lookup.target}"
     if lookup.rule == DEFAULT:
-        why = "rule 'default': no tuned config is valid for it, the kernel's default config runs"
+        why = (f"rule 'default': no config tuned for {lookup.kernel} in {lookup.dtype} on {lookup.target} at a "
+               f"shape within log2 distance {NEAREST_MAX_DISTANCE} is valid for it; the kernel's default config runs")
     else:
         why = (f"rule 'nearest' at log2 distance {lookup.distance:.2f} > {NEAREST_WARN_DISTANCE} (the config "
                f"was tuned for {lookup.tuned_shape})")

@@ -23,9 +23,10 @@ Lookup rules, in order (`Choice.rule` says which one chose the config):
   1. "exact": a row for this kernel, shape, dtype, target and device kind (with
      device_kind=None, any device kind: the newest such row) whose config is valid.
   2. "nearest": among rows of the same kernel, dtype, target (and device kind when given) and
-     rank, the tuned shape with the smallest log-distance sum_i |log2(tuned_i) - log2(asked_i)|
-     whose config is valid for the asked shape; ties go to the smaller tuned shape, then the
-     newest row.
+     rank, the tuned shape with the smallest log-distance sum_i |log2(tuned_i) - log2(asked_i)|,
+     at most NEAREST_MAX_DISTANCE, whose config is valid for the asked shape; ties go to the
+     smaller tuned shape, then the newest row. Farther, a config tuned for another regime (3
+     rows, asked 2048) is no guide: the default, chosen for the asked shape, runs.
   3. "default": the kernel's `default_config(shape, target)`.
 A config is valid for a task when the kernel's own `check_config` accepts it (the legality of a
 config is stated once, with the kernel), on a GPU target when its footprint fits the shared memory
@@ -37,8 +38,9 @@ Rows with status `no_valid_config` are never chosen.
 
 Misses: each distinct task a registry resolves is kept in `lookups()` (kernel, shape, dtype,
 target, rule, distance). A "default", or a "nearest" farther than NEAREST_WARN_DISTANCE, warns
-once per task (TuningMissWarning). While `record(path)` is active, or FARM_RECORD_MISSES names a
-file, every task without an exact row is appended to that file once (farm.deploy.misses).
+once per task (TuningMissWarning), up to WARN_LIMIT tasks a registry, then once more to say so.
+While `record(path)` is active, or FARM_RECORD_MISSES names a file, every task without an exact
+row is appended to that file once (farm.deploy.misses).
 
 Targets: `tuned(kernel)` without a target follows `jax.devices()[0]`: "interpret" (Pallas
 interpret mode) on CPU, "tpu" on TPU, and on a GPU, per task, of the GPU targets that run there
@@ -72,8 +74,10 @@ from farm.deploy.registry import (
     GPU_TARGETS,
     HISTORY_LIMIT,
     NEAREST,
+    NEAREST_MAX_DISTANCE,
     NEAREST_WARN_DISTANCE,
     POLICIES,
+    WARN_LIMIT,
     Choice,
     Lookup,
     NoBackwardKernel,
@@ -87,6 +91,7 @@ from farm.deploy.registry import (
 from farm.deploy.tuned import TunedKernel, set_default, tuned
 
 __all__ = ["CACHE_LIMIT", "DEFAULT", "EXACT", "FINGERPRINT_KEYS", "GPU_TARGETS", "HISTORY_LIMIT", "NEAREST",
-           "NEAREST_WARN_DISTANCE", "POLICIES", "RECORD_ENV", "Choice", "Lookup", "NoBackwardKernel", "Recording",
-           "Registry", "SoftwareMismatch", "SoftwareMismatchWarning", "TunedKernel", "TuningMissWarning",
-           "fingerprint_diff", "log_distance", "record", "recording_path", "set_default", "tuned"]
+           "NEAREST_MAX_DISTANCE", "NEAREST_WARN_DISTANCE", "POLICIES", "RECORD_ENV", "WARN_LIMIT", "Choice",
+           "Lookup", "NoBackwardKernel", "Recording", "Registry", "SoftwareMismatch", "SoftwareMismatchWarning",
+           "TunedKernel", "TuningMissWarning", "fingerprint_diff", "log_distance", "record", "recording_path",
+           "set_default", "tuned"]

@@ -48,6 +48,7 @@ class TunedKernel:
         self._module = kernels.load(kernel)
         self._shape_of = shape_of or self._module.shape_of
         self._built: dict[tuple, tuple[Choice, Callable[..., Any], Lookup]] = {}
+        self._input_ranks: tuple[int, ...] | None = None
         self._lock = threading.Lock()
         backward = kernels.protocol.hook(self._module, "BACKWARD")
         self._backward = None if backward is None else TunedKernel(
@@ -97,6 +98,11 @@ class TunedKernel:
         from kernels.lowering import Platform
 
         shapes = ", ".join(str(tuple(x.shape)) for x in inputs)
+        ranks = self._ranks()
+        if self._shape_of is self._module.shape_of and [len(x.shape) for x in inputs] != list(ranks):
+            raise FarmError(f"tuned({self.kernel!r}): inputs of shapes {shapes}: expected {len(ranks)} arrays of "
+                            f"{', '.join(map(str, ranks))} dimensions (the kernel's inputs for "
+                            f"({', '.join(self._module.SHAPE_NAMES)}))")
         try:
             shape = tuple(int(d) for d in self._shape_of(*inputs))
         except (TypeError, ValueError, IndexError) as err:
@@ -114,6 +120,16 @@ class TunedKernel:
         lookup = Lookup.of(self.kernel, shape, dtype, target, self.device_kind, choice)
         built = self._module.build(dict(choice.config), shape, dtype, Platform(target, interpret=interpret))
         return choice, jax.jit(built), lookup
+
+    def _ranks(self) -> tuple[int, ...]:
+        """The number of dimensions of each of the kernel's inputs (its make_inputs at a shape of ones)."""
+        if self._input_ranks is None:
+            import jax
+
+            ones = tuple(1 for _ in self._module.SHAPE_NAMES)
+            made = jax.eval_shape(lambda: self._module.make_inputs(ones, "float32", jax.random.key(0)))
+            self._input_ranks = tuple(len(x.shape) for x in made)
+        return self._input_ranks
 
     def _differentiable(self, backward: Any) -> Callable[..., Any]:
         """The kernel call with its derivative rule: the backward kernel's VJP, or a clear refusal."""
@@ -162,7 +178,11 @@ class TunedKernel:
         return [entry[2] for entry in list(self._built.values())]
 
     def __call__(self, *inputs: Any) -> Any:
-        """Run the kernel on `inputs` with its tuned config."""
+        """Run the kernel on `inputs` (JAX or NumPy arrays) with its tuned config."""
+        for i, x in enumerate(inputs):
+            if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+                raise FarmError(f"tuned({self.kernel!r}): input {i}: expected an array (JAX or NumPy), got "
+                                f"{type(x).__name__}")
         return self._call(*inputs)
 
 
