@@ -326,3 +326,30 @@ def test_a_bad_fingerprint_override_is_answered_before_anything_runs(tmp_path, m
         err = capsys.readouterr().err
         assert fingerprint.OVERRIDE_ENV in err and fragment in err and len(err.strip().splitlines()) == 1, err
         assert not out.exists()
+
+
+def test_the_nightly_script_signs_with_the_environment_key_and_refuses_early(farm, signing_key, tmp_path):
+    """scripts/nightly_retune.sh as cron or a Ray job runs it: the key from $FARM_SIGNING_KEY (a Ray
+    job's env_vars; its upload leaves the git-ignored .keys/ out), a published archive that
+    verifies; a Python not on PATH and a publish folder it cannot write answered before any work."""
+    import subprocess
+    import sys
+
+    script = REPO / "scripts" / "nightly_retune.sh"
+    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(REPO), "PYTHON": sys.executable,
+           "FARM_PREVIOUS": str(farm["previous"]), "FARM_SPACES": str(farm["spaces"]["versioned"]),
+           "FARM_TARGET": "interpret", "FARM_ADDRESS": "", "FARM_TRUST": str(signing_key[1]),
+           "FARM_SIGNING_KEY": Path(signing_key[0]).read_text(), "FARM_OUT_ROOT": str(tmp_path / "out"),
+           "FARM_EXTRA": "--repetitions 3 --workers 1"}
+    env.pop("FARM_KEY", None)
+    for changed, fragment in (({"PYTHON": "/nonexistent/python"}, "PYTHON: expected a Python"),
+                              ({"FARM_PUBLISH": str(script / "sub")}, "FARM_PUBLISH")):
+        proc = subprocess.run(["bash", str(script)], env={**env, **changed}, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 2 and fragment in proc.stderr, proc.stderr[-2000:]
+        assert not list((tmp_path / "out").glob("retune-*"))
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    published = list((tmp_path / "out" / "published").glob("kernels-*.tar.gz"))
+    assert len(published) == 1 and "nightly_retune: published" in proc.stdout
+    assert cli.main(["verify", str(published[0]), "--trust", str(signing_key[1])]) == 0
