@@ -88,4 +88,12 @@ def test_an_out_or_address_that_cannot_work_is_one_line_and_leaves_nothing(tmp_p
     out = tmp_path / "run"
     assert cli.main(["sweep", *common, "--out", str(out), "--address", "junk:::1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert "--address junk:::1: cannot join a Ray cluster there" in err[-1] and not out.exists()
+    assert "--address junk:::1: " in err[-1] and "expected the host:port" in err[-1] and not out.exists()
+    import socket
+
+    with socket.socket() as free:   # a port nothing listens on: Ray alone would retry it for minutes
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    assert cli.main(["sweep", *common, "--out", str(out), "--address", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert f"--address 127.0.0.1:{port}: nothing answers there" in err[-1] and not out.exists()

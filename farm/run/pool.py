@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -38,6 +39,23 @@ MAX_COMPILE_PROCESSES = 16    # per worker: each holds a JAX runtime (about 1 GB
 NO_COMPILE_PROCESSES = ("cpu", "tpu")
 
 
+REACH_TIMEOUT_S = 10.0   # seconds to open a TCP connection to a host:port Ray address
+
+
+def _check_reachable(address: str) -> None:
+    """A FarmError unless a host:port address accepts a TCP connection within REACH_TIMEOUT_S: Ray
+    itself retries an address with nothing behind it for minutes (a nightly job hung 10 minutes,
+    then ignored SIGTERM). "auto", "local" and ray:// or http(s):// addresses are Ray's to judge."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as err:
+        raise FarmError(f"--address {address}: nothing answers there ({err.strerror or err}); expected the "
+                        f"host:port of a running Ray cluster's head (`ray start --head`), or auto") from None
+
+
 def connect(address: str | None) -> None:
     """Join the Ray cluster at `address`, else at `RAY_ADDRESS` (Ray's own rule, and what a Ray
     job's driver is given), else start an embedded local Ray."""
@@ -46,6 +64,7 @@ def connect(address: str | None) -> None:
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         logger.info("joining the Ray cluster at %s", address)
+        _check_reachable(address)
         try:
             ray.init(address=address, log_to_driver=False)
         except (ValueError, ConnectionError, RuntimeError, TimeoutError) as err:
