@@ -353,3 +353,20 @@ def test_the_nightly_script_signs_with_the_environment_key_and_refuses_early(far
     published = list((tmp_path / "out" / "published").glob("kernels-*.tar.gz"))
     assert len(published) == 1 and "nightly_retune: published" in proc.stdout
     assert cli.main(["verify", str(published[0]), "--trust", str(signing_key[1])]) == 0
+
+
+def test_a_retune_takes_the_targets_the_cluster_runs_and_leaves_no_folder_when_none(farm, signing_key, tmp_path,
+                                                                                     capsys):
+    """As farm sweep: without --target the tpu tasks are left out (noted) and the rest retuned; with
+    --target tpu on a cluster of CPUs, one line and no run folder left behind."""
+    space = tmp_path / "softmax.yaml"
+    space.write_text("extends: softmax\nshapes: [[8, 128]]\ndtypes: [float32]\ntargets: [interpret, tpu]\n")
+    common = [str(space), "--previous", str(farm["previous"]), "--trust", str(signing_key[1]), "--key",
+              str(signing_key[0]), "--quiet", "--trials", "2", "--repetitions", "2", "--workers", "1"]
+    assert cli.main(["retune", *common, "--out", str(tmp_path / "none"), "--target", "tpu"]) == 2
+    assert "--target tpu" in capsys.readouterr().err and not (tmp_path / "none").exists()
+    assert cli.main(["retune", *common, "--out", str(tmp_path / "runs")]) == 0
+    report = json.loads((tmp_path / "runs" / REPORT_JSON).read_text())
+    decided = {t["task_key"]: t["decision"] for t in report["tasks"]}
+    assert decided["softmax/8x128/float32/interpret"] == rules.NEW
+    assert not [key for key in decided if key.endswith("/tpu")]

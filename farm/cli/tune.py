@@ -201,7 +201,7 @@ def cmd_retune(args: argparse.Namespace) -> int:
     check_empty(out)
     key = signing_key(args)
     previous = planning.load_previous(args.previous, _trust(args), allow_unsigned=args.allow_unsigned)
-    settings = _sweep_settings(args, out)
+    settings = _sweep_settings(args, out, runnable_only=not args.target)   # as farm sweep: what the cluster runs
     options = rules.RetuneSettings(top=args.top, trials=args.trials, noise=args.noise,
                                    max_regression=args.max_regression, escalate=not args.no_escalate)
     shown = None if args.quiet else functools.partial(SweepProgress, every_s=args.progress_every)
@@ -210,6 +210,6 @@ def cmd_retune(args: argparse.Namespace) -> int:
     print(f"run folder: {result.run_dir}\nbundle: {result.bundle}\nreport: {result.run_dir / report.REPORT_MD}, "
           f"{result.run_dir / report.REPORT_JSON}")
     if result.exit_code:
-        print(f"gate: {len(result.report['blocked'])} task(s) regressed beyond --max-regression "
+        print(f"gate: {len(result.report['blocked'])} task(s) failed or regressed beyond --max-regression "
               f"{args.max_regression}: {', '.join(result.report['blocked'])}", file=sys.stderr)
     return result.exit_code

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from farm.bundle import artifacts, signing
 from farm.bundle.records import TrialRecord
+from farm.errors import FarmError
 from farm.measure import outcomes
 from farm.retune.planning import Previous, TaskPlan, plan_tasks
 from farm.retune.report import REPORT_JSON, REPORT_MD, task_report, to_markdown
@@ -89,8 +91,18 @@ def retune(planned: Sequence[PlannedTask], previous: Previous, sweep_settings: S
     (e.g. `farm.run.progress.SweepProgress`) that sees the stale tasks' trials.
     """
     run_dir = Path(sweep_settings.run_dir)
+    existed = run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
-    plans = plan_tasks(planned, previous, probe(planned, sweep_settings), settings)
+    try:
+        environment = probe(planned, sweep_settings)
+    except FarmError:   # bad input found on the way (no such cluster, no pool for a target): no trace left
+        if not existed:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    if sweep_settings.runnable_only:   # no --target: the targets the cluster cannot run are left out (noted),
+        #                                their previous rows carried as they are
+        planned = [p for p in planned if p.task.key in environment]
+    plans = plan_tasks(planned, previous, environment, settings)
     stale = [p for p in plans if p.stale]
     records: list[TrialRecord] = []
     run_id = run_dir.name
