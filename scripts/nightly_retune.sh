@@ -20,7 +20,8 @@
 #   PYTHON               the Python with pallas-farm installed [python; cron's PATH may lack it: give
 #                        the virtual environment's, e.g. /opt/pallas-farm/.venv/bin/python]
 #
-# Exit codes: 0 published (or nothing stale), 3 the gate blocked (see RUN/retune.md), other: an error.
+# Exit codes: 0 published (or nothing stale: then nothing is published), 3 the gate blocked (see
+# RUN/retune.md), other: an error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,6 +72,13 @@ status=0
 
 case $status in
     0)
+        # Nothing stale (every task carried): the deployed bundle stands; a new archive of the same
+        # configs would only look newer to farm pull.
+        if "$PY" -c 'import json, sys; d = json.load(open(sys.argv[1]))["decisions"]; sys.exit(set(d) != {"carried"})' \
+                "$out/retune.json"; then
+            echo "nightly_retune: nothing stale; nothing published (report: $out/retune.md)"
+            exit 0
+        fi
         "$PY" -m farm bundle "$out" --out "$publish/kernels-$stamp.tar.gz" "${keyflags[@]}" --trust "$trust"
         echo "nightly_retune: published $publish/kernels-$stamp.tar.gz (report: $out/retune.md)"
         ;;

@@ -340,7 +340,7 @@ def test_the_nightly_script_signs_with_the_environment_key_and_refuses_early(far
            "FARM_PREVIOUS": str(farm["previous"]), "FARM_SPACES": str(farm["spaces"]["versioned"]),
            "FARM_TARGET": "interpret", "FARM_ADDRESS": "", "FARM_TRUST": str(signing_key[1]),
            "FARM_SIGNING_KEY": Path(signing_key[0]).read_text(), "FARM_OUT_ROOT": str(tmp_path / "out"),
-           "FARM_EXTRA": "--repetitions 3 --workers 1"}
+           "FARM_EXTRA": "--repetitions 3 --workers 1", fingerprint.OVERRIDE_ENV: NEW_JAX[fingerprint.OVERRIDE_ENV]}
     env.pop("FARM_KEY", None)
     for changed, fragment in (({"PYTHON": "/nonexistent/python"}, "PYTHON: expected a Python"),
                               ({"FARM_PUBLISH": str(script / "sub")}, "FARM_PUBLISH")):
@@ -353,6 +353,12 @@ def test_the_nightly_script_signs_with_the_environment_key_and_refuses_early(far
     published = list((tmp_path / "out" / "published").glob("kernels-*.tar.gz"))
     assert len(published) == 1 and "nightly_retune: published" in proc.stdout
     assert cli.main(["verify", str(published[0]), "--trust", str(signing_key[1])]) == 0
+    # The next night, nothing changed: nothing stale, nothing published (the same configs again
+    # would only look newer to farm pull).
+    proc = subprocess.run(["bash", str(script)], env={**env, "FARM_PREVIOUS": str(published[0])},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "nothing stale; nothing published" in proc.stdout, proc.stderr[-3000:]
+    assert list((tmp_path / "out" / "published").glob("kernels-*.tar.gz")) == published
 
 
 def test_a_retune_takes_the_targets_the_cluster_runs_and_leaves_no_folder_when_none(farm, signing_key, tmp_path,
