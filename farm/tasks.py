@@ -28,3 +28,13 @@ class TuningTask:
 def config_json(config: dict[str, Any]) -> str:
     """Canonical JSON of a config: the cache key and the stored form."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def json_object(text: Any) -> dict[str, Any] | None:
+    """The dict a JSON object's text holds; None for anything else (a row of an unverified bundle
+    may hold any text, or none)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) and text else None
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None

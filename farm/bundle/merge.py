@@ -10,7 +10,6 @@ merged bundle is merged again, is kept once).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from farm.bundle.archive import ARCHIVE_SUFFIXES, is_archive, write_archive
 from farm.bundle.locate import open_bundle
 from farm.bundle.trust import Trust, verify
 from farm.errors import BundleError, FarmError, show
+from farm.tasks import json_object
 
 # Archive formats `farm bundle` does not write: such an --out is refused rather than made a folder.
 OTHER_ARCHIVE_SUFFIXES = (".zip", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tar.zst", ".gz", ".xz", ".bz2", ".zst",
@@ -64,11 +64,7 @@ def check_row(row: dict[str, Any], source: str) -> None:
     if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
         raise BundleError(f"{where}: shape: expected positive integers, got {show(shape)}")
     if row["status"] == "ok":
-        try:
-            config = json.loads(row.get("config") or "")
-        except (ValueError, RecursionError):
-            config = None
-        if not isinstance(config, dict):
+        if json_object(row.get("config")) is None:
             raise BundleError(f"{where}: config: expected a JSON object, got {show(row.get('config'))}")
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -11,6 +10,7 @@ from typing import Any
 
 from farm.cli.options import DEFAULT_KEY, KEY_ENV
 from farm.errors import FarmError
+from farm.tasks import json_object
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -123,15 +123,6 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def _json_object(text: Any) -> dict[str, Any] | None:
-    """A JSON object's text as a dict; None for anything else (an unverified bundle's row may hold anything)."""
-    try:
-        value = json.loads(text) if isinstance(text, str) and text else None
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _number(value: Any) -> float | None:
     """A finite number as a float, else None."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -162,11 +153,11 @@ def print_winners(rows: list[dict[str, Any]]) -> None:
         speedup = "-"
         if row.get("median_s") and row.get("default_median_s"):
             speedup = f"{row['default_median_s'] / row['median_s']:.2f}x"
-        config = _json_object(row.get("config"))
+        config = json_object(row.get("config"))
         shown = " ".join(f"{k}={v}" for k, v in config.items()) if config else (
             "(not a JSON object)" if row.get("config") and config is None else "-")
         spread = f"{row['spread'] * 100:.1f}%" if row.get("spread") is not None else "-"
-        counts = {k: v for k, v in (_json_object(row.get("outcome_counts")) or {}).items() if isinstance(v, int)}
+        counts = {k: v for k, v in (json_object(row.get("outcome_counts")) or {}).items() if isinstance(v, int)}
         measured = sum(counts.get(o, 0) for o in outcomes.MEASURED)
         failed = ", ".join(f"{o} {counts[o]}" for o in outcomes.FAILURES if counts.get(o))
         skipped = ", ".join(f"{o} {counts[o]}" for o in (*outcomes.SKIPPED, outcomes.CACHED) if counts.get(o))

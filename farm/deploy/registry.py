@@ -27,6 +27,7 @@ from farm.bundle.trust import TrustLike
 from farm.deploy import recording
 from farm.deploy.misses import Miss
 from farm.errors import BundleError, FarmError
+from farm.tasks import json_object
 from kernels.protocol import task_default
 from kernels.targets import DTYPES
 
@@ -456,11 +457,7 @@ def check_task(kernel: str, shape: tuple, dtype: str, target: str | None) -> Non
 
 def _config(row: _Row) -> dict[str, Any] | None:
     """A row's config, None where its text is no JSON object (such a row is never chosen)."""
-    try:
-        config = json.loads(row.config_json)
-    except (ValueError, RecursionError):
-        return None
-    return config if isinstance(config, dict) else None
+    return json_object(row.config_json)
 
 
 def _choice(row: _Row, rule: str, distance: float, config: dict[str, Any] | None = None) -> Choice:
