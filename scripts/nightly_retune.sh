@@ -16,7 +16,8 @@
 #   FARM_OUT_ROOT        where run folders go; keep it outside a job's temporary working dir [artifacts]
 #   FARM_PUBLISH         folder the new archive is copied to when the gate passes [$FARM_OUT_ROOT/published]
 #   FARM_MAX_REGRESSION  gate: new/old time above 1 + this, beyond noise, blocks [0.05]
-#   FARM_EXTRA           more `farm retune` flags, e.g. "--interpret --trials 8" []
+#   FARM_EXTRA           more `farm retune` flags, e.g. "--interpret --trials 8", or "--target tpu
+#                        --scale-up 8" where the TPU hosts idle at min_workers: 0 []
 #   PYTHON               the Python with pallas-farm installed [python; cron's PATH may lack it: give
 #                        the virtual environment's, e.g. /opt/pallas-farm/.venv/bin/python]
 #

@@ -97,3 +97,40 @@ def test_an_out_or_address_that_cannot_work_is_one_line_and_leaves_nothing(tmp_p
     assert cli.main(["sweep", *common, "--out", str(out), "--address", f"127.0.0.1:{port}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert f"--address 127.0.0.1:{port}: nothing answers there" in err[-1] and not out.exists()
+
+
+def test_scale_up_is_refused_before_ray_where_it_cannot_ask_for_one_kind_of_chip(tmp_path, capsys, monkeypatch):
+    """--scale-up asks an autoscaler for one kind of chip: targets of two kinds, targets of none, or an
+    embedded local Ray (no autoscaler) are each one line before Ray starts, leaving no run folder
+    (tests/test_cluster.py asks a real autoscaler)."""
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    space = tmp_path / "space.yaml"
+    space.write_text("extends: softmax\nshapes: [[8, 128]]\ndtypes: [float32]\n")
+    key = tmp_path / "k.pem"
+    assert cli.main(["keygen", str(key)]) == 0
+    common = [str(space), "--key", str(key), "--quiet", "--scale-up", "4", "--out", str(tmp_path / "run")]
+    for flags, fragment in [
+        (["--target", "tpu", "--target", "gpu-triton", "--address", "127.0.0.1:1"],
+         "--scale-up: this sweep's targets run on GPU and TPU; expected --target naming the one kind of chip"),
+        (["--target", "interpret", "--address", "127.0.0.1:1"],
+         "--scale-up: no target of this sweep runs on an accelerator (interpret); expected --target tpu"),
+        (["--target", "tpu", "--interpret"],
+         "--scale-up 4: an embedded local Ray has no autoscaler to ask for TPU hosts; expected --address"),
+    ]:
+        capsys.readouterr()
+        assert cli.main(["sweep", *common, *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and fragment in err[0], err
+        assert not (tmp_path / "run").exists() and not ray.is_initialized()
+    for flags, fragment in [(["--scale-up", "0"], "--scale-up: expected a positive integer"),
+                            (["--scale-up-wait", "-1"], "--scale-up-wait: expected")]:
+        with pytest.raises(SystemExit):
+            cli.main(["sweep", str(space), *flags])
+        assert fragment in capsys.readouterr().err
+    from farm.errors import FarmError
+    from farm.run.sweep import SweepSettings
+
+    with pytest.raises(FarmError, match=r"--scale-up \(scale_up\): expected an integer from 1 to 4096"):
+        SweepSettings(run_dir=tmp_path / "x", scale_up=5000)

@@ -5,9 +5,11 @@ import copy
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections import Counter
@@ -177,3 +179,125 @@ def test_multinode_one_worker_per_chip_and_a_node_leaving(tmp_path, repo):
     assert "need a Hopper GPU" in result["untargeted_left_out"]["gpu-mosaic"]
     assert result["untargeted_tuned"] == [["softmax/64x128/float32/interpret", "ok"]]
     assert result["untargeted_trials"] == ["softmax/64x128/float32/interpret"]
+
+
+AUTOSCALED_SPACE = """\
+kernel: softmax
+dtypes: [float32]
+shapes: [[64, 128]]
+targets: [tpu]
+params:
+  block_rows: {values: [8, 16, 32]}
+sampler: grid
+trials: 3
+"""
+
+
+@pytest.fixture
+def autoscaling_head(tmp_path):
+    """A Ray head whose autoscaler starts nodes of one type, "tpu_host" ({"CPU": 2, "TPU": 2},
+    labelled pallas-farm/tpu=v5e, none at first), as local processes: Ray's own fake multi-node
+    provider, the autoscaler itself real, v2 as `ray up` starts it since Ray 2.50 (v1 ignores
+    label selectors). Yields the GCS address and the environment to run in."""
+    import ray._private.services
+    from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
+
+    gcs, client, runtime_env, metrics, agent = _free_ports(5)
+    address = f"{ray._private.services.get_node_ip_address()}:{gcs}"
+    config = {
+        "cluster_name": "farm-autoscaling-test", "max_workers": 1, "upscaling_speed": 1.0,
+        "idle_timeout_minutes": 0.1, "head_node_type": "ray.head.default",
+        "provider": {"type": "external",
+                     "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
+                     "gcs_address": address, "use_node_id_as_ip": True, "disable_node_updaters": True,
+                     "disable_launch_config_check": True, "launch_multiple": True,
+                     "head_node_id": FAKE_HEAD_NODE_ID},
+        "available_node_types": {
+            "ray.head.default": {"resources": {"CPU": 1}, "node_config": {}, "max_workers": 0},
+            "tpu_host": {"resources": {"CPU": 2, "TPU": 2}, "labels": {"pallas-farm/tpu": "v5e"},
+                         "node_config": {}, "min_workers": 0, "max_workers": 1}},
+        "auth": {}, "docker": {}, "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
+        "rsync_exclude": [], "rsync_filter": [], "initialization_commands": [], "setup_commands": [],
+        "head_setup_commands": [], "worker_setup_commands": [], "head_start_ray_commands": [],
+        "worker_start_ray_commands": []}
+    (tmp_path / "autoscaling.yaml").write_text(yaml.safe_dump(config))
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")   # Ray's socket paths must stay under 108 bytes
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "FARM_"))},
+           "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    head_env = {**env, "RAY_FAKE_CLUSTER": "1", "RAY_enable_autoscaler_v2": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+                "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID, "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID}
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    head = subprocess.Popen(
+        [ray_cli, "start", "--head", "--block", f"--port={gcs}", f"--ray-client-server-port={client}",
+         f"--runtime-env-agent-port={runtime_env}", f"--metrics-export-port={metrics}",
+         f"--dashboard-agent-listen-port={agent}", "--include-dashboard=false", "--num-cpus=1",
+         "--object-store-memory=200000000", f"--autoscaling-config={tmp_path / 'autoscaling.yaml'}",
+         f"--temp-dir={ray_dir}"],
+        env=head_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert head.poll() is None, head.stdout.read()
+            try:
+                socket.create_connection(("127.0.0.1", gcs), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("the autoscaling Ray head did not come up")
+        yield address, env
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, 9)
+        head.wait(timeout=60)
+        subprocess.run(["pkill", "-9", "-f", ray_dir], check=False)   # the nodes the autoscaler started
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _tpu_chips(address: str, env: dict[str, str]) -> int:
+    """TPU chips in the cluster at `address` (-1 when it does not answer), asked from a fresh process."""
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+                                   "print(int(ray.cluster_resources().get('TPU', 0)))", address],
+            env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return -1
+    return int(probe.stdout.split()[-1]) if probe.returncode == 0 and probe.stdout.split() else -1
+
+
+def test_scale_up_asks_the_autoscaler_for_chips_and_gives_them_back(autoscaling_head, tmp_path, repo):
+    """--scale-up with a cluster of no TPU host: the autoscaler starts one (by the label asked for), the
+    sweep runs on its chips, and once the request is withdrawn the idle host goes. A label no node
+    type has brings none: an error naming the wait, and no run folder."""
+    address, env = autoscaling_head
+    (tmp_path / "space.yaml").write_text(AUTOSCALED_SPACE)
+    key = tmp_path / "k.pem"
+    subprocess.run([sys.executable, "-m", "farm", "keygen", str(key)], cwd=repo, check=True, capture_output=True)
+    farm = [sys.executable, "-m", "farm", "sweep", str(tmp_path / "space.yaml"), "--target", "tpu", "--interpret",
+            "--address", address, "--key", str(key), "--finalists", "0", "--repetitions", "2", "--quiet"]
+    assert _tpu_chips(address, env) == 0
+
+    none = subprocess.run([*farm, "--scale-up", "2", "--scale-up-wait", "20", "--node-label", "pallas-farm/tpu=v6e",
+                           "--out", str(tmp_path / "none")], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert none.returncode != 0
+    assert "--scale-up 2: no TPU chips on nodes labelled {'pallas-farm/tpu': 'v6e'} came up within 20 s" in none.stderr
+    assert none.stderr.strip().splitlines()[-1].startswith("error: --scale-up 2: no TPU chips")
+    assert not (tmp_path / "none").exists()
+
+    done = subprocess.run([*farm, "--scale-up", "2", "--scale-up-wait", "240", "--node-label", "pallas-farm/tpu=v5e",
+                           "--out", str(tmp_path / "run")], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "run.json").read_text())["summary"]
+    assert summary["scale_up"] == {"resource": "TPU", "chips": 2, "labels": {"pallas-farm/tpu": "v5e"},
+                                   "requested": True, "up": 2}
+    assert len(summary["placement"]["initial"]) == 2 and len(set(summary["placement"]["initial"])) == 1
+    rows = artifacts.read_configs(tmp_path / "run" / "bundle").to_pylist()
+    assert [(r["task_key"], r["status"]) for r in rows] == [("softmax/64x128/float32/tpu", "ok")]
+    # The request withdrawn, the host idle: the autoscaler removes it (idle_timeout_minutes 0.1).
+    deadline = time.monotonic() + 120
+    while _tpu_chips(address, env) != 0 and time.monotonic() < deadline:
+        time.sleep(2)
+    assert _tpu_chips(address, env) == 0, "the TPU host the sweep asked for stayed after the sweep"

@@ -156,11 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Defaults of the run options, applied after parsing so that `--resume` knows what was given.
 RUN_DEFAULTS = {"repetitions": 10, "input_sets": 1, "compile_timeout": 600.0, "timing_timeout": 300.0,
-                "max_attempts": 2}
+                "max_attempts": 2, "scale_up_wait": 1800.0}
 # Flags `--resume` applies; any other run flag that differs from the saved run is refused.
 RESUME_SAFE = ("--workers", "--depth", "--compile-processes", "--finalists", "--finalist-sustain", "--node-label",
                "--compile-timeout", "--timing-timeout", "--max-attempts", "--sample-budget", "--race", "--time-budget",
-               "--address", "--key", "--quiet")
+               "--address", "--key", "--quiet", "--scale-up", "--scale-up-wait")
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -204,6 +204,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-budget", type=_positive_float, metavar="SECONDS",
                         help="once the workers are up, stop asking for new trials after this long (trials in "
                         "flight finish; default: no limit)")
+    parser.add_argument("--scale-up", type=_positive_int, metavar="CHIPS",
+                        help="first ask the Ray cluster's autoscaler for this many chips of the targets' accelerator "
+                        "(TPU or GPU; on --node-label nodes), wait for them, and withdraw the request when the sweep "
+                        "ends so that the hosts go once idle (default: place workers on the chips that are up)")
+    parser.add_argument("--scale-up-wait", type=_non_negative_float, metavar="SECONDS",
+                        help="seconds to wait for --scale-up's chips; past it, the sweep runs on those up, and "
+                        "none up is an error (default 1800)")
     parser.add_argument("--max-attempts", type=_positive_int,
                         help="runs of a trial whose worker died before it is recorded worker_lost (default 2)")
     parser.add_argument("--quiet", action="store_true", help="no progress (neither the live view nor log lines)")

@@ -29,11 +29,13 @@ def _sweep_settings(args: argparse.Namespace, out: Path, runnable_only: bool = F
     _quiet_optuna()
     return SweepSettings(
         run_dir=out, interpret=args.interpret, emulate=args.emulate, workers=args.workers, depth=args.depth,
-        compile_processes=args.compile_processes, finalists=args.finalists, node_labels=placement.parse_labels(args.node_label), sampler=args.sampler, seed=args.seed,
+        compile_processes=args.compile_processes, finalists=args.finalists,
+        node_labels=placement.parse_labels(args.node_label), sampler=args.sampler, seed=args.seed,
         repetitions=_run_option(args, "repetitions"), input_sets=_run_option(args, "input_sets"),
         compile_timeout_s=_run_option(args, "compile_timeout"), timing_timeout_s=_run_option(args, "timing_timeout"),
         max_attempts=_run_option(args, "max_attempts"), address=args.address, time_budget_s=args.time_budget,
-        finalist_sustain_s=args.finalist_sustain or 0.0, runnable_only=runnable_only, **_measuring(args))
+        finalist_sustain_s=args.finalist_sustain or 0.0, runnable_only=runnable_only, scale_up=args.scale_up,
+        scale_up_wait_s=_run_option(args, "scale_up_wait"), **_measuring(args))
 
 
 def _measuring(args: argparse.Namespace) -> dict[str, Any]:
@@ -103,7 +105,7 @@ def _resume_settings(args: argparse.Namespace) -> tuple[list[Any], Any]:
                "finalists": args.finalists, "finalist_sustain_s": args.finalist_sustain,
                "compile_timeout_s": args.compile_timeout,
                "timing_timeout_s": args.timing_timeout, "max_attempts": args.max_attempts,
-               "time_budget_s": args.time_budget,
+               "time_budget_s": args.time_budget, "scale_up": args.scale_up, "scale_up_wait_s": args.scale_up_wait,
                "node_labels": placement.parse_labels(args.node_label) if args.node_label else None}
     _quiet_optuna()
     try:

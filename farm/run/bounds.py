@@ -48,6 +48,8 @@ BOUNDS: Mapping[str, Bound] = {
     "static_pruning": Bound("bool"),
     "runnable_only": Bound("bool"),
     "time_budget_s": Bound("float", 0, 366 * DAY_S, True, "--time-budget"),
+    "scale_up": Bound("int", 1, 4096, True, "--scale-up"),
+    "scale_up_wait_s": Bound("float", 0, DAY_S, flag="--scale-up-wait"),
 }
 
 

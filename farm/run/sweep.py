@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import shutil
 import time
 from collections import Counter
@@ -36,7 +37,7 @@ from farm.measure import capacity, finalists, outcomes
 from farm.measure.device import MeasureSettings
 from farm.measure.finalists import FinalTiming
 from farm.measure.outcomes import Measurement
-from farm.run import placement, runlog
+from farm.run import placement, runlog, scaling
 from farm.run.bounds import check_settings
 from farm.run.pool import Crashed, Done, Flight, WorkerPool, connect
 from farm.run.schedule import StrideScheduler
@@ -88,6 +89,9 @@ class SweepSettings:
     #                                    interpret target's where an accelerator target runs, rather than refuse
     #                                    the sweep; an error only when no task is left
     time_budget_s: float | None = None  # once workers are up, stop asking for trials after this long
+    scale_up: int | None = None        # chips of the targets' accelerator to ask Ray's autoscaler for before
+    #                                    placing workers (withdrawn when the sweep ends); None: ask for none
+    scale_up_wait_s: float = 1800.0    # how long to wait for them (hosts take minutes to boot and set up)
     # task key -> configs queued first, in order, in a new study (farm retune: previous winners)
     warm_start: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     # The actor class of the workers: farm.run.actor.Worker when None; stand-ins for benchmarks
@@ -139,10 +143,13 @@ def run_sweep(planned: Sequence[PlannedTask], settings: SweepSettings, key: Ed25
         with runlog.RunLock(run_dir):   # before Ray starts: a second process is refused at once
             if resume:
                 runlog.prepare_resume(run_dir)
-            sweep.place()
-            if not resume:
-                runlog.save_run(run_dir, sweep.planned, settings)
-            records = sweep.run(resume)
+            try:
+                sweep.place()
+                if not resume:
+                    runlog.save_run(run_dir, sweep.planned, settings)
+                records = sweep.run(resume)
+            finally:
+                sweep.release()
     except FarmError:
         if not resume and not (run_dir / runlog.TRIALS_LOG).exists():
             _undo(run_dir, existed)
@@ -210,6 +217,7 @@ class _Sweep:
         self.placed: list[str] = []                      # node of each worker started first
         self.finals: dict[str, list[FinalTiming]] = {}   # task key -> its finalists, re-timed
         self.left_out: dict[str, str] = {}               # target -> why this cluster does not run it
+        self.scaled: scaling.ScaleUp | None = None       # what --scale-up asked the autoscaler for
         self._t0 = time.monotonic()
         self._log: runlog.RunLog | None = None
 
@@ -364,12 +372,26 @@ class _Sweep:
     def place(self) -> None:
         """Join Ray and choose each task's pool (FarmError when the cluster cannot run a target)."""
         s = self.settings
+        if s.scale_up:
+            resource = scaling.resource_of([p.task.target for p in self.planned])
+            if not (s.address or os.environ.get("RAY_ADDRESS")):
+                raise FarmError(f"--scale-up {s.scale_up}: an embedded local Ray has no autoscaler to ask for "
+                                f"{resource} hosts; expected --address of a cluster started by `ray up`")
         connect(s.address)
+        if s.scale_up:
+            self.scaled = scaling.scale_up(resource, s.scale_up, s.node_labels, s.scale_up_wait_s)
         cluster = ray.cluster_resources()
         if s.runnable_only:
             self._leave_out({p.task.target: placement.unrunnable(p.task.target, cluster, s.interpret)
                              for p in self.planned})
         self.task_pool = {p.task.key: placement.pool_for(p.task.target, cluster, s.interpret) for p in self.planned}
+
+    def release(self) -> None:
+        """Withdraw what --scale-up asked the autoscaler for (the workers are gone by now)."""
+        if self.scaled is not None and self.scaled.requested:
+            scaling.withdraw()
+            logger.info("scale-up: withdrew the autoscaler request for %d %s chips; idle hosts go after the "
+                        "cluster's idle timeout", self.scaled.chips, self.scaled.resource)
 
     def _leave_out(self, reasons: dict[str, str | None]) -> None:
         """Drop the tasks of each target with a reason (runnable_only), noting why; FarmError when
@@ -497,6 +519,7 @@ class _Sweep:
                 {pool: info.get("compile_processes") for pool, info in self.pool_info.items()},
                 "workers": len(self.pool.workers), "duty_cycle": duty,
                 "stopped_by_time_budget": self.stopped_early, "warm_up": self.warmed, "left_out": self.left_out,
+                "scale_up": dataclasses.asdict(self.scaled) if self.scaled else None,
                 "placement": {"initial": self.placed, "final": [w.slot.node_id for w in self.pool.workers]}}
 
     def _stop_asking(self) -> None:
