@@ -99,6 +99,28 @@ def test_equal_created_later_input_wins_and_device_kinds_stay_apart(tmp_path, ke
     verify(out, load_trust([public]))
 
 
+def test_one_bundle_the_key_signed_is_packed_as_it_is(tmp_path, key, two_runs):
+    """A run's bundle packed to publish keeps its id and bytes (the id a retune's report names is
+    the one deployments pull); signed by another key, or merged with another run, it is a new bundle."""
+    private, public = key
+    trusted = load_trust([public])
+    run = two_runs[0] / "bundle"
+    own = json.loads((run / artifacts.MANIFEST).read_text())["bundle_id"]
+    packed = bundle.merge([two_runs[0]], tmp_path / "one.tar.gz", private, trusted)
+    assert packed.kept and packed.bundle_id == own
+    folder = _open(tmp_path / "one.tar.gz", tmp_path, trusted)
+    assert all((folder / n).read_bytes() == (run / n).read_bytes() for n in artifacts.BUNDLE_FILES)
+    copied = bundle.merge([run], tmp_path / "one-folder", private, trusted)
+    assert copied.kept and all((tmp_path / "one-folder" / n).read_bytes() == (run / n).read_bytes()
+                               for n in artifacts.BUNDLE_FILES)
+    other, other_public = B.keypair(tmp_path / "keys", "other")
+    resigned = bundle.merge([two_runs[0]], tmp_path / "resigned.tar.gz", other, trusted)
+    assert not resigned.kept and resigned.bundle_id != own
+    verify(extract_archive(tmp_path / "resigned.tar.gz", tmp_path / "r"), load_trust([other_public]))
+    merged = bundle.merge(two_runs, tmp_path / "two.tar.gz", private, trusted)
+    assert not merged.kept and merged.bundle_id not in (own, resigned.bundle_id)
+
+
 def test_same_bundle_twice_is_merged_once(tmp_path, key, two_runs):
     private, public = key
     result = bundle.merge([two_runs[0], two_runs[0] / "bundle"], tmp_path / "m.tar.gz", private, load_trust([public]))

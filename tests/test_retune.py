@@ -353,6 +353,12 @@ def test_the_nightly_script_signs_with_the_environment_key_and_refuses_early(far
     published = list((tmp_path / "out" / "published").glob("kernels-*.tar.gz"))
     assert len(published) == 1 and "nightly_retune: published" in proc.stdout
     assert cli.main(["verify", str(published[0]), "--trust", str(signing_key[1])]) == 0
+    # What deployments pull is the bundle the night's report names, not a copy signed again.
+    from farm.bundle.locate import open_bundle
+
+    (run,) = (tmp_path / "out").glob("retune-*")
+    with open_bundle(published[0], trust.load_trust([Path(signing_key[1])])) as opened:
+        assert opened.bundle_id == json.loads((run / REPORT_JSON).read_text())["bundle"]["bundle_id"]
     # The next night, nothing changed: nothing stale, nothing published (the same configs again
     # would only look newer to farm pull).
     proc = subprocess.run(["bash", str(script)], env={**env, "FARM_PREVIOUS": str(published[0])},

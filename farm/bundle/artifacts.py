@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -158,16 +158,8 @@ def write_bundle(dest: str | Path, configs: Sequence[Mapping[str, Any]],
     `trials`: `TrialRecord`s (or rows already in their dict form, e.g. read from another bundle).
     """
     trials = [t.to_dict() if isinstance(t, records.TrialRecord) else t for t in trials]
-    dest = Path(dest)
-    if not dest.name:
-        dest = dest.resolve()
-    if not is_replaceable(dest):
-        raise FarmError(f"{dest}: exists and is not a bundle folder (expected a new path, an empty folder or a "
-                        f"bundle's {', '.join(sorted(BUNDLE_FILES))}); refusing to replace it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
-    try:
-        os.chmod(tmp, 0o755)
+
+    def fill(tmp: Path) -> None:
         pq.write_table(_table(configs, CONFIG_COLUMNS), tmp / CONFIGS)
         pq.write_table(_table(trials, TRIAL_COLUMNS), tmp / TRIALS)
         manifest = {
@@ -182,6 +174,35 @@ def write_bundle(dest: str | Path, configs: Sequence[Mapping[str, Any]],
         manifest_bytes = json.dumps(manifest, indent=2, sort_keys=True).encode()
         (tmp / MANIFEST).write_bytes(manifest_bytes)
         (tmp / SIGNATURE).write_bytes(signing.sign(manifest_bytes, private_key))
+
+    return _place(Path(dest), fill)
+
+
+def copy_bundle(src: str | Path, dest: str | Path) -> Path:
+    """Copy a bundle folder's four files to `dest` byte for byte (its id and signature kept),
+    atomically, as `write_bundle` writes (the caller verified `src`)."""
+    src = Path(src)
+
+    def fill(tmp: Path) -> None:
+        for name in (CONFIGS, TRIALS, MANIFEST, SIGNATURE):
+            shutil.copyfile(src / name, tmp / name)
+
+    return _place(Path(dest), fill)
+
+
+def _place(dest: Path, fill: Callable[[Path], None]) -> Path:
+    """Have `fill` write a bundle's four files into a new folder beside `dest`, then put that folder
+    at `dest` in one atomic exchange where the system has one (two renames where not)."""
+    if not dest.name:
+        dest = dest.resolve()
+    if not is_replaceable(dest):
+        raise FarmError(f"{dest}: exists and is not a bundle folder (expected a new path, an empty folder or a "
+                        f"bundle's {', '.join(sorted(BUNDLE_FILES))}); refusing to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        fill(tmp)
         for name in (CONFIGS, TRIALS, MANIFEST, SIGNATURE):
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())

@@ -42,6 +42,8 @@ class MergeResult:
     replaced: int
     inputs: tuple[str, ...]
     warnings: tuple[str, ...]
+    bundle_id: str = ""
+    kept: bool = False        # one input that the key had signed, written byte for byte (its id kept)
 
 
 def _created(row: dict[str, Any], source: str) -> datetime:
@@ -123,7 +125,9 @@ def check_out(out: Path, replace: bool) -> Path:
 def merge(inputs: Sequence[str | Path], out: str | Path, key: Ed25519PrivateKey, trust: Trust, *,
           allow_unsigned: bool = False, replace: bool = False) -> MergeResult:
     """Verify each input bundle, merge them, and write one signed bundle at `out` (archive or folder).
-    An existing `out` is refused unless `replace` (see `check_out`); it may be one of the inputs."""
+    An existing `out` is refused unless `replace` (see `check_out`); it may be one of the inputs.
+    One bundle that `key` signed already (a run's, packed to publish) is written byte for byte, its
+    id kept: the id a retune's report names is the one deployments pull."""
     if not inputs:
         raise FarmError("bundle: expected at least one run folder, bundle folder or bundle archive")
     out = check_out(Path(out), replace)
@@ -132,6 +136,8 @@ def merge(inputs: Sequence[str | Path], out: str | Path, key: Ed25519PrivateKey,
     run_ids: list[str] = []
     merged_from: list[str] = []
     notes: list[str] = []
+    signer = signing.key_id(key.public_key())
+    kept: Path | None = None   # a copy of the one input, where `key` signed it
     with tempfile.TemporaryDirectory(prefix=".farm-bundle-", dir=out.parent if out.parent.exists() else None) as tmp:
         for given in inputs:
             with open_bundle(given, trust, allow_unsigned=allow_unsigned) as opened:
@@ -144,6 +150,8 @@ def merge(inputs: Sequence[str | Path], out: str | Path, key: Ed25519PrivateKey,
                 rows = opened.configs().to_pylist()
                 configs.append((str(given), rows))
                 trials.append(opened.trials().to_pylist())
+                if len(merged_from) == 1 and opened.signed and opened.manifest.get("signer_key_id") == signer:
+                    kept = artifacts.copy_bundle(opened.folder, Path(tmp) / "kept")
             saved_ids = opened.manifest.get("run_ids")
             for run_id in [*(saved_ids if isinstance(saved_ids, list) else []), *(r.get("run_id") for r in rows)]:
                 if isinstance(run_id, str) and run_id and run_id not in run_ids:
@@ -151,10 +159,15 @@ def merge(inputs: Sequence[str | Path], out: str | Path, key: Ed25519PrivateKey,
         rows, replaced = merge_rows(configs)
         all_trials = merge_trials(trials)
         meta = {"run_ids": run_ids, "merged_from": merged_from}
-        if is_archive(out.name):
+        keep = kept is not None and len(merged_from) == 1 and not replaced
+        if keep:
+            staged = kept
+        else:
             staged = artifacts.write_bundle(Path(tmp) / "merged", rows, all_trials, key, meta)
-            verify(staged, Trust({signing.key_id(key.public_key()): key.public_key()}))
+        written = verify(staged, Trust({signer: key.public_key()}))   # a kept copy: the bytes verified above
+        if is_archive(out.name):
             write_archive(staged, out)
         else:
-            artifacts.write_bundle(out, rows, all_trials, key, meta)
-    return MergeResult(out, len(rows), len(all_trials), replaced, tuple(map(str, inputs)), tuple(notes))
+            artifacts.copy_bundle(staged, out)
+    return MergeResult(out, len(rows), len(all_trials), replaced, tuple(map(str, inputs)), tuple(notes),
+                       str(written.manifest.get("bundle_id")), keep)

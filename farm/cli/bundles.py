@@ -97,8 +97,10 @@ def cmd_bundle(args: argparse.Namespace) -> int:
                           replace=args.replace)
     for note in result.warnings:
         _warn_unverified(note)
-    print(f"bundle: {result.out} (signed by key {signing.key_id(key.public_key())}): {result.rows} tasks "
-          f"from {len(result.inputs)} inputs ({result.replaced} older rows replaced), {result.trials} trials")
+    kept = " (the input's own, as signed)" if result.kept else ""
+    print(f"bundle: {result.out}, id {result.bundle_id}{kept} (signed by key {signing.key_id(key.public_key())}): "
+          f"{result.rows} tasks from {len(result.inputs)} inputs ({result.replaced} older rows replaced), "
+          f"{result.trials} trials")
     return 0
 
 
