@@ -47,6 +47,29 @@ def test_a_trial_whose_worker_died_once_is_requeued(ray_local, tmp_path, signing
     assert [(t["outcome"], t["attempt"]) for t in drawn] == [(outcomes.OK, 2)]
 
 
+def test_a_task_whose_reference_fails_stops_and_the_others_go_on(ray_local, tmp_path, signing_key):
+    """A reference that cannot be computed (the host out of memory) fails every config of its task
+    alike: after two such trials the task is asked for no more and ends no_valid_config, saying why;
+    the sweep's other task spends its whole budget."""
+    from farm.run.sweep import REFERENCE_FAILURES_TO_STOP
+    from tests.fixtures.faulty_softmax import REFERENCE_OOM_ROWS
+
+    out, trials = run_sweep(tmp_path, signing_key, space(
+        "tests.fixtures.faulty_softmax", [[REFERENCE_OOM_ROWS, 128], [16, 128]], trials=6,
+        block_rows=[8, 16, 32, 64, 128, 256], fault=["none"]), "--workers", "1")
+    doomed = [t for t in trials if f"/{REFERENCE_OOM_ROWS}x128/" in t["task_key"]]
+    assert {t["outcome"] for t in doomed} == {outcomes.RUN_ERROR}
+    assert all(t["error"].startswith(outcomes.REFERENCE_FAILED) and "host out of memory" in t["error"]
+               for t in doomed)
+    assert REFERENCE_FAILURES_TO_STOP <= len(doomed) < 6, "the task went on after its reference failed"
+    others = [t for t in trials if "/16x128/" in t["task_key"]]
+    assert len([t for t in others if t["outcome"] == outcomes.OK]) >= 6
+    rows = {r["task_key"].split("/")[1]: r for r in pq.read_table(out / "bundle" / "configs.parquet").to_pylist()}
+    assert rows[f"{REFERENCE_OOM_ROWS}x128"]["status"] == "no_valid_config" and rows["16x128"]["status"] == "ok"
+    stopped = json.loads((out / "run.json").read_text())["summary"]["stopped_tasks"]
+    assert list(stopped) == [doomed[0]["task_key"]] and "host out of memory" in stopped[doomed[0]["task_key"]]
+
+
 def _worker_pids() -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():

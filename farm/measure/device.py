@@ -107,8 +107,7 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         inputs, ref = (references or _REFERENCES).get(c.module, task)
     except Exception as err:  # noqa: BLE001 - the reference failing is no verdict on the config
         result.outcome = outcomes.RUN_ERROR
-        result.error = ("the reference could not be computed (not this config's fault): "
-                        + full_text(err)[:outcomes.ERROR_CHARS])
+        result.error = outcomes.REFERENCE_FAILED + full_text(err)[:outcomes.ERROR_CHARS]
         return result
     try:
         out = jax.block_until_ready(c.check_executable(*inputs))

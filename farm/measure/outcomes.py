@@ -22,6 +22,9 @@ ALL = (*MEASURED, *SKIPPED, CACHED)
 FAILURES = tuple(o for o in MEASURED if o != OK)
 # Keep error texts readable in tables; the head of a compiler error says what went wrong.
 ERROR_CHARS = 4000
+# How a run_error whose reference failed begins: no verdict on the config, but on the task (a
+# sweep stops asking for its trials once REFERENCE_FAILURES_TO_STOP of them say so).
+REFERENCE_FAILED = "the reference could not be computed (not this config's fault): "
 
 # Messages compilers and runtimes give when memory runs out (kept with real examples in tests).
 _OOM_PATTERNS = (

@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 BUNDLE_DIR = "bundle"
 FINALISTS = 4               # configs per task re-timed side by side on accelerators (SweepSettings.finalists)
 RACE_AFTER = 3   # ok configs a task measures in full before racing cuts any short
+REFERENCE_FAILURES_TO_STOP = 2   # a task's trials whose reference failed before it is asked for no more
 WARM_UP_COMPILE_S = 120.0   # the least time a worker's untimed first run may take to compile
 OnRecord = Callable[[TrialRecord], None]
 
@@ -218,6 +219,8 @@ class _Sweep:
         self.finals: dict[str, list[FinalTiming]] = {}   # task key -> its finalists, re-timed
         self.left_out: dict[str, str] = {}               # target -> why this cluster does not run it
         self.scaled: scaling.ScaleUp | None = None       # what --scale-up asked the autoscaler for
+        self.reference_failures: Counter = Counter()     # task key -> trials whose reference failed
+        self.stopped_tasks: dict[str, str] = {}          # task key -> why no more of its trials were asked
         self._t0 = time.monotonic()
         self._log: runlog.RunLog | None = None
 
@@ -251,6 +254,21 @@ class _Sweep:
                                       footprint_bytes=p.footprint_bytes,
                                       capacity_bytes=searcher.capacity.onchip_bytes, **self._stamp())
         searcher.tell(self._keep(record))
+        error = measurement.error or ""
+        if measurement.outcome == outcomes.RUN_ERROR and error.startswith(outcomes.REFERENCE_FAILED):
+            self._reference_failed(flight.task.key, error)
+
+    def _reference_failed(self, task_key: str, error: str) -> None:
+        """Stop asking for a task's trials once its reference failed REFERENCE_FAILURES_TO_STOP times
+        (a host out of memory, a reference that raises): every config would fail the same way, each
+        after its compile. The task ends `no_valid_config`; the summary's `stopped_tasks` says why."""
+        self.reference_failures[task_key] += 1
+        searcher = self.searchers[task_key]
+        if self.reference_failures[task_key] >= REFERENCE_FAILURES_TO_STOP and task_key not in self.stopped_tasks:
+            searcher.stop()
+            self.stopped_tasks[task_key] = error[:500]
+            logger.warning("%s: stopped after %d trials whose reference could not be computed (%s)", task_key,
+                           self.reference_failures[task_key], error[len(outcomes.REFERENCE_FAILED):][:200])
 
     # -- faults ----------------------------------------------------------------------------------
     def _requeue(self, flight: Flight, *, penalize: bool, reason: str) -> None:
@@ -520,6 +538,7 @@ class _Sweep:
                 "workers": len(self.pool.workers), "duty_cycle": duty,
                 "stopped_by_time_budget": self.stopped_early, "warm_up": self.warmed, "left_out": self.left_out,
                 "scale_up": dataclasses.asdict(self.scaled) if self.scaled else None,
+                "stopped_tasks": self.stopped_tasks,
                 "placement": {"initial": self.placed, "final": [w.slot.node_id for w in self.pool.workers]}}
 
     def _stop_asking(self) -> None:
