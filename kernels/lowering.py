@@ -7,6 +7,7 @@ default to different GPU backends) and the same output poisoning for validation.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -92,6 +93,66 @@ def triton_dot_buffers(num_stages: int, num_warps: int, rows: int) -> int:
     return num_stages if wgmma else max(1, num_stages - 1)
 
 
+# How jax.ShapeDtypeStruct names an output's varying manual mesh axes (JAX 0.10: manual_axis_type;
+# `vma` elsewhere), or None where it has no such argument.
+_VARYING_ARG = next((name for name in ("manual_axis_type", "vma")
+                     if name in inspect.signature(jax.ShapeDtypeStruct).parameters), None)
+
+
+def _axis_type(x: Any) -> Any:
+    """The manual-axis type of a traced input (its varying mesh axes under shard_map), or None."""
+    try:
+        aval = jax.typeof(x)
+    except TypeError:
+        return None
+    return getattr(aval, "manual_axis_type", None) or getattr(aval, "vma", None)
+
+
+def _varying(axis_type: Any) -> frozenset:
+    return frozenset(getattr(axis_type, "varying", axis_type) or ())
+
+
+def with_varying_axes(out_shape: Any, inputs: Sequence[Any]) -> Any:
+    """`out_shape` typed to vary over the manual mesh axes its inputs vary over.
+
+    Under `jax.shard_map` (its default `check_vma=True`), JAX refuses a pallas_call whose output
+    shapes do not say how they vary; a kernel's outputs vary where any input does. Outside
+    shard_map, or where nothing varies, `out_shape` is returned as it is."""
+    types = [t for t in map(_axis_type, inputs) if t is not None and _varying(t)]
+    if _VARYING_ARG is None or not types:
+        return out_shape
+    union = frozenset().union(*map(_varying, types))
+    chosen = next((t for t in types if _varying(t) == union), None)
+    if chosen is None:
+        chosen = type(types[0])(varying=union) if hasattr(types[0], "varying") else union
+
+    def typed(leaf: Any) -> Any:
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            return leaf
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding, **{_VARYING_ARG: chosen})
+
+    return jax.tree.map(typed, out_shape)
+
+
+def vary_like(outputs: Any, inputs: Sequence[Any]) -> Any:
+    """`outputs` marked as varying over every manual mesh axis an input varies over, where a launch
+    (Mosaic GPU's `plgpu.kernel`) returned them invariant: a later kernel that takes them
+    (`with_varying_axes`) and shard_map's checks then see where they vary. Elsewhere unchanged."""
+    union = frozenset().union(*(_varying(t) for t in map(_axis_type, inputs) if t is not None))
+    if not union:
+        return outputs
+
+    def vary(x: Any) -> Any:
+        missing = tuple(sorted(union - _varying(_axis_type(x))))
+        if not missing:
+            return x
+        if hasattr(jax.lax, "pvary"):
+            return jax.lax.pvary(x, missing)
+        return jax.lax.pcast(x, missing, to="varying")
+
+    return jax.tree.map(vary, outputs)
+
+
 def pallas_call(
     body: Callable[..., None],
     *,
@@ -113,11 +174,14 @@ def pallas_call(
     params = compiler_params(platform, config, **(tpu_params or {}))
     interpret = _interpret_arg(platform)
     if not platform.poison_outputs:
-        return pl.pallas_call(
-            body, out_shape=out_shape, grid=tuple(grid), in_specs=in_specs, out_specs=out_specs,
-            scratch_shapes=tuple(scratch_shapes), compiler_params=params, interpret=interpret,
-            name=name,
-        )
+        def plain(*inputs: jax.Array) -> Any:
+            return pl.pallas_call(
+                body, out_shape=with_varying_axes(out_shape, inputs), grid=tuple(grid), in_specs=in_specs,
+                out_specs=out_specs, scratch_shapes=tuple(scratch_shapes), compiler_params=params,
+                interpret=interpret, name=name,
+            )(*inputs)
+
+        return plain
 
     outs, out_tree = jax.tree.flatten(out_shape)
     n_out = len(outs)
@@ -138,7 +202,7 @@ def pallas_call(
         if in_specs is not pl.no_block_spec:
             specs = [*in_specs, *out_spec_list]
         return pl.pallas_call(
-            poisoned_body, out_shape=out_shape, grid=tuple(grid), in_specs=specs,
+            poisoned_body, out_shape=with_varying_axes(out_shape, inputs), grid=tuple(grid), in_specs=specs,
             out_specs=out_specs, scratch_shapes=tuple(scratch_shapes), compiler_params=params,
             interpret=interpret, name=name,
             input_output_aliases={n_in + i: i for i in range(n_out)},

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels.lowering import Platform, poison_value
+from kernels.lowering import Platform, poison_value, vary_like, with_varying_axes
 
 # SMs of the GPU assumed when none is attached (H200 / H100 SXM).
 DEFAULT_NUM_SMS = 132
@@ -114,13 +114,13 @@ def mosaic_kernel(
     if cluster:  # only when clustered: Mosaic GPU's interpreter rejects any cluster argument
         mesh.update(cluster=cluster, cluster_names=cluster_names)
     if platform.interpret or not platform.poison_outputs:
-        kernel = plgpu.kernel(body, out_type=out_shape, compiler_params=compiler_params,
-                              interpret=interpret_params() if platform.interpret else None, **mesh)
-
         def call(*inputs: jax.Array) -> tuple[jax.Array, ...]:
             if platform.interpret:  # each new trace starts from a clean interpreter
                 reset_interpreter()
-            return tuple(kernel(*inputs))
+            kernel = plgpu.kernel(body, out_type=with_varying_axes(out_shape, inputs),
+                                  compiler_params=compiler_params,
+                                  interpret=interpret_params() if platform.interpret else None, **mesh)
+            return tuple(vary_like(tuple(kernel(*inputs)), inputs))
 
         return call
 

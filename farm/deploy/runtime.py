@@ -88,10 +88,11 @@ from farm.deploy.registry import (
     fingerprint_diff,
     log_distance,
 )
-from farm.deploy.tuned import TunedKernel, set_default, tuned
+from farm.deploy.tuned import ShardedCallWarning, TunedKernel, set_default, tuned
 
 __all__ = ["CACHE_LIMIT", "DEFAULT", "EXACT", "FINGERPRINT_KEYS", "GPU_TARGETS", "HISTORY_LIMIT", "NEAREST",
            "NEAREST_MAX_DISTANCE", "NEAREST_WARN_DISTANCE", "POLICIES", "RECORD_ENV", "WARN_LIMIT", "Choice",
-           "Lookup", "NoBackwardKernel", "Recording", "Registry", "SoftwareMismatch", "SoftwareMismatchWarning",
+           "Lookup", "NoBackwardKernel", "Recording", "Registry", "ShardedCallWarning", "SoftwareMismatch",
+           "SoftwareMismatchWarning",
            "TunedKernel", "TuningMissWarning", "fingerprint_diff", "log_distance", "record", "recording_path",
            "set_default", "tuned"]

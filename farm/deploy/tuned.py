@@ -7,6 +7,7 @@ looked up and tuned. See `farm.deploy.runtime` for the whole story.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ class TunedKernel:
         self._built: dict[tuple, tuple[Choice, Callable[..., Any], Lookup]] = {}
         self._input_ranks: tuple[int, ...] | None = None
         self._lock = threading.Lock()
+        self._warned_sharded = False   # ShardedCallWarning, once per tuned kernel
         backward = kernels.protocol.hook(self._module, "BACKWARD")
         self._backward = None if backward is None else TunedKernel(
             registry, backward.kernel, target=target, device_kind=device_kind, interpret=interpret)
@@ -183,7 +185,26 @@ class TunedKernel:
             if not (hasattr(x, "shape") and hasattr(x, "dtype")):
                 raise FarmError(f"tuned({self.kernel!r}): input {i}: expected an array (JAX or NumPy), got "
                                 f"{type(x).__name__}")
+            if not self._warned_sharded and _sharded(x):
+                self._warned_sharded = True
+                warnings.warn(f"tuned({self.kernel!r}): input {i} is sharded over {len(x.sharding.device_set)} "
+                              f"devices; XLA does not partition a Pallas kernel, so every device gathers the whole "
+                              f"array and runs the whole call. Call it inside jax.shard_map (each shard then runs, "
+                              f"and is looked up, at its own shape)", ShardedCallWarning, stacklevel=2)
         return self._call(*inputs)
+
+
+class ShardedCallWarning(UserWarning):
+    """A tuned kernel was called on an array sharded over several devices, outside shard_map."""
+
+
+def _sharded(x: Any) -> bool:
+    """Whether `x` is a concrete array split over several devices (not replicated on them)."""
+    sharding = getattr(x, "sharding", None)
+    try:
+        return sharding is not None and len(sharding.device_set) > 1 and not sharding.is_fully_replicated
+    except Exception:  # noqa: BLE001 - a tracer, or a sharding of another kind: nothing to say
+        return False
 
 
 def _as_tuple(value: Any) -> tuple:
