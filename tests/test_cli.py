@@ -134,3 +134,35 @@ def test_scale_up_is_refused_before_ray_where_it_cannot_ask_for_one_kind_of_chip
 
     with pytest.raises(FarmError, match=r"--scale-up \(scale_up\): expected an integer from 1 to 4096"):
         SweepSettings(run_dir=tmp_path / "x", scale_up=5000)
+
+
+def test_dry_run_counts_what_a_sweep_would_search_and_starts_nothing(tmp_path, capsys, monkeypatch):
+    """--dry-run: each task's valid configs (as the searcher enumerates them) and those that fit the
+    memory pruned against (a few Triton blocks of a 50257-wide bfloat16 row outgrow an H200's shared
+    memory), its budget and default; no Ray, no run folder."""
+    import re
+
+    import jax.numpy as jnp
+    import ray
+
+    import kernels
+    from farm.measure import capacity
+    from tests.shipped_spaces import admitted_configs
+    from tests.shipped_spaces import space as shipped_space
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["sweep", "--kernel", "softmax", "--shape", "64x50257", "--dtype", "bfloat16", "--target", "gpu-triton",
+            "--trials", "3", "--dry-run"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    shape, dtype = (64, 50257), jnp.dtype("bfloat16")
+    valid = admitted_configs(shipped_space("softmax"), "gpu-triton", shape, "bfloat16")
+    module, cap = kernels.load("softmax"), capacity.profile("h200")
+    fits = [c for c in valid if module.footprint(c, shape, dtype, "gpu-triton") <= cap.onchip_bytes]
+    assert 0 < len(fits) < len(valid)
+    row = next(line for line in out.splitlines() if "softmax/64x50257/bfloat16/gpu-triton" in line)
+    assert re.search(rf"│ 3\s+│ {len(valid)}\s+│ {len(fits)}\s+│ h200: 227 KiB shared memory", row), row
+    assert "1 tasks, 3 trials budgeted" in out
+    assert not ray.is_initialized() and not list(tmp_path.iterdir())
+    assert cli.main(["sweep", "--resume", str(tmp_path / "x"), "--dry-run"]) == 2
+    assert "--dry-run: expected a new sweep" in capsys.readouterr().err

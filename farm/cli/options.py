@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue a killed sweep: same tasks and settings, nothing measured twice (only "
                        f"{', '.join(RESUME_SAFE)} may change)")
     sweep.add_argument("--trials", type=_trials, help="trials per task (overrides the spaces)")
+    sweep.add_argument("--dry-run", action="store_true",
+                       help="print each task's sampler, trial budget, valid configs, those that fit the memory "
+                       "pruned against, and its default; start nothing, write nothing")
     sweep.add_argument("--out", metavar="RUN_DIR_OR_URL", help="run folder, new or empty (default "
                        "artifacts/run-<UTC time>), or a URL (file://, gs://, s3://) the run folder is copied to "
                        "at the end")

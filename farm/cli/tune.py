@@ -38,6 +38,38 @@ def _sweep_settings(args: argparse.Namespace, out: Path, runnable_only: bool = F
         scale_up_wait_s=_run_option(args, "scale_up_wait"), **_measuring(args))
 
 
+def _print_preview(planned: list[Any], args: argparse.Namespace) -> int:
+    """`farm sweep --dry-run`: the planned tasks as their sweep would start them (nothing run)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from farm.run.bounds import check_settings
+    from farm.search import preview
+
+    check_settings({"sampler": args.sampler, "emulate": args.emulate})
+    shown = preview.preview(planned, interpret=args.interpret, emulate=args.emulate, sampler=args.sampler)
+    table = Table(title="planned tasks (--dry-run: nothing runs)",
+                  caption="valid: configs the space and the kernel accept; fit: of those, configs within the memory "
+                  "pruned against (the others are never compiled); *: the budget covers every config that fits")
+    for column in ("task", "sampler", "trials", "valid", "fit", "pruned against", "default"):
+        table.add_column(column, overflow="fold")
+    def count(n: int | None) -> str:
+        return "many" if n is None else str(n)
+
+    for task in shown:
+        default = " ".join(f"{k}={v}" for k, v in sorted(task.default.items()))
+        table.add_row(escape(task.task_key), task.sampler, f"{task.trials}{'*' if task.exhausts else ''}",
+                      count(task.valid), count(task.fits), escape(task.capacity),
+                      escape(f"{default} ({task.default_note})"))
+    Console(width=200 if not sys.stdout.isatty() else None).print(table)
+    empty = [t.task_key for t in shown if t.fits == 0]
+    print(f"{len(shown)} tasks, {sum(t.trials for t in shown)} trials budgeted"
+          + (f"; {len(empty)} with no config that fits, e.g. {empty[0]} (only its default would run)" if empty else "")
+          + ("; without --target a sweep tunes only the targets its cluster runs" if not args.target else ""))
+    return 0
+
+
 def _measuring(args: argparse.Namespace) -> dict[str, Any]:
     """--sample-budget and --race as SweepSettings fields (0 turns each off; left out: the default)."""
     given = {"sample_budget_s": args.sample_budget, "race": args.race}
@@ -130,10 +162,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.allow_kernel_module:  # --resume reloads the run's spaces through the same switch
         os.environ[spaces.ALLOW_KERNEL_MODULES_ENV] = "1"
     if args.resume:
+        if args.dry_run:
+            raise FarmError("--dry-run: expected a new sweep's SPACE files, --kernel or --tasks, not --resume")
         planned, settings = _resume_settings(args)
         destination = Destination(args.resume)
     else:
         planned = _sweep_spaces(args)
+        if args.dry_run:
+            return _print_preview(planned, args)
         destination = Destination.parse(args.out)
         settings = _sweep_settings(args, destination.run_dir, runnable_only=not args.target)
     key = signing_key(args)
