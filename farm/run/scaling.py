@@ -80,13 +80,17 @@ def scale_up(resource: str, chips: int, labels: Mapping[str, str], wait_s: float
     logger.info("scale-up: asked the autoscaler for %d %s chips%s (%d up); waiting up to %.0f s",
                 chips, resource, where, up, wait_s)
     started = last_report = clock()
-    while up < chips and clock() - started < wait_s:
-        time.sleep(POLL_S)
-        up = chips_up(resource, labels)
-        if clock() - last_report >= REPORT_EVERY_S:
-            last_report = clock()
-            logger.info("scale-up: %d of %d %s chips up after %.0f s%s", up, chips, resource, last_report - started,
-                        _pending())
+    try:
+        while up < chips and clock() - started < wait_s:
+            time.sleep(POLL_S)
+            up = chips_up(resource, labels)
+            if clock() - last_report >= REPORT_EVERY_S:
+                last_report = clock()
+                logger.info("scale-up: %d of %d %s chips up after %.0f s%s", up, chips, resource,
+                            last_report - started, _pending())
+    except BaseException:   # interrupted while waiting: no request left standing
+        withdraw()
+        raise
     if up == 0:
         withdraw()
         raise FarmError(f"--scale-up {chips}: no {resource} chips{where} came up within {wait_s:g} s "
