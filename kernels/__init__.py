@@ -42,6 +42,10 @@ def load(name: str) -> ModuleType:
         module = importlib.import_module(path)
     except ImportError as err:
         raise UnknownKernel(f"kernel module {path!r} cannot be imported: {err}") from None
+    except Exception as err:  # noqa: BLE001 - a module that fails as it runs (a SyntaxError, a raise)
+        where = f" ({err.filename}, line {err.lineno})" if isinstance(err, SyntaxError) else ""
+        raise UnknownKernel(f"kernel module {path!r} fails as it is imported: {type(err).__name__}: "
+                            f"{str(err)[:300]}{where}") from None
     missing = check_module(module)
     if missing:
         raise UnknownKernel(f"kernel module {path!r} lacks {', '.join(missing)}")

@@ -47,7 +47,7 @@ def test_a_trial_whose_worker_died_once_is_requeued(ray_local, tmp_path, signing
     assert [(t["outcome"], t["attempt"]) for t in drawn] == [(outcomes.OK, 2)]
 
 
-def test_a_task_whose_reference_fails_stops_and_the_others_go_on(ray_local, tmp_path, signing_key):
+def test_a_task_whose_reference_fails_stops_and_the_others_go_on(ray_local, tmp_path, signing_key, capsys):
     """A reference that cannot be computed (the host out of memory) fails every config of its task
     alike: after two such trials the task is asked for no more and ends no_valid_config, saying why;
     the sweep's other task spends its whole budget."""
@@ -68,6 +68,14 @@ def test_a_task_whose_reference_fails_stops_and_the_others_go_on(ray_local, tmp_
     assert rows[f"{REFERENCE_OOM_ROWS}x128"]["status"] == "no_valid_config" and rows["16x128"]["status"] == "ok"
     stopped = json.loads((out / "run.json").read_text())["summary"]["stopped_tasks"]
     assert list(stopped) == [doomed[0]["task_key"]] and "host out of memory" in stopped[doomed[0]["task_key"]]
+    # The sweep's output and the report say why the task has no config (not only trials.jsonl).
+    assert f"note: {doomed[0]['task_key']}: no config ran correctly; {len(doomed)} of its {len(doomed)} failed " \
+           f"configs: run_error: {outcomes.REFERENCE_FAILED}MemoryError" in capsys.readouterr().err
+    from farm import cli
+
+    assert cli.main(["report", str(out), "--allow-kernel-module"]) == 0
+    text = (out / "report.md").read_text()
+    assert "## Tasks with no valid config" in text and "MemoryError: host out of memory" in text
 
 
 def _worker_pids() -> list[int]:

@@ -211,6 +211,32 @@ def test_static_pruning_never_proposes_what_cannot_fit():
     assert pruned and all(a.footprint_bytes > a.capacity_bytes == tiny.onchip_bytes for a in pruned)
 
 
+@pytest.mark.parametrize("static_pruning", [True, False])
+def test_a_footprint_that_raises_fails_that_config_only(monkeypatch, static_pruning):
+    """A kernel's memory model that raises on some configs (a kernel bug) answers each of them
+    `invalid` with the error, pruning or not, and the search goes on with the others."""
+    import kernels
+
+    module = kernels.load("matmul")
+    real = module.footprint
+
+    def footprint(config, shape, dtype, target):
+        if config["block_m"] == 16:
+            raise KeyError("block_m16")
+        return real(config, shape, dtype, target)
+
+    monkeypatch.setattr(module, "footprint", footprint)
+    searcher, answered = _searcher(_planned(MATMUL, trials=64, sampler="grid"), static_pruning=static_pruning)
+    proposed = []
+    while (p := searcher.ask()) is not None:
+        proposed.append(p.config)
+        searcher.tell(_ok(p))
+    invalid = [a for a in answered if a.outcome == outcomes.INVALID]
+    assert invalid and all("the kernel's footprint() raised KeyError: 'block_m16'" in a.error for a in invalid)
+    assert proposed and all(c["block_m"] != 16 for c in proposed)
+    assert len(invalid) + len(proposed) == 4 * 4 * 4
+
+
 def test_powers_of_two_are_ordered_integers_for_the_sampler():
     planned = _planned(MATMUL, trials=2)
     searcher, _ = _searcher(planned)

@@ -31,6 +31,12 @@ def test_fast_wrong_kernel_is_wrong_result():
     assert m.median_s is None and "exceeds the float32 tolerance" in m.error
 
 
+def test_outputs_of_another_dtype_than_the_references_are_wrong_result():
+    m = measure(WRONG, {"block_rows": 8, "variant": "half"}, interpret=True, repetitions=3)
+    assert m.outcome == outcomes.WRONG_RESULT and m.numerics_error == math.inf
+    assert m.error == "output 0 is float16[32, 128], expected float32[32, 128] (the reference's on the same inputs)"
+
+
 def test_unwritten_rows_are_caught_by_poisoning():
     m = measure(WRONG, {"block_rows": 8, "variant": "partial"}, interpret=True, repetitions=3)
     assert m.outcome == outcomes.WRONG_RESULT and m.numerics_error == math.inf

@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="a run's report: winners against their defaults, best-so-far plots")
     report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by farm sweep (a path or file://)")
+    report.add_argument("--allow-kernel-module", action="store_true", help="accept a run whose kernel is a module "
+                        "path (importing it runs its code); also FARM_ALLOW_KERNEL_MODULES=1")
 
     verify = sub.add_parser("verify", help="check a bundle's signature and file hashes")
     verify.add_argument("bundle", type=Path, help="bundle folder, run folder, `farm pull` deployment folder or "

@@ -197,17 +197,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           f"({summary.get('trials_per_s', 0):.2f}/s) on {len(duty)} workers; device duty cycle "
           + (", ".join(f"{v:.0%}" for v in duty.values()) or "-"))
     print_winners(result.rows)
+    _print_failures(result)
     for target, reason in sorted((summary.get("left_out") or {}).items()):
         print(f"note: left out the {target} tasks: {reason} (no --target was given; name it with --target to "
               f"tune it or be told why not)", file=sys.stderr)
-    print(f"report: farm report {destination.run_dir}")
+    print(f"report: farm report {destination.run_dir}{' --allow-kernel-module' if args.allow_kernel_module else ''}")
     return 0
+
+
+def _print_failures(result: Any) -> None:
+    """For each task with no valid config, what most of its failed configs failed with (stderr)."""
+    from farm.run.report import common_failure
+
+    for row in result.rows:
+        if row["status"] == "ok":
+            continue
+        failure = common_failure([r for r in result.records if r.task_key == row["task_key"]])
+        if failure is not None:
+            print(f"note: {row['task_key']}: no config ran correctly; {failure.count} of its {failure.failed} "
+                  f"failed configs: {failure.message}", file=sys.stderr)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write and print a run's report (report.md, best-so-far plots)."""
     from farm.run import report
+    from farm.search import spaces
 
+    if args.allow_kernel_module:
+        os.environ[spaces.ALLOW_KERNEL_MODULES_ENV] = "1"
     run_dir = str(args.run_dir)
     if run_dir.startswith("file://"):
         run_dir = run_dir[len("file://"):]

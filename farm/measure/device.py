@@ -69,6 +69,9 @@ class ReferenceCache:
             started = time.perf_counter()
             dtype = jnp.dtype(task.dtype)
             inputs = module.make_inputs(task.shape, dtype, input_key(task, "check", os.getpid()))
+            if not isinstance(inputs, tuple):
+                raise TypeError(f"{module.__name__}.make_inputs returned {type(inputs).__name__}; expected a tuple "
+                                f"of arrays (the kernel's inputs, in order)")
             ref = jax.block_until_ready(module.reference(*validate.upcast(inputs)))
             entry = (inputs, ref)
             nbytes = sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(entry))
@@ -111,10 +114,14 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         return result
     try:
         out = jax.block_until_ready(c.check_executable(*inputs))
-        result.numerics_error = validate.relative_error(out, ref)
+        shaped = validate.mismatch(out, jax.eval_shape(c.module.reference, *inputs))
+        result.numerics_error = validate.relative_error(out, ref) if shaped is None else float("inf")
         del out
     except Exception as err:  # noqa: BLE001
         return result.fail(full_text(err), outcomes.RUN_ERROR)
+    if shaped is not None:
+        result.outcome, result.error = outcomes.WRONG_RESULT, shaped
+        return result
     bound = validate.tolerance(task.dtype, c.module)
     if not result.numerics_error <= bound:
         result.outcome = outcomes.WRONG_RESULT

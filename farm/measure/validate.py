@@ -63,3 +63,17 @@ def relative_error(out: Any, ref: Any) -> float:
             error = float(_device_error(jnp.asarray(o), jnp.asarray(r)))
         worst = max(worst, error)
     return worst
+
+
+def mismatch(out: Any, expected: Any) -> str | None:
+    """Why `out` is not shaped as `expected` (`jax.eval_shape` of the reference on the kernel's own
+    inputs): another structure, shape or dtype; None when every output matches."""
+    got, want = jax.tree.leaves(out), jax.tree.leaves(expected)
+    if jax.tree.structure(out) != jax.tree.structure(expected):
+        return f"the kernel returned {len(got)} output(s) as {jax.tree.structure(out)}, the reference {len(want)} as " \
+               f"{jax.tree.structure(expected)}"
+    for i, (o, e) in enumerate(zip(got, want)):
+        if tuple(o.shape) != tuple(e.shape) or o.dtype != e.dtype:
+            return (f"output {i} is {o.dtype}{list(o.shape)}, expected {e.dtype}{list(e.shape)} (the reference's "
+                    f"on the same inputs)")
+    return None

@@ -36,6 +36,29 @@ PLOTS_DIR = "report"
 PLOT_NAME_CHARS = 200   # a plot file name's characters before ".png" (file names: 255 bytes)
 
 
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """The failure most of a task's failed configs share: its first line, how many, of how many."""
+
+    message: str
+    count: int
+    failed: int
+
+
+def common_failure(records: list[TrialRecord]) -> Failure | None:
+    """The most common first line of the errors of `records`' measured failures (one task's), or
+    None when none failed: for a task with no valid config, the reason a kernel author needs."""
+    def first_line(record: TrialRecord) -> str:
+        text = (record.error or "").strip()
+        return f"{record.outcome}: {text.splitlines()[0][:300]}" if text else record.outcome
+
+    lines = [first_line(r) for r in records if r.outcome in outcomes.FAILURES]
+    if not lines:
+        return None
+    message, count = Counter(lines).most_common(1)[0]
+    return Failure(message, count, len(lines))
+
+
 @dataclasses.dataclass
 class TaskReport:
     """One task's winner, its default and its counts."""
@@ -45,6 +68,7 @@ class TaskReport:
     default: TrialRecord | None
     counts: Counter
     curve: list[tuple[int, float]]          # (measured trial index, best median so far)
+    failure: Failure | None = None           # with no winner: what most of its measured configs failed with
 
     @property
     def speedup(self) -> float | None:
@@ -106,7 +130,8 @@ def task_reports(records: list[TrialRecord], winners: dict[str, dict[str, Any]] 
             best = best.replace(median_s=row["median_s"] or best.median_s)
         reports.append(TaskReport(key, best,
                                   min(default_ok, key=lambda r: r.median_s, default=None),
-                                  Counter(r.outcome for r in group), curve))
+                                  Counter(r.outcome for r in group), curve,
+                                  None if best else common_failure(group)))
     return reports
 
 
@@ -133,6 +158,11 @@ def markdown(tasks: list[TaskReport], summary: dict[str, Any], run_dir: Path) ->
               "configs that did not run correctly; skipped: draws never measured (invalid: outside the space "
               "or refused by the kernel; pruned: cannot fit in memory). The trial budget counts measured and "
               "cached configs."]
+    failing = [task for task in tasks if task.failure]
+    if failing:
+        lines += ["", "## Tasks with no valid config", ""]
+        lines += [f"- {task.task_key}: {task.failure.count} of its {task.failure.failed} failed configs: "
+                  f"`{task.failure.message.replace('`', chr(39))}`" for task in failing]
     return "\n".join(lines) + "\n"
 
 

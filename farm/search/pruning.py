@@ -16,11 +16,13 @@ from kernels import protocol
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """Why a config is pruned, with the numbers."""
+    """Why a config is pruned, with the numbers; `invalid` where the kernel's memory model itself
+    failed on it (a kernel bug: the config is never compiled, whatever the pruning settings)."""
 
     reason: str
     footprint_bytes: int | None = None
     capacity_bytes: int | None = None
+    invalid: bool = False
 
 
 def static_verdict(module: Any, config: Mapping[str, Any], shape: tuple[int, ...], dtype: str, target: str,
@@ -28,7 +30,10 @@ def static_verdict(module: Any, config: Mapping[str, Any], shape: tuple[int, ...
     """(footprint, verdict): verdict is None when the config may fit."""
     import jax.numpy as jnp
 
-    footprint = int(module.footprint(dict(config), shape, jnp.dtype(dtype), target))
+    try:
+        footprint = int(module.footprint(dict(config), shape, jnp.dtype(dtype), target))
+    except Exception as err:  # noqa: BLE001 - a kernel's model failing on one config fails that config only
+        return None, Verdict(f"the kernel's footprint() raised {type(err).__name__}: {str(err)[:300]}", invalid=True)
     if capacity.onchip_bytes is not None and footprint > capacity.onchip_bytes:
         return footprint, Verdict(
             f"footprint {footprint} B exceeds {capacity.memory} capacity {capacity.onchip_bytes} B "

@@ -257,9 +257,9 @@ class Searcher:
                 continue
             footprint, verdict = pruning.static_verdict(self.module, config, task.shape, task.dtype, task.target,
                                                         self.capacity)
-            if verdict is not None and self.static_pruning:
-                self._skip(trial, key, outcomes.PRUNED, verdict.reason, footprint_bytes=verdict.footprint_bytes,
-                           capacity_bytes=verdict.capacity_bytes)
+            if verdict is not None and (self.static_pruning or verdict.invalid):
+                self._skip(trial, key, outcomes.INVALID if verdict.invalid else outcomes.PRUNED, verdict.reason,
+                           footprint_bytes=verdict.footprint_bytes, capacity_bytes=verdict.capacity_bytes)
                 continue
             dominating = self.dominance.dominating(config)
             if dominating is not None:
@@ -289,10 +289,11 @@ class Searcher:
             return None
         footprint, verdict = pruning.static_verdict(self.module, config, task.shape, task.dtype, task.target,
                                                     self.capacity)
-        if verdict is not None and self.static_pruning:
+        if verdict is not None and (self.static_pruning or verdict.invalid):
             self.skipped += 1
-            self.on_answer(Answer(OUTSIDE_STUDY, key, outcomes.PRUNED, verdict.reason,
-                                  footprint_bytes=verdict.footprint_bytes, capacity_bytes=verdict.capacity_bytes))
+            self.on_answer(Answer(OUTSIDE_STUDY, key, outcomes.INVALID if verdict.invalid else outcomes.PRUNED,
+                                  verdict.reason, footprint_bytes=verdict.footprint_bytes,
+                                  capacity_bytes=verdict.capacity_bytes))
             return None
         self.asked += 1
         self._waiting[key] = []

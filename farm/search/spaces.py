@@ -268,6 +268,10 @@ def parse_space(data: Any, path: str, *, allow_kernel_modules: bool | None = Non
                 raise SpaceError(path, "sampler", f"a grid of at most {MAX_GRID} configs (target {target.name} "
                                  f"has {space.size(target.name)}); use tpe or random")
     _check_knobs(space, module)
+    if kernel_name not in kernels.REGISTRY:   # a user's own module: its contract checked before any sweep
+        from farm.search.contract import check_kernel_contract
+
+        check_kernel_contract(space, module)
     return dataclasses.replace(space, unfit=_check_feasible(space))
 
 
