@@ -112,6 +112,11 @@ def _varying(axis_type: Any) -> frozenset:
     return frozenset(getattr(axis_type, "varying", axis_type) or ())
 
 
+def varying_axes(x: Any) -> frozenset:
+    """The manual mesh axes a traced value varies over (inside shard_map, its checks on); else empty."""
+    return _varying(_axis_type(x))
+
+
 def with_varying_axes(out_shape: Any, inputs: Sequence[Any]) -> Any:
     """`out_shape` typed to vary over the manual mesh axes its inputs vary over.
 

@@ -118,6 +118,8 @@ def test_scale_up_is_refused_before_ray_where_it_cannot_ask_for_one_kind_of_chip
          "--scale-up: no target of this sweep runs on an accelerator (interpret); expected --target tpu"),
         (["--target", "tpu", "--interpret"],
          "--scale-up 4: an embedded local Ray has no autoscaler to ask for TPU hosts; expected --address"),
+        (["--target", "tpu", "--interpret", "--address", "local"],
+         "--scale-up 4: an embedded local Ray has no autoscaler to ask for TPU hosts; expected --address"),
     ]:
         capsys.readouterr()
         assert cli.main(["sweep", *common, *flags]) == 2

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -286,6 +287,17 @@ def test_scale_up_asks_the_autoscaler_for_chips_and_gives_them_back(autoscaling_
     assert none.stderr.strip().splitlines()[-1].startswith("error: --scale-up 2: no TPU chips")
     assert not (tmp_path / "none").exists()
 
+    # Stopped by SIGTERM (`ray job stop`, `timeout`) while waiting for more chips than the cluster
+    # holds: the request is withdrawn on the way out, and the host that came up goes.
+    term = subprocess.Popen([*farm, "--scale-up", "4", "--scale-up-wait", "600", "--out", str(tmp_path / "term")],
+                            cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while _tpu_chips(address, env) != 2 and time.monotonic() < deadline:
+        time.sleep(1)
+    term.send_signal(signal.SIGTERM)
+    assert term.wait(timeout=60) == 128 + signal.SIGTERM
+    _wait_for_no_tpu(address, env, "the request of a sweep stopped by SIGTERM stayed")
+
     done = subprocess.run([*farm, "--scale-up", "2", "--scale-up-wait", "240", "--node-label", "pallas-farm/tpu=v5e",
                            "--out", str(tmp_path / "run")], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=900)
@@ -297,7 +309,11 @@ def test_scale_up_asks_the_autoscaler_for_chips_and_gives_them_back(autoscaling_
     rows = artifacts.read_configs(tmp_path / "run" / "bundle").to_pylist()
     assert [(r["task_key"], r["status"]) for r in rows] == [("softmax/64x128/float32/tpu", "ok")]
     # The request withdrawn, the host idle: the autoscaler removes it (idle_timeout_minutes 0.1).
+    _wait_for_no_tpu(address, env, "the TPU host the sweep asked for stayed after the sweep")
+
+
+def _wait_for_no_tpu(address: str, env: dict[str, str], message: str) -> None:
     deadline = time.monotonic() + 120
     while _tpu_chips(address, env) != 0 and time.monotonic() < deadline:
         time.sleep(2)
-    assert _tpu_chips(address, env) == 0, "the TPU host the sweep asked for stayed after the sweep"
+    assert _tpu_chips(address, env) == 0, message

@@ -84,3 +84,17 @@ def test_a_tuned_kernel_in_shard_map_runs_its_shard_and_looks_up_the_shard_shape
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[(2, 128), (4, 128)]"   # the eager call: the whole array
+
+
+def test_a_tuned_kernels_gradient_inside_shard_map_with_its_checks_on():
+    """rms norm's weight, shared by every shard: its gradient varies over the mesh where the weight
+    does not, and JAX's checks refuse that from a VJP; the tuned kernel sums it over the shards."""
+    from farm.deploy.registry import Registry
+
+    tuned = Registry().tuned("rms_norm", target="gpu-triton")
+    x, w = jnp.ones((64, 256), jnp.bfloat16), jnp.ones((256,), jnp.bfloat16)
+    sharded = jax.shard_map(tuned, mesh=_mesh("gpu-triton"), in_specs=(P("d"), P()), out_specs=P("d"))
+    loss = jax.grad(lambda x, w: sharded(x, w).astype(jnp.float32).sum(), (0, 1))
+    with pytest.warns(UserWarning):   # nothing tuned: the defaults run
+        text = jax.jit(loss).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert "all_reduce" in text or "all-reduce" in text

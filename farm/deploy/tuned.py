@@ -166,7 +166,8 @@ class TunedKernel:
             values = {"input": inputs, "output": _as_tuple(out), "cotangent": _as_tuple(cotangent)}
             grads = _as_tuple(self._backward(*(values[kind][i] for kind, i in sources)))
             by_input = dict(zip(backward.grads, grads))
-            return tuple(by_input[i].astype(x.dtype) if i in by_input else _zeros(x) for i, x in enumerate(inputs))
+            return tuple(_summed_to(by_input[i].astype(x.dtype), x) if i in by_input else _zeros(x)
+                         for i, x in enumerate(inputs))
 
         differentiable.defvjp(forward, vjp)
         return differentiable
@@ -209,6 +210,18 @@ def _sharded(x: Any) -> bool:
 
 def _as_tuple(value: Any) -> tuple:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _summed_to(grad: Any, x: Any) -> Any:
+    """`grad` summed over the manual mesh axes it varies over and its input `x` does not: inside
+    shard_map, a weight every shard shares gets the sum of the shards' gradients (with its checks
+    on, JAX requires a VJP's outputs to vary as its inputs do; with them off, nothing is known)."""
+    import jax
+
+    from kernels.lowering import varying_axes
+
+    extra = tuple(sorted(varying_axes(grad) - varying_axes(x)))
+    return jax.lax.psum(grad, extra) if extra else grad
 
 
 def _zeros(x: Any) -> Any:

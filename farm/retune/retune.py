@@ -34,6 +34,7 @@ from farm.measure import outcomes
 from farm.retune.planning import Previous, TaskPlan, plan_tasks
 from farm.retune.report import REPORT_JSON, REPORT_MD, task_report, to_markdown
 from farm.retune.rules import EXIT_BLOCKED, KEPT, REGRESSED, RetuneSettings, decide, landscape_moved
+from farm.run import scaling
 from farm.run.sweep import BUNDLE_DIR, RunResult, SweepSettings, run_sweep
 from farm.search.plan import PlannedTask
 
@@ -90,6 +91,21 @@ def retune(planned: Sequence[PlannedTask], previous: Previous, sweep_settings: S
     `progress(planned)`, when given, returns a context manager with an `update(record)` method
     (e.g. `farm.run.progress.SweepProgress`) that sees the stale tasks' trials.
     """
+    if not sweep_settings.scale_up:
+        return _retune(planned, previous, sweep_settings, key, settings, progress)
+    # --scale-up once for the whole retune (its probe, sweep and escalation each run a sweep): the
+    # hosts stay asked for until the retune ends
+    scaled, sigterm = scaling.ask([p.task.target for p in planned], sweep_settings.scale_up,
+                                  sweep_settings.node_labels, sweep_settings.scale_up_wait_s, sweep_settings.address)
+    try:
+        return _retune(planned, previous, dataclasses.replace(sweep_settings, scale_up=None), key, settings, progress)
+    finally:
+        scaling.give_back(scaled, sigterm)
+
+
+def _retune(planned: Sequence[PlannedTask], previous: Previous, sweep_settings: SweepSettings,
+            key: Ed25519PrivateKey, settings: RetuneSettings,
+            progress: Callable[[list[PlannedTask]], Any] | None) -> RetuneResult:
     run_dir = Path(sweep_settings.run_dir)
     existed = run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -96,10 +99,59 @@ def scale_up(resource: str, chips: int, labels: Mapping[str, str], wait_s: float
         raise FarmError(f"--scale-up {chips}: no {resource} chips{where} came up within {wait_s:g} s "
                         f"(--scale-up-wait){_pending()}; expected a cluster whose autoscaler can start "
                         f"{resource} hosts (cluster.yaml's node types, your quota: see `ray status`)")
-    if up < chips:
-        logger.warning("scale-up: %d of the %d %s chips asked for came up within %.0f s; sweeping on those",
-                       up, chips, resource, wait_s)
+    if up < chips:   # the sweep places its workers now: ask for no more hosts than it will use
+        request_resources(bundles=[{resource: 1}] * up, bundle_label_selectors=[labels] * up if labels else None)
+        logger.warning("scale-up: %d of the %d %s chips asked for came up within %.0f s; sweeping on those (the "
+                       "request is cut to them)", up, chips, resource, wait_s)
     return ScaleUp(resource, chips, labels, requested=True, up=up)
+
+
+def ask(targets: Sequence[str], chips: int, labels: Mapping[str, str], wait_s: float,
+        address: str | None) -> tuple[ScaleUp, Any]:
+    """--scale-up for a command: refuse where no autoscaler can answer (an embedded local Ray) or the
+    targets need no or two kinds of chip, join the cluster, have SIGTERM exit through `finally`, ask
+    and wait (`scale_up`). Returns what was asked and SIGTERM's handler before; `give_back` undoes both."""
+    from farm.run.pool import connect
+
+    resource = resource_of(targets)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address in (None, "local"):
+        raise FarmError(f"--scale-up {chips}: an embedded local Ray has no autoscaler to ask for {resource} "
+                        f"hosts; expected --address of a cluster started by `ray up`")
+    connect(address)
+    previous = exit_on_sigterm()
+    try:
+        return scale_up(resource, chips, labels, wait_s), previous
+    except BaseException:
+        _restore(previous)
+        raise
+
+
+def give_back(scaled: ScaleUp | None, previous: Any) -> None:
+    """Withdraw what `ask` requested (if it asked) and restore SIGTERM's handler."""
+    if scaled is not None and scaled.requested:
+        withdraw()
+        logger.info("scale-up: withdrew the autoscaler request for %d %s chips; idle hosts go after the "
+                    "cluster's idle timeout", scaled.chips, scaled.resource)
+    _restore(previous)
+
+
+def _restore(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def exit_on_sigterm() -> Any:
+    """Have SIGTERM (`ray job stop`, `timeout`, a scheduler) raise SystemExit, so that the sweep's
+    `finally` withdraws its request instead of leaving billed hosts up; returns the handler it
+    replaced (restore it with `signal.signal`), or None off the main thread (nothing changed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, terminated)
 
 
 def withdraw() -> None:

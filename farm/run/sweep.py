@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import json
 import logging
-import os
 import shutil
 import time
 from collections import Counter
@@ -219,6 +218,7 @@ class _Sweep:
         self.finals: dict[str, list[FinalTiming]] = {}   # task key -> its finalists, re-timed
         self.left_out: dict[str, str] = {}               # target -> why this cluster does not run it
         self.scaled: scaling.ScaleUp | None = None       # what --scale-up asked the autoscaler for
+        self._sigterm: Any = None                        # SIGTERM's handler before --scale-up's (restored after)
         self.reference_failures: Counter = Counter()     # task key -> trials whose reference failed
         self.stopped_tasks: dict[str, str] = {}          # task key -> why no more of its trials were asked
         self._t0 = time.monotonic()
@@ -391,13 +391,9 @@ class _Sweep:
         """Join Ray and choose each task's pool (FarmError when the cluster cannot run a target)."""
         s = self.settings
         if s.scale_up:
-            resource = scaling.resource_of([p.task.target for p in self.planned])
-            if not (s.address or os.environ.get("RAY_ADDRESS")):
-                raise FarmError(f"--scale-up {s.scale_up}: an embedded local Ray has no autoscaler to ask for "
-                                f"{resource} hosts; expected --address of a cluster started by `ray up`")
+            self.scaled, self._sigterm = scaling.ask([p.task.target for p in self.planned], s.scale_up,
+                                                     s.node_labels, s.scale_up_wait_s, s.address)
         connect(s.address)
-        if s.scale_up:
-            self.scaled = scaling.scale_up(resource, s.scale_up, s.node_labels, s.scale_up_wait_s)
         cluster = ray.cluster_resources()
         if s.runnable_only:
             self._leave_out({p.task.target: placement.unrunnable(p.task.target, cluster, s.interpret)
@@ -406,10 +402,8 @@ class _Sweep:
 
     def release(self) -> None:
         """Withdraw what --scale-up asked the autoscaler for (the workers are gone by now)."""
-        if self.scaled is not None and self.scaled.requested:
-            scaling.withdraw()
-            logger.info("scale-up: withdrew the autoscaler request for %d %s chips; idle hosts go after the "
-                        "cluster's idle timeout", self.scaled.chips, self.scaled.resource)
+        scaling.give_back(self.scaled, self._sigterm)
+        self.scaled = self._sigterm = None
 
     def _leave_out(self, reasons: dict[str, str | None]) -> None:
         """Drop the tasks of each target with a reason (runnable_only), noting why; FarmError when
