@@ -142,8 +142,6 @@ def test_dry_run_counts_what_a_sweep_would_search_and_starts_nothing(tmp_path, c
     """--dry-run: each task's valid configs (as the searcher enumerates them) and those that fit the
     memory pruned against (a few Triton blocks of a 50257-wide bfloat16 row outgrow an H200's shared
     memory), its budget and default; no Ray, no run folder."""
-    import re
-
     import jax.numpy as jnp
     import ray
 
@@ -163,8 +161,16 @@ def test_dry_run_counts_what_a_sweep_would_search_and_starts_nothing(tmp_path, c
     fits = [c for c in valid if module.footprint(c, shape, dtype, "gpu-triton") <= cap.onchip_bytes]
     assert 0 < len(fits) < len(valid)
     row = next(line for line in out.splitlines() if "softmax/64x50257/bfloat16/gpu-triton" in line)
-    assert re.search(rf"│ 3\s+│ {len(valid)}\s+│ {len(fits)}\s+│ h200: 227 KiB shared memory", row), row
+    # piped (not a terminal): one tab-separated line a task
+    assert row.split("\t")[:5] == ["softmax/64x50257/bfloat16/gpu-triton", "pattern", "3", str(len(valid)),
+                                   str(len(fits))], row
+    assert row.split("\t")[5].startswith("h200: 227 KiB shared memory"), row
     assert "1 tasks, 3 trials budgeted" in out
+    # A head dim no Mosaic GPU tile fits: no config, and the default too large as well: nothing would run.
+    assert cli.main(["sweep", "--kernel", "flash_attention", "--shape", "1x1x1024x512", "--dtype", "bfloat16",
+                     "--target", "gpu-mosaic", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "(does not fit either: footprint " in out and "1 of them would run nothing" in out
     assert not ray.is_initialized() and not list(tmp_path.iterdir())
     assert cli.main(["sweep", "--resume", str(tmp_path / "x"), "--dry-run"]) == 2
     assert "--dry-run: expected a new sweep" in capsys.readouterr().err

@@ -80,7 +80,7 @@ MISTAKES = {
 SUFFIX = {"wrong_dtype": "\n    return lambda x: f(x).astype(jnp.float16)\n"}
 
 
-def _space(tmp_path, body: str, params: str = "  block_rows: {values: [8, 16]}") -> str:
+def _space(tmp_path, body: str, params: str = "  block_rows: {values: [8, 16]}", dtype: str = "float32") -> str:
     package = f"user_kernels_{uuid.uuid4().hex[:8]}"
     (tmp_path / package).mkdir()
     (tmp_path / package / "__init__.py").write_text("")
@@ -88,7 +88,7 @@ def _space(tmp_path, body: str, params: str = "  block_rows: {values: [8, 16]}")
     if str(tmp_path) not in sys.path:
         sys.path.insert(0, str(tmp_path))
     path = tmp_path / f"{package}.yaml"
-    path.write_text(f"kernel: {package}.mine\nshapes: [[64, 128]]\ndtypes: [float32]\ntargets: [interpret]\n"
+    path.write_text(f"kernel: {package}.mine\nshapes: [[64, 128]]\ndtypes: [{dtype}]\ntargets: [interpret]\n"
                     f"params:\n{params}\ntrials: 4\n")
     return str(path)
 
@@ -96,6 +96,10 @@ def _space(tmp_path, body: str, params: str = "  block_rows: {values: [8, 16]}")
 def test_a_correct_kernel_of_ones_own_loads(tmp_path):
     space = spaces.load_space(_space(tmp_path, textwrap.dedent(BASE)), allow_kernel_modules=True)
     assert [p.name for p in space.params_for("interpret")] == ["block_rows"]
+    # A reference that computes, and returns, float32 for bfloat16 inputs: the kernel's bfloat16 is the task's.
+    upcast = textwrap.dedent(BASE).replace("reference = softmax.reference",
+                                           "def reference(x):\n    return softmax.reference(x.astype(jnp.float32))")
+    assert spaces.load_space(_space(tmp_path, upcast, dtype="bfloat16"), allow_kernel_modules=True)
 
 
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
@@ -127,3 +131,17 @@ def test_a_knob_the_default_does_not_set_is_named_in_a_warning(tmp_path, caplog)
     said = [r.getMessage() for r in caplog.records if r.name == "farm.search.contract"]
     assert len(said) == 1 and "params.unroll: " in said[0] and "default_config does not set this knob on " \
         "interpret (it sets block_rows); if the kernel does not read it, it is tuned for nothing" in said[0]
+
+
+def test_a_default_that_no_longer_builds_is_said_and_left_to_the_sweep(tmp_path, caplog):
+    """After an upgrade removed an API the default uses, its build raises: the space still loads (a
+    retune repairs exactly this), with a warning, and the sweep records the default's compile error."""
+    import logging
+
+    body = textwrap.dedent(BASE).replace(
+        "    return softmax.build({", "    if config['block_rows'] == 8:\n"
+        "        raise NotImplementedError('gone in this release')\n    return softmax.build({", 1)
+    with caplog.at_level(logging.WARNING, logger="farm.search.contract"):
+        assert spaces.load_space(_space(tmp_path, body), allow_kernel_modules=True)
+    assert any("build(default) on interpret 64x128 float32 raised NotImplementedError: gone in this release"
+               in r.getMessage() for r in caplog.records)

@@ -73,3 +73,23 @@ def test_bundle_tables_are_typed_for_sql_and_dataframes(tmp_path):
     assert created.year == 2025 and created.tzinfo is not None
     started = duckdb.sql(f"SELECT typeof(started), typeof(knobs) FROM '{folder / artifacts.TRIALS}'").fetchall()[0]
     assert started[0].startswith("TIMESTAMP") and started[1].startswith("STRUCT")
+
+
+def test_a_task_without_a_valid_config_is_told_by_its_commonest_failure():
+    """The outcome most failures share, then its commonest message with the numbers that differ
+    config by config (relative errors, sizes) left out of the comparison."""
+    from farm.run.report import common_failure
+
+    task = TuningTask("softmax", (8, 128), "float32", "interpret")
+
+    def failed(outcome: str, error: str) -> TrialRecord:
+        return TrialRecord.measured(task, 0, "{}", Measurement(outcome, error=error))
+
+    records = [failed(outcomes.WRONG_RESULT, f"relative error {e} exceeds the float32 tolerance 0.002")
+               for e in (0.41, 0.52, 0.6, 1.3e-2)]
+    records += [failed(outcomes.COMPILE_ERROR, "ValueError: lowering failed")] * 3
+    records.append(TrialRecord.measured(task, 1, "{}", Measurement(outcomes.OK, median_s=1e-3)))
+    shared = common_failure(records)
+    assert shared is not None and (shared.count, shared.failed) == (4, 7)
+    assert shared.message == "wrong_result: relative error 0.41 exceeds the float32 tolerance 0.002"
+    assert common_failure(records[-1:]) is None

@@ -49,23 +49,35 @@ def _print_preview(planned: list[Any], args: argparse.Namespace) -> int:
 
     check_settings({"sampler": args.sampler, "emulate": args.emulate})
     shown = preview.preview(planned, interpret=args.interpret, emulate=args.emulate, sampler=args.sampler)
-    table = Table(title="planned tasks (--dry-run: nothing runs)",
-                  caption="valid: configs the space and the kernel accept; fit: of those, configs within the memory "
-                  "pruned against (the others are never compiled); *: the budget covers every config that fits")
-    for column in ("task", "sampler", "trials", "valid", "fit", "pruned against", "default"):
-        table.add_column(column, overflow="fold")
+
     def count(n: int | None) -> str:
         return "many" if n is None else str(n)
 
-    for task in shown:
-        default = " ".join(f"{k}={v}" for k, v in sorted(task.default.items()))
-        table.add_row(escape(task.task_key), task.sampler, f"{task.trials}{'*' if task.exhausts else ''}",
-                      count(task.valid), count(task.fits), escape(task.capacity),
-                      escape(f"{default} ({task.default_note})"))
-    Console(width=200 if not sys.stdout.isatty() else None).print(table)
-    empty = [t.task_key for t in shown if t.fits == 0]
+    columns = ("task", "sampler", "trials", "valid", "fit", "pruned against", "default")
+    rows = [(task.task_key, task.sampler, f"{task.trials}{'*' if task.exhausts else ''}", count(task.valid),
+             count(task.fits), task.capacity,
+             " ".join(f"{k}={v}" for k, v in sorted(task.default.items())) + f" ({task.default_note})")
+            for task in shown]
+    if sys.stdout.isatty():
+        table = Table(title="planned tasks (--dry-run: nothing runs)",
+                      caption="valid: configs the space and the kernel accept; fit: of those, configs within the "
+                      "memory pruned against (the others are never compiled); *: the budget covers every config "
+                      "that fits")
+        for column in columns:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*map(escape, row))
+        Console().print(table)
+    else:   # piped: one tab-separated line a task, for grep and cut
+        print("\t".join(columns))
+        for row in rows:
+            print("\t".join(row))
+    empty = [t for t in shown if t.fits == 0]
+    nothing = [t.task_key for t in empty if not t.default_runs]
     print(f"{len(shown)} tasks, {sum(t.trials for t in shown)} trials budgeted"
-          + (f"; {len(empty)} with no config that fits, e.g. {empty[0]} (only its default would run)" if empty else "")
+          + (f"; {len(empty)} with no config that fits, e.g. {empty[0].task_key}" if empty else "")
+          + (f"; {len(nothing)} of them would run nothing, their default refused or too large too, e.g. "
+             f"{nothing[0]}" if nothing else "")
           + ("; without --target a sweep tunes only the targets its cluster runs" if not args.target else ""))
     return 0
 

@@ -114,7 +114,7 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         return result
     try:
         out = jax.block_until_ready(c.check_executable(*inputs))
-        shaped = validate.mismatch(out, jax.eval_shape(c.module.reference, *inputs))
+        shaped = validate.mismatch(out, jax.eval_shape(c.module.reference, *inputs), task.dtype)
         result.numerics_error = validate.relative_error(out, ref) if shaped is None else float("inf")
         del out
     except Exception as err:  # noqa: BLE001

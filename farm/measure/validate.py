@@ -65,15 +65,18 @@ def relative_error(out: Any, ref: Any) -> float:
     return worst
 
 
-def mismatch(out: Any, expected: Any) -> str | None:
+def mismatch(out: Any, expected: Any, task_dtype: Any = None) -> str | None:
     """Why `out` is not shaped as `expected` (`jax.eval_shape` of the reference on the kernel's own
-    inputs): another structure, shape or dtype; None when every output matches."""
+    inputs): another structure, shape or dtype (the reference's, or the task's `task_dtype`: a
+    reference may compute and return float32 for bfloat16 inputs); None when every output matches."""
     got, want = jax.tree.leaves(out), jax.tree.leaves(expected)
+    allowed = None if task_dtype is None else jnp.dtype(task_dtype)
     if jax.tree.structure(out) != jax.tree.structure(expected):
         return f"the kernel returned {len(got)} output(s) as {jax.tree.structure(out)}, the reference {len(want)} as " \
                f"{jax.tree.structure(expected)}"
     for i, (o, e) in enumerate(zip(got, want)):
-        if tuple(o.shape) != tuple(e.shape) or o.dtype != e.dtype:
-            return (f"output {i} is {o.dtype}{list(o.shape)}, expected {e.dtype}{list(e.shape)} (the reference's "
-                    f"on the same inputs)")
+        if tuple(o.shape) != tuple(e.shape) or o.dtype not in (e.dtype, allowed):
+            also = f" or {allowed}" if allowed is not None and allowed != e.dtype else ""
+            return (f"output {i} is {o.dtype}{list(o.shape)}, expected {e.dtype}{also}{list(e.shape)} (the "
+                    f"reference's on the same inputs{', or the task dtype' if also else ''})")
     return None

@@ -46,17 +46,19 @@ class Failure:
 
 
 def common_failure(records: list[TrialRecord]) -> Failure | None:
-    """The most common first line of the errors of `records`' measured failures (one task's), or
-    None when none failed: for a task with no valid config, the reason a kernel author needs."""
-    def first_line(record: TrialRecord) -> str:
-        text = (record.error or "").strip()
-        return f"{record.outcome}: {text.splitlines()[0][:300]}" if text else record.outcome
-
-    lines = [first_line(r) for r in records if r.outcome in outcomes.FAILURES]
-    if not lines:
+    """What most of `records`' measured failures (one task's) share, or None when none failed: the
+    most common outcome, then among its errors the most common first line with its numbers left out
+    of the comparison (relative errors, sizes and addresses differ config by config); shown as one
+    of them. For a task with no valid config, the reason a kernel author needs."""
+    failed = [r for r in records if r.outcome in outcomes.FAILURES]
+    if not failed:
         return None
-    message, count = Counter(lines).most_common(1)[0]
-    return Failure(message, count, len(lines))
+    outcome = Counter(r.outcome for r in failed).most_common(1)[0][0]
+    lines = [((r.error or "").strip().splitlines() or [""])[0][:300] for r in failed if r.outcome == outcome]
+    shapes = Counter(re.sub(r"0x[0-9a-fA-F]+|[0-9][0-9.e+-]*", "#", line) for line in lines)
+    shape, count = shapes.most_common(1)[0]
+    example = next(line for line in lines if re.sub(r"0x[0-9a-fA-F]+|[0-9][0-9.e+-]*", "#", line) == shape)
+    return Failure(f"{outcome}: {example}" if example else outcome, count, len(failed))
 
 
 @dataclasses.dataclass

@@ -30,7 +30,12 @@ class TaskPreview:
     fits: int | None         # of those, configs within `capacity` (None: not counted)
     capacity: str            # what configs are pruned against, in words
     default: dict[str, Any]
-    default_note: str        # "in the space", "measured beside the space", or why the kernel refuses it
+    default_note: str        # "in the space", "measured beside the space", or why it is refused or cannot fit
+
+    @property
+    def default_runs(self) -> bool:
+        """Whether the sweep would measure the kernel's default (the kernel takes it and it fits)."""
+        return not self.default_note.startswith(("refused", "does not fit"))
 
     @property
     def exhausts(self) -> bool:
@@ -48,7 +53,9 @@ def capacity_for(target: str, interpret: bool, emulate: str | None) -> tuple[cap
         return capacity_.NONE, "no memory model (interpret)"
     cap = capacity_.profile(name)
     said = f"{name}: {cap.onchip_bytes // 1024} KiB {cap.memory}" if cap.onchip_bytes else name
-    return cap, said if interpret or emulate else f"{said} (or the workers' own device)"
+    if interpret:
+        return cap, said
+    return cap, f"{said} ({'--emulate; ' if emulate else ''}a sweep's workers read their own device)"
 
 
 def preview(planned: Sequence[PlannedTask], *, interpret: bool = False, emulate: str | None = None,
@@ -69,8 +76,12 @@ def preview(planned: Sequence[PlannedTask], *, interpret: bool = False, emulate:
                 if pruning.static_verdict(module, config, task.shape, task.dtype, task.target, cap)[1] is None)
         default = task_default(module, task.shape, task.target, task.dtype)
         refusal = space.kernel_refusal(default, task.shape, task.dtype, task.target)
+        unfit = None if refusal is not None else pruning.static_verdict(
+            module, default, task.shape, task.dtype, task.target, cap)[1]
         if refusal is not None:
             note = f"refused by the kernel: {refusal}"
+        elif unfit is not None and (static_pruning or unfit.invalid):
+            note = f"does not fit either: {unfit.reason}"
         elif studies.in_space(default, params) and space.violated(default, task.shape, task.dtype,
                                                                   task.target) is None:
             note = "in the space"
