@@ -246,7 +246,15 @@ def autoscaling_head(tmp_path):
                 time.sleep(1)
         else:
             pytest.fail("the autoscaling Ray head did not come up")
-        yield address, env
+        watched = Path(ray_dir) / "tpu_chips"
+        watcher = subprocess.Popen([sys.executable, "-c", WATCH_TPUS, address, str(watched)], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while _tpu_chips(watched) < 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        yield address, env, watched
+        watcher.kill()
+        watcher.wait(timeout=60)
     finally:
         if head.poll() is None:
             os.killpg(head.pid, 9)
@@ -255,48 +263,58 @@ def autoscaling_head(tmp_path):
         shutil.rmtree(ray_dir, ignore_errors=True)
 
 
-def _tpu_chips(address: str, env: dict[str, str]) -> int:
-    """TPU chips in the cluster at `address` (-1 when it does not answer), asked from a fresh process."""
+# A driver that stays joined to the cluster and writes its TPU count to a file every half second
+# (joining once per look took seconds each).
+WATCH_TPUS = """
+import os, sys, time
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+while True:
+    with open(sys.argv[2] + ".tmp", "w") as f:
+        f.write(str(int(ray.cluster_resources().get("TPU", 0))))
+    os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+    time.sleep(0.5)
+"""
+
+
+def _tpu_chips(watched: Path) -> int:
+    """TPU chips in the cluster as the watching driver last saw them (-1 before its first look)."""
     try:
-        probe = subprocess.run(
-            [sys.executable, "-c", "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-                                   "print(int(ray.cluster_resources().get('TPU', 0)))", address],
-            env=env, capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
+        return int(watched.read_text())
+    except (OSError, ValueError):
         return -1
-    return int(probe.stdout.split()[-1]) if probe.returncode == 0 and probe.stdout.split() else -1
 
 
 def test_scale_up_asks_the_autoscaler_for_chips_and_gives_them_back(autoscaling_head, tmp_path, repo):
     """--scale-up with a cluster of no TPU host: the autoscaler starts one (by the label asked for), the
     sweep runs on its chips, and once the request is withdrawn the idle host goes. A label no node
     type has brings none: an error naming the wait, and no run folder."""
-    address, env = autoscaling_head
+    address, env, watched = autoscaling_head
     (tmp_path / "space.yaml").write_text(AUTOSCALED_SPACE)
     key = tmp_path / "k.pem"
     subprocess.run([sys.executable, "-m", "farm", "keygen", str(key)], cwd=repo, check=True, capture_output=True)
     farm = [sys.executable, "-m", "farm", "sweep", str(tmp_path / "space.yaml"), "--target", "tpu", "--interpret",
             "--address", address, "--key", str(key), "--finalists", "0", "--repetitions", "2", "--quiet"]
-    assert _tpu_chips(address, env) == 0
+    assert _tpu_chips(watched) == 0
 
-    none = subprocess.run([*farm, "--scale-up", "2", "--scale-up-wait", "20", "--node-label", "pallas-farm/tpu=v6e",
+    none = subprocess.run([*farm, "--scale-up", "2", "--scale-up-wait", "10", "--node-label", "pallas-farm/tpu=v6e",
                            "--out", str(tmp_path / "none")], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=300)
     assert none.returncode != 0
-    assert "--scale-up 2: no TPU chips on nodes labelled {'pallas-farm/tpu': 'v6e'} came up within 20 s" in none.stderr
+    assert "--scale-up 2: no TPU chips on nodes labelled {'pallas-farm/tpu': 'v6e'} came up within 10 s" in none.stderr
     assert none.stderr.strip().splitlines()[-1].startswith("error: --scale-up 2: no TPU chips")
     assert not (tmp_path / "none").exists()
 
-    # Stopped by SIGTERM (`ray job stop`, `timeout`) while waiting for more chips than the cluster
-    # holds: the request is withdrawn on the way out, and the host that came up goes.
-    term = subprocess.Popen([*farm, "--scale-up", "4", "--scale-up-wait", "600", "--out", str(tmp_path / "term")],
+    # Stopped by SIGTERM (`ray job stop`, `timeout`) as its host comes up: the request is withdrawn
+    # on the way out, and the host goes.
+    term = subprocess.Popen([*farm, "--scale-up", "2", "--scale-up-wait", "600", "--out", str(tmp_path / "term")],
                             cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while _tpu_chips(address, env) != 2 and time.monotonic() < deadline:
-        time.sleep(1)
+    while _tpu_chips(watched) != 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
     term.send_signal(signal.SIGTERM)
     assert term.wait(timeout=60) == 128 + signal.SIGTERM
-    _wait_for_no_tpu(address, env, "the request of a sweep stopped by SIGTERM stayed")
+    _wait_for_no_tpu(watched, "the request of a sweep stopped by SIGTERM stayed")
 
     done = subprocess.run([*farm, "--scale-up", "2", "--scale-up-wait", "240", "--node-label", "pallas-farm/tpu=v5e",
                            "--out", str(tmp_path / "run")], cwd=repo, env=env, capture_output=True, text=True,
@@ -309,11 +327,12 @@ def test_scale_up_asks_the_autoscaler_for_chips_and_gives_them_back(autoscaling_
     rows = artifacts.read_configs(tmp_path / "run" / "bundle").to_pylist()
     assert [(r["task_key"], r["status"]) for r in rows] == [("softmax/64x128/float32/tpu", "ok")]
     # The request withdrawn, the host idle: the autoscaler removes it (idle_timeout_minutes 0.1).
-    _wait_for_no_tpu(address, env, "the TPU host the sweep asked for stayed after the sweep")
+    _wait_for_no_tpu(watched, "the TPU host the sweep asked for stayed after the sweep")
 
 
-def _wait_for_no_tpu(address: str, env: dict[str, str], message: str) -> None:
+def _wait_for_no_tpu(watched: Path, message: str) -> None:
     deadline = time.monotonic() + 120
-    while _tpu_chips(address, env) != 0 and time.monotonic() < deadline:
-        time.sleep(2)
-    assert _tpu_chips(address, env) == 0, message
+    while _tpu_chips(watched) != 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(1)   # a look after the last: the count stays at 0
+    assert _tpu_chips(watched) == 0, message
