@@ -170,7 +170,7 @@ def test_dry_run_counts_what_a_sweep_would_search_and_starts_nothing(tmp_path, c
     assert cli.main(["sweep", "--kernel", "flash_attention", "--shape", "1x1x1024x512", "--dtype", "bfloat16",
                      "--target", "gpu-mosaic", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "(does not fit either: footprint " in out and "1 of them would run nothing" in out
+    assert "(does not fit: footprint " in out and "1 of them would run nothing" in out
     assert not ray.is_initialized() and not list(tmp_path.iterdir())
     assert cli.main(["sweep", "--resume", str(tmp_path / "x"), "--dry-run"]) == 2
     assert "--dry-run: expected a new sweep" in capsys.readouterr().err

@@ -81,7 +81,7 @@ def preview(planned: Sequence[PlannedTask], *, interpret: bool = False, emulate:
         if refusal is not None:
             note = f"refused by the kernel: {refusal}"
         elif unfit is not None and (static_pruning or unfit.invalid):
-            note = f"does not fit either: {unfit.reason}"
+            note = f"does not fit: {unfit.reason}"
         elif studies.in_space(default, params) and space.violated(default, task.shape, task.dtype,
                                                                   task.target) is None:
             note = "in the space"
