@@ -14,6 +14,7 @@ import tempfile
 import time
 import tomllib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -305,15 +306,20 @@ def test_scale_up_asks_the_autoscaler_for_chips_and_gives_them_back(autoscaling_
     assert none.stderr.strip().splitlines()[-1].startswith("error: --scale-up 2: no TPU chips")
     assert not (tmp_path / "none").exists()
 
-    # Stopped by SIGTERM (`ray job stop`, `timeout`) as its host comes up: the request is withdrawn
-    # on the way out, and the host goes.
-    term = subprocess.Popen([*farm, "--scale-up", "2", "--scale-up-wait", "600", "--out", str(tmp_path / "term")],
-                            cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while _tpu_chips(watched) != 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    term.send_signal(signal.SIGTERM)
-    assert term.wait(timeout=60) == 128 + signal.SIGTERM
+    # Stopped by SIGTERM (`ray job stop`, `timeout`) while it waits for hosts, and once it sweeps on
+    # them (where Ray turns a signal handler's SystemExit into SystemExit(1)): 143, the request
+    # withdrawn on the way out, and the host goes.
+    waiting = _sweep_until(farm + ["--scale-up", "2", "--scale-up-wait", "600", "--node-label", "pallas-farm/tpu=v6e",
+                                   "--out", str(tmp_path / "waiting")], repo, env, tmp_path / "waiting.err",
+                           lambda: "scale-up: asked the autoscaler" in _text(tmp_path / "waiting.err"))
+    waiting.send_signal(signal.SIGTERM)
+    assert waiting.wait(timeout=60) == 128 + signal.SIGTERM, _text(tmp_path / "waiting.err")[-3000:]
+    assert "withdrew the autoscaler request" in _text(tmp_path / "waiting.err")
+    sweeping = _sweep_until(farm + ["--scale-up", "2", "--scale-up-wait", "600", "--out", str(tmp_path / "term")],
+                            repo, env, tmp_path / "term.err", lambda: (tmp_path / "term" / "run.json").exists())
+    sweeping.send_signal(signal.SIGTERM)
+    assert sweeping.wait(timeout=60) == 128 + signal.SIGTERM, _text(tmp_path / "term.err")[-3000:]
+    assert _text(tmp_path / "term.err").strip().splitlines()[-1] == "terminated (SIGTERM)"
     _wait_for_no_tpu(watched, "the request of a sweep stopped by SIGTERM stayed")
 
     done = subprocess.run([*farm, "--scale-up", "2", "--scale-up-wait", "240", "--node-label", "pallas-farm/tpu=v5e",
@@ -328,6 +334,22 @@ def test_scale_up_asks_the_autoscaler_for_chips_and_gives_them_back(autoscaling_
     assert [(r["task_key"], r["status"]) for r in rows] == [("softmax/64x128/float32/tpu", "ok")]
     # The request withdrawn, the host idle: the autoscaler removes it (idle_timeout_minutes 0.1).
     _wait_for_no_tpu(watched, "the TPU host the sweep asked for stayed after the sweep")
+
+
+def _sweep_until(command: list[str], repo: Path, env: dict[str, str], stderr: Path,
+                 started: Callable[[], bool]) -> subprocess.Popen:
+    """`command` started with its stderr in a file, once `started()` holds (at most 120 s)."""
+    with stderr.open("w") as err:
+        process = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+    deadline = time.monotonic() + 120
+    while not started() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None and started(), _text(stderr)[-3000:]
+    return process
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def _wait_for_no_tpu(watched: Path, message: str) -> None:

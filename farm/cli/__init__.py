@@ -3,7 +3,8 @@
 `options` holds the parser, `tune` the tuning commands, `bundles` the bundle commands.
 
 User errors print one line (`error: ...`) and exit with code 2; a bundle that fails
-verification exits with code 1; `farm retune` exits with code 3 when its gate blocks a rollout.
+verification exits with code 1; `farm retune` exits with code 3 when its gate blocks a rollout;
+SIGTERM during a `--scale-up` sweep exits with 143 once its autoscaler request is withdrawn.
 """
 from __future__ import annotations
 
@@ -47,6 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except SystemExit:   # SIGTERM under --scale-up (farm.run.scaling; not imported otherwise: it loads Ray)
+        scaling = sys.modules.get("farm.run.scaling")
+        status = scaling.terminated_status() if scaling is not None else None
+        if status is None:
+            raise
+        print("terminated (SIGTERM)", file=sys.stderr)
+        return status
 
 
 __all__ = ["KEY_ENV", "build_parser", "main"]

@@ -93,6 +93,8 @@ def scale_up(resource: str, chips: int, labels: Mapping[str, str], wait_s: float
                             last_report - started, _pending())
     except BaseException:   # interrupted while waiting: no request left standing
         withdraw()
+        logger.info("scale-up: stopped while waiting; withdrew the autoscaler request for %d %s chips",
+                    chips, resource)
         raise
     if up == 0:
         withdraw()
@@ -149,9 +151,21 @@ def exit_on_sigterm() -> Any:
         return None
 
     def terminated(signum: int, frame: Any) -> None:
+        _terminated_by.append(signum)
         raise SystemExit(128 + signum)
 
     return signal.signal(signal.SIGTERM, terminated)
+
+
+_terminated_by: list[int] = []   # the signals `exit_on_sigterm`'s handler turned into SystemExit
+
+
+def terminated_status() -> int | None:
+    """The exit status (128 + the signal) for a SIGTERM that `exit_on_sigterm` handled, else None.
+
+    Ray re-raises a signal handler's SystemExit inside `ray.get`/`ray.wait` as SystemExit(1), so the
+    CLI asks here for the status to exit with."""
+    return 128 + _terminated_by[-1] if _terminated_by else None
 
 
 def withdraw() -> None:
