@@ -322,15 +322,17 @@ def test_scale_up_asks_the_autoscaler_for_chips_and_gives_them_back(autoscaling_
     assert _text(tmp_path / "term.err").strip().splitlines()[-1] == "terminated (SIGTERM)"
     _wait_for_no_tpu(watched, "the request of a sweep stopped by SIGTERM stayed")
 
-    done = subprocess.run([*farm, "--scale-up", "2", "--scale-up-wait", "240", "--node-label", "pallas-farm/tpu=v5e",
-                           "--out", str(tmp_path / "run")], cwd=repo, env=env, capture_output=True, text=True,
+    # The stopped sweep resumes: it asks again (by label, v5e hosts), and finishes there.
+    resumed = [sys.executable, "-m", "farm", "sweep", "--address", address, "--key", str(key), "--quiet"]
+    done = subprocess.run([*resumed, "--resume", str(tmp_path / "term"), "--scale-up", "2", "--scale-up-wait", "240",
+                           "--node-label", "pallas-farm/tpu=v5e"], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((tmp_path / "run" / "run.json").read_text())["summary"]
+    summary = json.loads((tmp_path / "term" / "run.json").read_text())["summary"]
     assert summary["scale_up"] == {"resource": "TPU", "chips": 2, "labels": {"pallas-farm/tpu": "v5e"},
                                    "requested": True, "up": 2}
     assert len(summary["placement"]["initial"]) == 2 and len(set(summary["placement"]["initial"])) == 1
-    rows = artifacts.read_configs(tmp_path / "run" / "bundle").to_pylist()
+    rows = artifacts.read_configs(tmp_path / "term" / "bundle").to_pylist()
     assert [(r["task_key"], r["status"]) for r in rows] == [("softmax/64x128/float32/tpu", "ok")]
     # The request withdrawn, the host idle: the autoscaler removes it (idle_timeout_minutes 0.1).
     _wait_for_no_tpu(watched, "the TPU host the sweep asked for stayed after the sweep")
