@@ -78,12 +78,12 @@ def scale_up(resource: str, chips: int, labels: Mapping[str, str], wait_s: float
         logger.info("scale-up: %d %s chips up already (asked for %d); nothing asked of the autoscaler",
                     up, resource, chips)
         return ScaleUp(resource, chips, labels, requested=False, up=up)
-    request_resources(bundles=[{resource: 1}] * chips, bundle_label_selectors=[labels] * chips if labels else None)
     where = f" on nodes labelled {labels}" if labels else ""
-    logger.info("scale-up: asked the autoscaler for %d %s chips%s (%d up); waiting up to %.0f s",
-                chips, resource, where, up, wait_s)
-    started = last_report = clock()
     try:
+        request_resources(bundles=[{resource: 1}] * chips, bundle_label_selectors=[labels] * chips if labels else None)
+        logger.info("scale-up: asked the autoscaler for %d %s chips%s (%d up); waiting up to %.0f s",
+                    chips, resource, where, up, wait_s)
+        started = last_report = clock()
         while up < chips and clock() - started < wait_s:
             time.sleep(POLL_S)
             up = chips_up(resource, labels)
