@@ -213,8 +213,11 @@ def build(problem: Problem, config: MosaicGpuMatmulConfig, dtype: Any,
             def _tile_loop(info):
                 (lin,) = info.index
                 bi = lax.div(lin, m_clusters * n_clusters)
-                m_idx, n_idx = plgpu.planar_snake(lax.rem(lin, m_clusters * n_clusters),
-                                                  (m_clusters, n_clusters), grid_minor, tile_width)
+                if m_clusters * n_clusters == 1:   # one tile: planar_snake would take a rem by 0 (SIGFPE on CPU)
+                    m_idx = n_idx = jnp.int32(0)
+                else:
+                    m_idx, n_idx = plgpu.planar_snake(lax.rem(lin, m_clusters * n_clusters),
+                                                      (m_clusters, n_clusters), grid_minor, tile_width)
                 m_idx, n_idx = m_idx * cl_m + block * (cl_m - 1), n_idx * cl_n + block * (cl_n - 1)
                 a_view, b_view, out_tile, cols = views(a_gmem, b_gmem, out_gmem, bi, m_idx, n_idx)
                 if split == "m":

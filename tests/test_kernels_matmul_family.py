@@ -723,3 +723,32 @@ def test_triton_defaults_at_odd_shapes_lower_for_cuda(name, shape):
     assert "__gpu$xla.gpu.triton" in _lower(name, default, "gpu-triton", shape=shape)
     refused = module.check_config(default | {"block_m": 48}, shape, jnp.bfloat16, "gpu-triton")
     assert refused is not None and "powers of two" in refused
+
+
+@pytest.mark.parametrize("name", ["matmul", "bmm", "matmul_subtiled_epilogue", "matmul_layernorm"])
+def test_delay_release_needs_two_k_steps_a_tile(name):
+    # With k in one block_k step, JAX's warp-specialized pipeline never releases that step's slots:
+    # the next tile's copies overtook them in the GPU interpreter (barrier phases, hangs; a race
+    # or a hang on hardware). check_config refuses it and the spaces offer none.
+    module = kernels.load(name)
+    extra = TILE_STATS if name == "matmul_layernorm" else {}
+    config = _blocks(64, 64, 64, mgpu_pipeline="warp_specialized", wg_split="m", delay_release=1, **extra)
+    short = {"bmm": (2, 77, 197, 64)}.get(name, (128, 256, 64))
+    refusal = module.check_config(config, short, jnp.bfloat16, "gpu-mosaic")
+    assert refusal is not None and "delay_release 1 needs more K steps" in refusal
+    longer = short[:-1] + (128,)
+    assert module.check_config(config, longer, jnp.bfloat16, "gpu-mosaic") is None
+    space = shipped_spaces.space(name)
+    assert space.violated(config, short, "bfloat16", "gpu-mosaic") is not None
+    assert space.violated(config, longer, "bfloat16", "gpu-mosaic") is None
+
+
+@pytest.mark.parametrize("name,shape", [("bmm", (4, 128, 128, 256)), ("matmul", (128, 128, 256))])
+def test_the_persistent_kernel_runs_one_tile_a_batch_entry_in_the_gpu_interpreter(name, shape, monkeypatch):
+    # A (1, 1) grid of tiles: planar_snake's remainder by a width of 0 killed the process (SIGFPE).
+    tma_bounds_as_on_hardware(monkeypatch)
+    monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 2)
+    config = _blocks(64, 128, 64, mgpu_pipeline="warp_specialized", wg_split="m", max_concurrent_steps=2)
+    assert kernels.load(name).check_config(config, shape, jnp.bfloat16, "gpu-mosaic") is None
+    error = _run(name, config, "gpu-mosaic", jnp.bfloat16, shape)
+    assert error <= validate.tolerance("bfloat16", kernels.load(name))
