@@ -484,3 +484,11 @@ def test_clustered_rows_match_the_reference_on_a_gpu(module, shape, dtype, confi
     fn = module.build(config, shape, dtype, Platform(TARGET, poison_outputs=True))
     error = validate.relative_error(fn(*inputs), module.reference(*validate.upcast(inputs)))
     assert error <= validate.tolerance(jnp.dtype(dtype).name, module)
+
+
+def test_a_row_too_short_for_the_window_is_refused_naming_what_takes_it():
+    module = kernels.load("softmax")
+    refusal = module.check_config(module.default_config((7, 77), "gpu-mosaic"), (7, 77), "float32", "gpu-mosaic")
+    assert refusal is not None
+    assert "77 columns (308 bytes, not whole 128-byte units)" in refusal
+    assert "needs at least 128 columns (gpu-triton takes any width)" in refusal

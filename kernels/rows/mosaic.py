@@ -359,9 +359,11 @@ def plan(math_: StagedMath, config: Mapping[str, Any], shape: tuple[int, ...], d
                          f"{COPY_BYTES}-byte units, which a kernel with column inputs needs "
                          f"(gpu-triton takes any width)")
     if not p.aligned and (cols < MIN_UNALIGNED_COLS or rows * cols + p.window >= 2**31):
-        raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes, not a "
-                         f"multiple of {COPY_BYTES}) need at least {MIN_UNALIGNED_COLS} columns and "
-                         f"fewer than 2**31 elements in all")
+        short = (f"at least {MIN_UNALIGNED_COLS} columns" if cols < MIN_UNALIGNED_COLS else
+                 f"fewer than 2**31 elements in all, not {rows * cols}")
+        raise ValueError(f"{name} on {TARGET}: rows of {cols} columns ({cols * itemsize} bytes, not whole "
+                         f"{COPY_BYTES}-byte units) are read through a window, which needs {short} "
+                         f"(gpu-triton takes any width)")
     if p.footprint > mgpu_launch.SMEM_BYTES and (p.pieces or p.split):
         raise ValueError(f"{typed.slots} slots of {typed.piece_cols} columns stage {p.footprint} bytes of shared "
                          f"memory; a block has {mgpu_launch.SMEM_BYTES} on sm_90")
