@@ -501,9 +501,10 @@ class MosaicGpuMatmulConfig(MatmulConfig):
             raise Unsupported("gpu-mosaic: block_m, block_n, block_k must be multiples of 64, block_n <= 256")
         if t.bm % t.epi_m or t.bn % t.epi_n or t.epi_m % 64:
             raise Unsupported("gpu-mosaic: epi_m (a multiple of 64) and epi_n must divide the tile")
-        if self.warp_specialized and self.delay_release and pl.cdiv(runs.k, t.bk) <= self.delay_release:
+        k_steps = pl.cdiv(runs.k, t.bk)
+        if self.warp_specialized and self.delay_release and k_steps <= self.delay_release:
             raise Unsupported(f"gpu-mosaic: delay_release {self.delay_release} needs more K steps than that; k = "
-                              f"{problem.k} is {pl.cdiv(runs.k, t.bk)} step(s) of block_k {t.bk} (the warp-specialized "
+                              f"{problem.k} is {k_steps} step(s) of block_k {t.bk} (the warp-specialized "
                               f"pipeline never releases those slots, so the next tile's copies would overtake "
                               f"them): delay_release 0, or a block_k that takes k in two steps or more")
         if self.stores_direct and problem.epilogue.row_stats:
