@@ -21,6 +21,7 @@ from kernels.rows import mosaic as mosaic_rows
 
 NAME = "batch_softmax"
 SHAPE_NAMES = ("batch", "rows", "cols")
+PARALLEL_DIMS = ("batch", "rows")
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 MATH = dataclasses.replace(softmax.MATH, name=NAME)  # softmax's math, named in errors and profiles as this kernel

@@ -14,6 +14,7 @@ from kernels import matmul_core
 
 NAME = "bmm"
 SHAPE_NAMES = ("batch", "m", "n", "k")
+PARALLEL_DIMS = ("batch", "m", "n")
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 
 

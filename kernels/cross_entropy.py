@@ -30,6 +30,7 @@ from kernels.rows import mosaic as mosaic_rows
 
 NAME = "cross_entropy"
 SHAPE_NAMES = ("rows", "vocab")
+PARALLEL_DIMS = ("rows",)
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 

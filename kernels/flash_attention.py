@@ -11,3 +11,4 @@ NAME = "flash_attention"
 CAUSAL = False
 (SHAPE_NAMES, TARGETS, reference, make_inputs, shape_of, flops, bytes_moved, footprint, default_config,
  check_config, build) = attention_core.variant(causal=CAUSAL)
+PARALLEL_DIMS = ("batch", "heads")  # every query attends every key: seq stays whole

@@ -12,3 +12,4 @@ NAME = "flash_attention_causal"
 CAUSAL = True
 (SHAPE_NAMES, TARGETS, reference, make_inputs, shape_of, flops, bytes_moved, footprint, default_config,
  check_config, build) = attention_core.variant(causal=CAUSAL)
+PARALLEL_DIMS = ("batch", "heads")  # a query attends the keys before it: seq stays whole

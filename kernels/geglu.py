@@ -31,3 +31,4 @@ def gelu_tanh(a: jax.Array) -> jax.Array:
  check_config, build) = glu.gated_unit(
     NAME, gelu_tanh, functools.partial(jax.nn.gelu, approximate=True), flops_per_element=11,
     formula="gelu(a) * b (tanh approximation)")
+PARALLEL_DIMS = ("batch", "seq", "hidden")

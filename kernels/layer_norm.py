@@ -23,6 +23,7 @@ from kernels.rows import mosaic as mosaic_rows
 
 NAME = "layer_norm"
 SHAPE_NAMES = ("rows", "cols")
+PARALLEL_DIMS = ("rows",)
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 EPS = 1e-5

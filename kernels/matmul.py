@@ -15,6 +15,7 @@ from kernels import matmul_core
 
 NAME = "matmul"
 SHAPE_NAMES = ("m", "n", "k")
+PARALLEL_DIMS = ("m", "n")
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 
 

@@ -21,6 +21,7 @@ from kernels.lowering import Platform
 
 NAME = "matmul_subtiled_epilogue"
 SHAPE_NAMES = ("m", "n", "k")
+PARALLEL_DIMS = ("m", "n")
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 
 

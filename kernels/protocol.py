@@ -108,6 +108,12 @@ class OptionalHooks(Protocol):
     # differentiate through the tuned kernel. Default None: the kernel has no backward kernel,
     # and differentiating through it is refused with an error naming it.
     BACKWARD: Backward | None
+    # The task dimensions along which a call splits into independent calls of the same kernel on
+    # the pieces (softmax's rows; a matmul's m and n; attention's batch and heads), so that XLA can
+    # partition a deployment's call over sharded inputs (`farm.deploy.partition`). An output
+    # without one of them holds a sum over it (rms_norm_bwd's weight gradient, over rows): the
+    # pieces' outputs are added. Default None: calls are not partitioned.
+    PARALLEL_DIMS: tuple[str, ...] | None
 
     def hbm_bytes(self, shape: Shape, dtype: Any) -> int:
         """Device-memory bytes a call needs (inputs, outputs, temporaries), for pruning tasks that
@@ -123,7 +129,8 @@ class OptionalHooks(Protocol):
 REQUIRED = ("NAME", "SHAPE_NAMES", "TARGETS", "build", "reference", "make_inputs", "shape_of", "flops",
             "bytes_moved", "footprint", "default_config", "check_config")
 OPTIONAL: Mapping[str, Any] = MappingProxyType({"TOLERANCE": MappingProxyType({}), "MEMORY_PARAMS": None,
-                                                "BACKWARD": None, "hbm_bytes": None, "default_gpu_targets": None})
+                                                "BACKWARD": None, "PARALLEL_DIMS": None, "hbm_bytes": None,
+                                                "default_gpu_targets": None})
 
 def check_module(module: ModuleType) -> list[str]:
     """The names of the protocol that `module` lacks (empty when it is a complete kernel)."""

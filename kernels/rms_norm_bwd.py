@@ -27,6 +27,7 @@ from kernels.lowering import Platform
 
 NAME = "rms_norm_bwd"
 SHAPE_NAMES = ("rows", "cols")
+PARALLEL_DIMS = ("rows",)  # the weight gradient: a sum over rows
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 EPS = 1e-6

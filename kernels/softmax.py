@@ -20,6 +20,7 @@ from kernels.rows import mosaic as mosaic_rows
 
 NAME = "softmax"
 SHAPE_NAMES = ("rows", "cols")
+PARALLEL_DIMS = ("rows",)
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 

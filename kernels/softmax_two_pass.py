@@ -30,6 +30,7 @@ from kernels.rows import mosaic as mosaic_rows
 
 NAME = "softmax_two_pass"
 SHAPE_NAMES = ("rows", "cols")
+PARALLEL_DIMS = ("rows",)
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 MATH = dataclasses.replace(softmax.MATH, name=NAME)  # softmax's math, named in errors and profiles as this kernel

@@ -22,3 +22,4 @@ def silu(a: jax.Array) -> jax.Array:
 # Operations per element: negate, exp, add, divide, multiply.
 (SHAPE_NAMES, TARGETS, reference, make_inputs, shape_of, flops, bytes_moved, footprint, default_config,
  check_config, build) = glu.gated_unit(NAME, silu, jax.nn.silu, flops_per_element=5, formula="silu(a) * b")
+PARALLEL_DIMS = ("batch", "seq", "hidden")

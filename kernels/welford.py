@@ -23,6 +23,7 @@ from kernels.lowering import Platform
 
 NAME = "welford"
 SHAPE_NAMES = ("rows", "cols")
+PARALLEL_DIMS = ("rows",)
 TARGETS = ("interpret", "tpu", "gpu-triton")
 MEMORY_PARAMS = rows.MEMORY_PARAMS
 

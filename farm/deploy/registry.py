@@ -248,25 +248,29 @@ class Registry:
         warnings.warn(message, SoftwareMismatchWarning, stacklevel=3)
 
     def lookup(self, kernel: str, shape: Sequence[int], dtype: Any, target: str,
-               device_kind: str | None = None) -> Choice:
+               device_kind: str | None = None, *, note: bool = True) -> Choice:
         """The config for a task and the rule that chose it (exact, nearest or default); a task no
         kernel can run (an unknown kernel or target, a shape of the wrong rank or with a dimension
-        below 1, a dtype not in DTYPES) is a FarmError naming the field."""
+        below 1, a dtype not in DTYPES) is a FarmError naming the field. note=False leaves the task
+        out of `lookups()`, warnings and record mode until it is looked up with note=True (a call
+        traced at a shape that may never run: a partitioned call's global shape)."""
         key = (kernel, shape if type(shape) is tuple else _shape_key(shape),
                dtype if type(dtype) is str else _dtype_name(dtype), target, device_kind)
         choice = self._cache.get(key)
-        if choice is None:
-            noticed = None
-            check_task(*key[:4])
-            with self._lock:
-                choice = self._cache.get(key)
-                if choice is None:
-                    if len(self._cache) >= CACHE_LIMIT:  # many distinct shapes: start over, stay bounded
-                        self._cache.clear()
-                    choice = self._cache[key] = self._resolve(*key)
-                    noticed = self._remember(key, choice)
-            if noticed is not None:
-                self._report(noticed)
+        if choice is not None and (not note or key in self._history or len(self._history) >= HISTORY_LIMIT):
+            return choice
+        noticed = None
+        check_task(*key[:4])
+        with self._lock:
+            choice = self._cache.get(key)
+            if choice is None:
+                if len(self._cache) >= CACHE_LIMIT:  # many distinct shapes: start over, stay bounded
+                    self._cache.clear()
+                choice = self._cache[key] = self._resolve(*key)
+            if note:
+                noticed = self._remember(key, choice)
+        if noticed is not None:
+            self._report(noticed)
         return choice
 
     def lookups(self) -> list[Lookup]:
@@ -425,12 +429,13 @@ class Registry:
         return space is None or space.violated(config, shape, dtype, target) is None
 
     def tuned(self, kernel: str, *, target: str | None = None, device_kind: str | None = None, interpret: bool = False,
-              shape_of: Callable[..., tuple[int, ...]] | None = None) -> TunedKernel:
-        """A function that runs `kernel` on JAX arrays with the looked-up config."""
+              shape_of: Callable[..., tuple[int, ...]] | None = None, partition: bool = False) -> TunedKernel:
+        """A function that runs `kernel` on JAX arrays with the looked-up config (partition: see
+        `farm.deploy.tuned.tuned`)."""
         from farm.deploy.tuned import TunedKernel  # tuned builds on this module
 
         return TunedKernel(self, kernel, target=target, device_kind=device_kind, interpret=interpret,
-                           shape_of=shape_of)
+                           shape_of=shape_of, partition=partition)
 
 
 def _shape_key(shape: Any) -> tuple:

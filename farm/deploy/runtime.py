@@ -51,6 +51,10 @@ given); else the first whose default config is valid for the task, in the GPU's 
 gpu-mosaic, whose defaults ran faster on 16 of 22 users' tasks on an H200) refined by the
 kernel (`default_gpu_targets`: the row kernels put gpu-triton first for a few long rows).
 
+Sharded inputs: `tuned(kernel, partition=True)` lets XLA split a call over the kernel's
+PARALLEL_DIMS, each device running the kernel looked up at its shard's shape
+(`farm.deploy.partition`); without it, call tuned kernels inside `jax.shard_map`.
+
 Gradients: a kernel whose module declares BACKWARD (kernels.protocol.Backward) is wrapped in a
 `jax.custom_vjp` that runs its backward kernel, itself looked up and tuned; any other kernel
 raises NoBackwardKernel when differentiated.

@@ -43,30 +43,49 @@ class TunedKernel:
     """
 
     def __init__(self, registry: Registry, kernel: str, *, target: str | None = None, device_kind: str | None = None,
-                 interpret: bool = False, shape_of: Callable[..., tuple[int, ...]] | None = None) -> None:
+                 interpret: bool = False, shape_of: Callable[..., tuple[int, ...]] | None = None,
+                 partition: bool = False) -> None:
         self.registry, self.kernel, self.target, self.device_kind = registry, kernel, target, device_kind
         self.interpret = interpret
         self._module = kernels.load(kernel)
         self._shape_of = shape_of or self._module.shape_of
+        self._rule = None
+        if partition:
+            if shape_of is not None:
+                raise FarmError(f"tuned({kernel!r}): partition=True takes the kernel's own inputs (its shape_of); "
+                                "drop shape_of=, or call the kernel inside jax.shard_map")
+            from farm.deploy.partition import PartitionRule
+
+            self._rule = PartitionRule.of(kernel, self._module)
         self._built: dict[tuple, tuple[Choice, Callable[..., Any], Lookup]] = {}
+        self._noted: set[tuple] = set()   # keys of _built whose task the registry has noted
         self._input_ranks: tuple[int, ...] | None = None
         self._lock = threading.Lock()
         self._warned_sharded = False   # ShardedCallWarning, once per tuned kernel
         backward = kernels.protocol.hook(self._module, "BACKWARD")
         self._backward = None if backward is None else TunedKernel(
-            registry, backward.kernel, target=target, device_kind=device_kind, interpret=interpret)
+            registry, backward.kernel, target=target, device_kind=device_kind, interpret=interpret,
+            partition=partition)
         import jax
 
         self._call = jax.jit(self._differentiable(backward))  # jit: eager calls skip the rule's dispatch
 
-    def _entry(self, inputs: Sequence[Any]) -> tuple[Choice, Callable[..., Any], Lookup]:
+    def _entry(self, inputs: Sequence[Any], *, note: bool = True) -> tuple[Choice, Callable[..., Any], Lookup]:
+        """The choice, built call and lookup for these inputs' shapes and dtypes (built once);
+        note=False: not yet noted by the registry (`Registry.lookup`), until asked with note=True."""
         key = (*(tuple(x.shape) for x in inputs), *(x.dtype for x in inputs))
         entry = self._built.get(key)
         if entry is None:
             with self._lock:
                 entry = self._built.get(key)
                 if entry is None:
-                    entry = self._built[key] = self._build(inputs)
+                    entry = self._built[key] = self._build(inputs, note=note)
+                    if note:
+                        self._noted.add(key)
+        if note and key not in self._noted:
+            looked = entry[2]
+            self.registry.lookup(looked.kernel, looked.shape, looked.dtype, looked.target, looked.device_kind)
+            self._noted.add(key)
         return entry
 
     def _platform(self, shape: tuple[int, ...], dtype: str) -> tuple[str, bool]:
@@ -94,7 +113,7 @@ class TunedKernel:
         order = kernels.protocol.hook(self._module, "default_gpu_targets")
         return runs if order is None else tuple(t for t in order(shape, dtype, runs) if t in runs)
 
-    def _build(self, inputs: Sequence[Any]) -> tuple[Choice, Callable[..., Any], Lookup]:
+    def _build(self, inputs: Sequence[Any], *, note: bool = True) -> tuple[Choice, Callable[..., Any], Lookup]:
         import jax
 
         from kernels.lowering import Platform
@@ -118,7 +137,7 @@ class TunedKernel:
             raise FarmError(f"tuned({self.kernel!r}): inputs of shapes {shapes}: expected {want} for the task "
                             f"{dict(zip(self._module.SHAPE_NAMES, shape))}")
         target, interpret = self._platform(shape, dtype)
-        choice = self.registry.lookup(self.kernel, shape, dtype, target, self.device_kind)
+        choice = self.registry.lookup(self.kernel, shape, dtype, target, self.device_kind, note=note)
         lookup = Lookup.of(self.kernel, shape, dtype, target, self.device_kind, choice)
         built = self._module.build(dict(choice.config), shape, dtype, Platform(target, interpret=interpret))
         return choice, jax.jit(built), lookup
@@ -137,8 +156,17 @@ class TunedKernel:
         """The kernel call with its derivative rule: the backward kernel's VJP, or a clear refusal."""
         import jax
 
-        def run(*inputs: Any) -> Any:
+        def whole(*inputs: Any) -> Any:
             return self._entry(inputs)[1](*inputs)
+
+        run = whole
+        if self._rule is not None:
+            from farm.deploy.partition import partitioned, runs_whole
+
+            def traced(*inputs: Any) -> Any:  # JAX traces the global call; on several devices, shards run
+                return self._entry(inputs, note=runs_whole())[1](*inputs)
+
+            run = partitioned(self._rule, traced, lambda shards: self._entry(shards)[1])
 
         if backward is None:
             refused = jax.custom_jvp(run)
@@ -186,13 +214,23 @@ class TunedKernel:
             if not (hasattr(x, "shape") and hasattr(x, "dtype")):
                 raise FarmError(f"tuned({self.kernel!r}): input {i}: expected an array (JAX or NumPy), got "
                                 f"{type(x).__name__}")
-            if not self._warned_sharded and _sharded(x):
+            if self._rule is None and not self._warned_sharded and _sharded(x):
                 self._warned_sharded = True
                 warnings.warn(f"tuned({self.kernel!r}): input {i} is sharded over {len(x.sharding.device_set)} "
                               f"devices; XLA does not partition a Pallas kernel, so every device gathers the whole "
-                              f"array and runs the whole call. Call it inside jax.shard_map (each shard then runs, "
-                              f"and is looked up, at its own shape)", ShardedCallWarning, stacklevel=2)
-        return self._call(*inputs)
+                              f"array and runs the whole call. Call it inside jax.shard_map, or make it with "
+                              f"partition=True (each shard then runs, and is looked up, at its own shape)",
+                              ShardedCallWarning, stacklevel=2)
+        if self._rule is None:
+            return self._call(*inputs)
+        try:
+            return self._call(*inputs)
+        except NotImplementedError as err:
+            if "custom_partitioning" not in str(err):
+                raise
+            raise FarmError(f"tuned({self.kernel!r}, partition=True) cannot run under jax.vmap (JAX's "
+                            f"custom_partitioning has no batching rule): make the kernel that vmap calls without "
+                            f"partition=True") from None
 
 
 class ShardedCallWarning(UserWarning):
@@ -246,14 +284,16 @@ def set_default(registry: Registry | None) -> None:
 
 def tuned(kernel_name: str, *, target: str | None = None, registry: Registry | None = None,
           device_kind: str | None = None, interpret: bool = False,
-          shape_of: Callable[..., tuple[int, ...]] | None = None) -> TunedKernel:
+          shape_of: Callable[..., tuple[int, ...]] | None = None, partition: bool = False) -> TunedKernel:
     """A function that calls `kernel_name` on JAX arrays with the config looked up in `registry`.
 
     target=None follows the device (see TunedKernel); the result may be called under `jax.jit`
-    and differentiated when the kernel has a backward kernel.
+    and differentiated when the kernel has a backward kernel. partition=True lets XLA split a
+    call on sharded inputs over the kernel's PARALLEL_DIMS (`farm.deploy.partition`; not under
+    `jax.vmap`, which JAX's custom_partitioning does not batch).
     """
     registry = registry if registry is not None else _default
     if registry is None:
         raise FarmError("tuned(): no registry; expected registry=Registry.load(...) or runtime.set_default(...)")
     return registry.tuned(kernel_name, target=target, device_kind=device_kind, interpret=interpret,
-                          shape_of=shape_of)
+                          shape_of=shape_of, partition=partition)

@@ -1,0 +1,199 @@
+"""Tuned calls that XLA partitions: under `jax.jit` with sharded inputs, a call split over its
+kernel's parallel dimensions, each device running the kernel on its own shard.
+
+A kernel says which task dimensions split into independent tasks of the same kernel
+(`PARALLEL_DIMS`, `kernels.protocol.OptionalHooks`): rows for the row kernels, m and n for a
+matmul, batch and heads for attention. `PartitionRule.of` reads which dimension of the task each
+input and output dimension is (from the kernel's own `make_inputs` and `reference` at a shape of
+distinct primes), and `partitioned` wraps a call in JAX's `custom_partitioning` with that rule:
+the partitioner keeps a parallel dimension split as the inputs are and gathers the others; each
+device then runs the kernel built for its shard's shape (looked up at that shape). An output
+that lacks a split dimension (rms_norm_bwd's weight gradient, a sum over rows) is summed over the
+devices that split it. A dimension the mesh does not divide evenly is gathered, not padded.
+
+On one device, and inside `jax.shard_map` (every axis manual), JAX runs the wrapped call as it is.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import kernels.protocol
+from farm.errors import FarmError
+
+_PRIMES = (3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionRule:
+    """Which task dimension each dimension of a kernel's inputs and outputs is, and which of them
+    may be split (`parallel`)."""
+
+    kernel: str
+    operands: tuple[tuple[str, ...], ...]
+    results: tuple[tuple[str, ...], ...]
+    parallel: tuple[str, ...]
+
+    @classmethod
+    def of(cls, kernel: str, module: Any) -> PartitionRule:
+        """The rule of a kernel module, or a FarmError saying why it has none."""
+        import jax
+
+        names = tuple(module.SHAPE_NAMES)
+        parallel = tuple(kernels.protocol.hook(module, "PARALLEL_DIMS") or ())
+        where = f"tuned({kernel!r}, partition=True)"
+        if not parallel:
+            raise FarmError(f"{where}: the kernel ({module.__name__}) declares no PARALLEL_DIMS, the task "
+                            f"dimensions ({', '.join(names)}) along which a call splits into independent calls; "
+                            f"declare them, or call it inside jax.shard_map")
+        unknown = [d for d in parallel if d not in names]
+        if unknown:
+            raise FarmError(f"{where}: {module.__name__}.PARALLEL_DIMS: {unknown} are not task dimensions; expected "
+                            f"some of {', '.join(names)}")
+        if len(names) > len(_PRIMES):
+            raise FarmError(f"{where}: {len(names)} task dimensions; at most {len(_PRIMES)} are supported")
+        probe = _PRIMES[:len(names)]
+        by_size = dict(zip(probe, names))
+        try:
+            inputs = jax.eval_shape(lambda: module.make_inputs(probe, "float32", jax.random.key(0)))
+            outputs = jax.eval_shape(module.reference, *inputs)
+        except Exception as err:  # noqa: BLE001 - a kernel whose inputs need other sizes
+            raise FarmError(f"{where}: cannot read which task dimension each input dimension is: its "
+                            f"make_inputs and reference at the shape {probe} failed ({type(err).__name__}: "
+                            f"{str(err)[:200]})") from None
+
+        def dims(leaf: Any, what: str) -> tuple[str, ...]:
+            missing = [d for d in leaf.shape if d not in by_size]
+            if missing:
+                raise FarmError(f"{where}: {what} has a dimension that is no task dimension (shape {leaf.shape} at "
+                                f"the task {dict(zip(names, probe))}); such a kernel cannot be partitioned")
+            return tuple(by_size[d] for d in leaf.shape)
+
+        outs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        return cls(kernel, tuple(dims(x, f"input {i}") for i, x in enumerate(inputs)),
+                   tuple(dims(x, f"output {i}") for i, x in enumerate(outs)), parallel)
+
+    def sharding_rule(self) -> str:
+        """The rule in Shardy's einsum-like notation (`custom_partitioning`'s sharding_rule)."""
+        def side(arrays: Sequence[tuple[str, ...]]) -> str:
+            return ", ".join(" ".join(map(_factor, dims)) for dims in arrays)
+
+        return f"{side(self.operands)} -> {side(self.results)}"
+
+    def replicated(self) -> tuple[str, ...]:
+        """The factors that must not be split (every task dimension not parallel)."""
+        seen = dict.fromkeys(d for dims in (*self.operands, *self.results) for d in dims)
+        return tuple(_factor(d) for d in seen if d not in self.parallel)
+
+    def split(self, mesh: Any, arg_shapes: Sequence[Any]) -> dict[str, tuple[str, ...]]:
+        """Each parallel dimension's mesh axes, as the first input that has it is split (a mesh
+        axis used once; a dimension the axes do not divide evenly stays whole)."""
+        split: dict[str, tuple[str, ...]] = {}
+        used: set[str] = set()
+        for dims, arg in zip(self.operands, arg_shapes):
+            spec = _spec(arg)
+            for i, name in enumerate(dims):
+                if name not in self.parallel or name in split or i >= len(spec):
+                    continue
+                axes = _axes(spec[i])
+                if not axes or used & set(axes):
+                    continue
+                if arg.shape[i] % math.prod(mesh.shape[a] for a in axes):
+                    continue
+                split[name] = axes
+                used |= set(axes)
+        return split
+
+    def specs(self, arrays: Sequence[tuple[str, ...]], split: dict[str, tuple[str, ...]]) -> list[Any]:
+        """PartitionSpecs of `arrays` (operands or results) under `split`."""
+        from jax.sharding import PartitionSpec
+
+        return [PartitionSpec(*(_entry(split.get(d)) for d in dims)) for dims in arrays]
+
+
+def partitioned(rule: PartitionRule, whole: Callable[..., Any],
+                shard_call: Callable[[Sequence[Any]], Callable[..., Any]]) -> Callable[..., Any]:
+    """`whole` (the call at the global shape: what one device, or shard_map, runs) wrapped so that
+    XLA's partitioner splits it by `rule`; `shard_call(shard_avals)` gives the call for a shard."""
+    import jax
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from jax.sharding import NamedSharding
+
+    def plan(mesh: Any, arg_shapes: Sequence[Any]) -> tuple[dict[str, tuple[str, ...]], list[Any], list[Any]]:
+        split = rule.split(mesh, arg_shapes)
+        args = [NamedSharding(mesh, p) for p in rule.specs(rule.operands, split)]
+        results = [NamedSharding(mesh, p) for p in rule.specs(rule.results, split)]
+        return split, args, results
+
+    def partition(mesh: Any, arg_shapes: Sequence[Any], result_shape: Any) -> tuple:
+        split, args, results = plan(mesh, arg_shapes)
+        shards = [jax.ShapeDtypeStruct(_shard_shape(arg.shape, dims, split, mesh), arg.dtype)
+                  for arg, dims in zip(arg_shapes, rule.operands)]
+        call = shard_call(shards)
+        sums = [tuple(a for name, axes in split.items() if name not in dims for a in axes) for dims in rule.results]
+        single = not isinstance(result_shape, (tuple, list))
+
+        def lower(*values: Any) -> Any:
+            outs = call(*values)
+            outs = (outs,) if single else tuple(outs)
+            outs = tuple(jax.lax.psum(o, axes) if axes else o for o, axes in zip(outs, sums))
+            return outs[0] if single else outs
+
+        return mesh, lower, results[0] if single else tuple(results), tuple(args)
+
+    def infer(mesh: Any, arg_shapes: Sequence[Any], result_shape: Any) -> Any:
+        results = plan(mesh, arg_shapes)[2]
+        return results[0] if not isinstance(result_shape, (tuple, list)) else tuple(results)
+
+    def propagate(mesh: Any, user_shape: Any) -> Any:
+        return user_shape.sharding
+
+    wrapped = custom_partitioning(whole)
+    wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer,
+                          propagate_user_sharding=propagate, sharding_rule=rule.sharding_rule(),
+                          need_replication_factors=rule.replicated())
+    return wrapped
+
+
+def runs_whole() -> bool:
+    """Whether a partitioned call traced here runs as traced: on a process of one device, or
+    inside `jax.shard_map` over every axis of its mesh (JAX then inlines it). Elsewhere XLA may
+    split it, and its shards' shapes are the tasks that run."""
+    import jax
+
+    mesh = jax.sharding.get_abstract_mesh()
+    manual = set(getattr(mesh, "manual_axes", ()))
+    return jax.device_count() == 1 or (bool(manual) and manual == set(mesh.axis_names))
+
+
+def _factor(name: str) -> str:
+    """A task dimension's name as a Shardy factor (a letter, then letters, digits or _)."""
+    return name if re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) else "d_" + re.sub(r"\W", "_", name)
+
+
+def _spec(arg: Any) -> tuple:
+    """The PartitionSpec of a partitioner's argument, () when it has none (replicated)."""
+    from jax.sharding import NamedSharding
+
+    sharding = getattr(arg, "sharding", None)
+    return tuple(sharding.spec) if isinstance(sharding, NamedSharding) else ()
+
+
+def _axes(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _entry(axes: tuple[str, ...] | None) -> Any:
+    if not axes:
+        return None
+    return axes[0] if len(axes) == 1 else axes
+
+
+def _shard_shape(shape: Sequence[int], dims: tuple[str, ...], split: dict[str, tuple[str, ...]],
+                 mesh: Any) -> tuple[int, ...]:
+    return tuple(size // math.prod(mesh.shape[a] for a in split.get(d, ())) for size, d in zip(shape, dims))
