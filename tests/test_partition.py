@@ -84,6 +84,20 @@ def test_a_lookup_left_unnoted_is_noted_when_asked_again():
     assert len(caught) == 1 and "(8, 128)" in str(caught[0].message)
 
 
+def test_on_one_device_a_partitioned_call_runs_whole_and_is_noted():
+    registry = Registry()
+    norm = registry.tuned("rms_norm", target="interpret", partition=True)
+    module = kernels.load("rms_norm")
+    x, w = module.make_inputs((8, 128), jnp.float32, jax.random.key(0))
+    with pytest.warns(UserWarning, match="rms_norm"):   # nothing tuned: the default runs, and says so
+        got = jax.jit(jax.grad(lambda x, w: norm(x, w).sum(), argnums=(0, 1)))(x, w)
+    want = jax.grad(lambda x, w: module.reference(x, w).sum(), argnums=(0, 1))(x, w)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+    assert sorted((lookup.kernel, lookup.shape) for lookup in registry.lookups()) == [
+        ("rms_norm", (8, 128)), ("rms_norm_bwd", (8, 128))]
+
+
 PARTITIONED = r"""
 import os; os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import warnings; warnings.simplefilter("ignore")
