@@ -139,7 +139,7 @@ def partitioned(rule: PartitionRule, whole: Callable[..., Any],
         def lower(*values: Any) -> Any:
             outs = call(*values)
             outs = (outs,) if single else tuple(outs)
-            outs = tuple(jax.lax.psum(o, axes) if axes else o for o, axes in zip(outs, sums))
+            outs = tuple(_summed(o, axes) if axes else o for o, axes in zip(outs, sums))
             return outs[0] if single else outs
 
         return mesh, lower, results[0] if single else tuple(results), tuple(args)
@@ -167,6 +167,16 @@ def runs_whole() -> bool:
     mesh = jax.sharding.get_abstract_mesh()
     manual = set(getattr(mesh, "manual_axes", ()))
     return jax.device_count() == 1 or (bool(manual) and manual == set(mesh.axis_names))
+
+
+def _summed(x: Any, axes: tuple[str, ...]) -> Any:
+    """`x` summed over the devices along `axes`, in float32 where it is a narrower float."""
+    import jax
+    import jax.numpy as jnp
+
+    if jnp.issubdtype(x.dtype, jnp.floating) and jnp.finfo(x.dtype).bits < 32:
+        return jax.lax.psum(x.astype(jnp.float32), axes).astype(x.dtype)
+    return jax.lax.psum(x, axes)
 
 
 def _factor(name: str) -> str:
