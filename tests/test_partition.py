@@ -67,6 +67,8 @@ def test_a_kernel_without_parallel_dims_or_with_unknown_ones_is_refused_by_name(
     bare.PARALLEL_DIMS = ("tokens",)
     with pytest.raises(FarmError, match=r"PARALLEL_DIMS: \['tokens'\] are not task dimensions; expected some of rows"):
         PartitionRule.of("bare", bare)
+    with pytest.raises(FarmError, match="partition=True cannot run Pallas's tpu interpreter.*target='interpret'"):
+        Registry().tuned("softmax", target="tpu", interpret=True, partition=True)
     with pytest.raises(FarmError, match="partition=True takes the kernel's own inputs"):
         Registry().tuned("softmax", target="interpret", partition=True, shape_of=lambda x: x.shape)
 

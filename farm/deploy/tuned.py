@@ -54,6 +54,10 @@ class TunedKernel:
             if shape_of is not None:
                 raise FarmError(f"tuned({kernel!r}): partition=True takes the kernel's own inputs (its shape_of); "
                                 "drop shape_of=, or call the kernel inside jax.shard_map")
+            if interpret and target in ("tpu", "gpu-mosaic"):
+                raise FarmError(f"tuned({kernel!r}, target={target!r}, interpret=True): partition=True cannot run "
+                                f"Pallas's {target} interpreter, whose callbacks JAX's custom_partitioning cannot "
+                                f"partition; on CPU use target='interpret' (or no target)")
             from farm.deploy.partition import PartitionRule
 
             self._rule = PartitionRule.of(kernel, self._module)
