@@ -12,10 +12,14 @@ that lacks a split dimension (rms_norm_bwd's weight gradient, a sum over rows) i
 devices that split it. A dimension the mesh does not divide evenly is gathered, not padded.
 
 On one device, and inside `jax.shard_map` (every axis manual), JAX runs the wrapped call as it is.
+JAX traces the global call before XLA partitions it, so its task is looked up unnoted, and noted
+(`Registry.lookup`: warned about, recorded) only where that call is lowered whole
+(`when_run_whole`); the shards' tasks are noted as the partitioner builds their calls.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -158,15 +162,34 @@ def partitioned(rule: PartitionRule, whole: Callable[..., Any],
     return wrapped
 
 
-def runs_whole() -> bool:
-    """Whether a partitioned call traced here runs as traced: on a process of one device, or
-    inside `jax.shard_map` over every axis of its mesh (JAX then inlines it). Elsewhere XLA may
-    split it, and its shards' shapes are the tasks that run."""
-    import jax
+def when_run_whole(value: Any, callback: Callable[[], Any]) -> Any:
+    """`value`, marked so that `callback` runs if the call it belongs to is lowered whole: on one
+    device, or inside `jax.shard_map` over its whole mesh, JAX lowers the wrapped call as it was
+    traced, and the marker with it; where XLA splits it, JAX lowers the shards' calls instead and
+    the marker never is. (Run eagerly, outside `jit`, the callback runs too.)"""
+    return _marker().bind(value, callback=callback)
 
-    mesh = jax.sharding.get_abstract_mesh()
-    manual = set(getattr(mesh, "manual_axes", ()))
-    return jax.device_count() == 1 or (bool(manual) and manual == set(mesh.axis_names))
+
+@functools.cache
+def _marker() -> Any:
+    """The marker primitive: the identity, whose lowering (and eager run) calls its callback."""
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
+
+    marker = Primitive("farm_partition_run_whole")
+
+    def run(value: Any, *, callback: Callable[[], Any]) -> Any:
+        callback()
+        return value
+
+    def lower(ctx: Any, value: Any, *, callback: Callable[[], Any]) -> list[Any]:
+        callback()
+        return [value]
+
+    marker.def_impl(run)
+    marker.def_abstract_eval(lambda value, *, callback: value)
+    mlir.register_lowering(marker, lower)
+    return marker
 
 
 def _summed(x: Any, axes: tuple[str, ...]) -> Any:

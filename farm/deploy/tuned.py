@@ -165,10 +165,14 @@ class TunedKernel:
 
         run = whole
         if self._rule is not None:
-            from farm.deploy.partition import partitioned, runs_whole
+            from farm.deploy.partition import partitioned, when_run_whole
 
-            def traced(*inputs: Any) -> Any:  # JAX traces the global call; on several devices, shards run
-                return self._entry(inputs, note=runs_whole())[1](*inputs)
+            def traced(*inputs: Any) -> Any:
+                """The global call, traced: its task is noted only if it is lowered whole (not split)."""
+                shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs]
+                leaves, tree = jax.tree.flatten(self._entry(inputs, note=False)[1](*inputs))
+                leaves[0] = when_run_whole(leaves[0], lambda: self._entry(shapes))
+                return jax.tree.unflatten(tree, leaves)
 
             run = partitioned(self._rule, traced, lambda shards: self._entry(shards)[1])
 
