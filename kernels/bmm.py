@@ -14,7 +14,7 @@ from kernels import matmul_core
 
 NAME = "bmm"
 SHAPE_NAMES = ("batch", "m", "n", "k")
-PARALLEL_DIMS = ("batch", "m", "n")
+PARALLEL_DIMS = ("batch", "m", "n", "k")  # k: the pieces' products are summed
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 
 

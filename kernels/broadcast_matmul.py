@@ -18,7 +18,7 @@ from kernels.lowering import Platform
 
 NAME = "broadcast_matmul"
 SHAPE_NAMES = ("batch", "m", "n", "k")
-PARALLEL_DIMS = ("batch", "m", "n")
+PARALLEL_DIMS = ("batch", "m", "n", "k")  # k: the pieces' products are summed
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 
 

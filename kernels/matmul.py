@@ -15,7 +15,7 @@ from kernels import matmul_core
 
 NAME = "matmul"
 SHAPE_NAMES = ("m", "n", "k")
-PARALLEL_DIMS = ("m", "n")
+PARALLEL_DIMS = ("m", "n", "k")  # k: the pieces' products are summed
 TARGETS = ("interpret", "tpu", "gpu-triton", "gpu-mosaic")
 
 

@@ -92,6 +92,11 @@ class PartitionRule:
         seen = dict.fromkeys(d for dims in (*self.operands, *self.results) for d in dims)
         return tuple(_factor(d) for d in seen if d not in self.parallel)
 
+    def reduced(self) -> tuple[str, ...]:
+        """The parallel factors no output has: the outputs of their pieces are summed (a matmul's k)."""
+        in_results = {d for dims in self.results for d in dims}
+        return tuple(_factor(d) for d in self.parallel if d not in in_results)
+
     def split(self, mesh: Any, arg_shapes: Sequence[Any]) -> dict[str, tuple[str, ...]]:
         """Each parallel dimension's mesh axes, as the first input that has it is split (a mesh
         axis used once; a dimension the axes do not divide evenly stays whole)."""
@@ -158,7 +163,7 @@ def partitioned(rule: PartitionRule, whole: Callable[..., Any],
     wrapped = custom_partitioning(whole)
     wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer,
                           propagate_user_sharding=propagate, sharding_rule=rule.sharding_rule(),
-                          need_replication_factors=rule.replicated())
+                          need_replication_factors=rule.replicated(), reduction_factors=rule.reduced())
     return wrapped
 
 
