@@ -109,10 +109,10 @@ class OptionalHooks(Protocol):
     # and differentiating through it is refused with an error naming it.
     BACKWARD: Backward | None
     # The task dimensions along which a call splits into independent calls of the same kernel on
-    # the pieces (softmax's rows; a matmul's m and n; attention's batch and heads), so that XLA can
-    # partition a deployment's call over sharded inputs (`farm.deploy.partition`). An output
-    # without one of them holds a sum over it (rms_norm_bwd's weight gradient, over rows): the
-    # pieces' outputs are added. Default None: calls are not partitioned.
+    # the pieces (softmax's rows; a matmul's m, n and k; attention's batch and heads), so that XLA
+    # can partition a deployment's call over sharded inputs (`farm.deploy.partition`). An output
+    # without one of them holds a sum over it (a matmul's product over k; rms_norm_bwd's weight
+    # gradient, over rows): the pieces' outputs are added. Default None: calls are not partitioned.
     PARALLEL_DIMS: tuple[str, ...] | None
 
     def hbm_bytes(self, shape: Shape, dtype: Any) -> int:

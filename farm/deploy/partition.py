@@ -2,14 +2,14 @@
 kernel's parallel dimensions, each device running the kernel on its own shard.
 
 A kernel says which task dimensions split into independent tasks of the same kernel
-(`PARALLEL_DIMS`, `kernels.protocol.OptionalHooks`): rows for the row kernels, m and n for a
-matmul, batch and heads for attention. `PartitionRule.of` reads which dimension of the task each
+(`PARALLEL_DIMS`, `kernels.protocol.OptionalHooks`): rows for the row kernels, m, n and k for a
+matmul (k's pieces summed), batch and heads for attention. `PartitionRule.of` reads which dimension of the task each
 input and output dimension is (from the kernel's own `make_inputs` and `reference` at a shape of
 distinct primes), and `partitioned` wraps a call in JAX's `custom_partitioning` with that rule:
 the partitioner keeps a parallel dimension split as the inputs are and gathers the others; each
 device then runs the kernel built for its shard's shape (looked up at that shape). An output
-that lacks a split dimension (rms_norm_bwd's weight gradient, a sum over rows) is summed over the
-devices that split it. A dimension the mesh does not divide evenly is gathered, not padded.
+that lacks a split dimension (a matmul's product over k; rms_norm_bwd's weight gradient, a sum
+over rows) is summed over the devices that split it. A dimension the mesh does not divide evenly is gathered, not padded.
 
 On one device, and inside `jax.shard_map` (every axis manual), JAX runs the wrapped call as it is.
 JAX traces the global call before XLA partitions it, so its task is looked up unnoted, and noted
