@@ -229,12 +229,10 @@ class TunedKernel:
                               f"array and runs the whole call. Call it inside jax.shard_map, or make it with "
                               f"partition=True (each shard then runs, and is looked up, at its own shape)",
                               ShardedCallWarning, stacklevel=2)
-        if self._rule is None:
-            return self._call(*inputs)
         try:
             return self._call(*inputs)
         except NotImplementedError as err:
-            if "custom_partitioning" not in str(err):
+            if self._rule is None or "custom_partitioning" not in str(err):
                 raise
             raise FarmError(f"tuned({self.kernel!r}, partition=True) cannot run under jax.vmap (JAX's "
                             f"custom_partitioning has no batching rule): make the kernel that vmap calls without "
