@@ -9,9 +9,12 @@ distinct primes), and `partitioned` wraps a call in JAX's `custom_partitioning` 
 the partitioner keeps a parallel dimension split as the inputs are and gathers the others; each
 device then runs the kernel built for its shard's shape (looked up at that shape). An output
 that lacks a split dimension (a matmul's product over k; rms_norm_bwd's weight gradient, a sum
-over rows) is summed over the devices that split it. A dimension the mesh does not divide evenly is gathered, not padded.
+over rows) is summed over the devices that split it. A dimension the mesh does not divide
+evenly is gathered, not padded.
 
 On one device, and inside `jax.shard_map` (every axis manual), JAX runs the wrapped call as it is.
+Under `jax.vmap`, the batch is one more parallel dimension, merged on each device into one the
+kernel has (a row kernel's rows), else run an element at a time (`batched`).
 JAX traces the global call before XLA partitions it, so its task is looked up unnoted, and noted
 (`Registry.lookup`: warned about, recorded) only where that call is lowered whole
 (`when_run_whole`); the shards' tasks are noted as the partitioner builds their calls.
@@ -28,6 +31,7 @@ from typing import Any
 import kernels.protocol
 from farm.errors import FarmError
 
+_BATCH = "vmap."   # a vmapped call's batch dimensions: vmap.0, vmap.1, ... (no task dimension's name)
 _PRIMES = (3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
 
 
@@ -80,6 +84,15 @@ class PartitionRule:
         return cls(kernel, tuple(dims(x, f"input {i}") for i, x in enumerate(inputs)),
                    tuple(dims(x, f"output {i}") for i, x in enumerate(outs)), parallel)
 
+    def batched(self, in_batched: Sequence[bool]) -> PartitionRule:
+        """The rule of the call vmapped over a new leading dimension of the operands marked in
+        `in_batched` and of every result: a parallel dimension (vmap.0 for the innermost vmap,
+        which JAX batches first, vmap.1 for the one around it, ...)."""
+        name = f"{_BATCH}{sum(d.startswith(_BATCH) for d in self.parallel)}"
+        return dataclasses.replace(
+            self, operands=tuple((name, *dims) if b else dims for dims, b in zip(self.operands, in_batched)),
+            results=tuple((name, *dims) for dims in self.results), parallel=(name, *self.parallel))
+
     def sharding_rule(self) -> str:
         """The rule in Shardy's einsum-like notation (`custom_partitioning`'s sharding_rule)."""
         def side(arrays: Sequence[tuple[str, ...]]) -> str:
@@ -126,7 +139,46 @@ class PartitionRule:
 def partitioned(rule: PartitionRule, whole: Callable[..., Any],
                 shard_call: Callable[[Sequence[Any]], Callable[..., Any]]) -> Callable[..., Any]:
     """`whole` (the call at the global shape: what one device, or shard_map, runs) wrapped so that
-    XLA's partitioner splits it by `rule`; `shard_call(shard_avals)` gives the call for a shard."""
+    XLA's partitioner splits it by `rule`; `shard_call(shard_avals)` gives the call for a shard.
+
+    Under `jax.vmap` (which `custom_partitioning` cannot batch) the vmapped call is partitioned
+    the same way, its batch dimension one more parallel dimension (`batched`)."""
+    from jax.custom_batching import custom_vmap
+
+    split = _split_by(rule, whole, shard_call)
+
+    @custom_vmap
+    def call(*args: Any) -> Any:
+        return split(*args)
+
+    @call.def_vmap
+    def vmapped(axis_size: int, in_batched: Sequence[Any], *args: Any) -> tuple[Any, Any]:
+        import jax
+
+        flags = tuple(bool(b) for b in in_batched)
+        if not any(flags):
+            out = split(*args)
+            return out, jax.tree.map(lambda _: False, out)
+        out = batched(rule, flags, whole, shard_call)(*args)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return call
+
+
+def batched(rule: PartitionRule, in_batched: Sequence[bool], whole: Callable[..., Any],
+            shard_call: Callable[[Sequence[Any]], Callable[..., Any]]) -> Callable[..., Any]:
+    """The call vmapped over a leading dimension of the operands marked in `in_batched` (every
+    result gets one), partitioned with that dimension parallel: a device runs its slice of the
+    batch. The batch is merged into a parallel dimension that every batched operand and every
+    result has and no unbatched operand has (a row kernel's rows: one call on batch x rows rows,
+    looked up at that shape); where there is none, the call runs once an element (`lax.map`)."""
+    return partitioned(rule.batched(in_batched), _over_batch(rule, in_batched, whole),
+                       lambda avals: _over_batch(rule, in_batched, shard_call(_unbatched(rule, in_batched, avals))))
+
+
+def _split_by(rule: PartitionRule, whole: Callable[..., Any],
+              shard_call: Callable[[Sequence[Any]], Callable[..., Any]]) -> Callable[..., Any]:
+    """`whole` in JAX's `custom_partitioning` with `rule` (see `partitioned`)."""
     import jax
     from jax.experimental.custom_partitioning import custom_partitioning
     from jax.sharding import NamedSharding
@@ -165,6 +217,71 @@ def partitioned(rule: PartitionRule, whole: Callable[..., Any],
                           propagate_user_sharding=propagate, sharding_rule=rule.sharding_rule(),
                           need_replication_factors=rule.replicated(), reduction_factors=rule.reduced())
     return wrapped
+
+
+def _merged_dim(rule: PartitionRule, in_batched: Sequence[bool]) -> str | None:
+    """The parallel dimension a batch merges into: every result has it, and exactly the batched
+    operands do; of several, the outermost (a reshape, not a copy, where it leads)."""
+    fits = [d for d in rule.parallel if all(d in dims for dims in rule.results)
+            and all((d in dims) == b for dims, b in zip(rule.operands, in_batched))]
+    batched = [dims for dims, b in zip(rule.operands, in_batched) if b] + list(rule.results)
+    return min(fits, key=lambda d: sum(dims.index(d) for dims in batched), default=None)
+
+
+def _unbatched(rule: PartitionRule, in_batched: Sequence[bool], avals: Sequence[Any]) -> list[Any]:
+    """The operands' shapes as the call under the batch sees them (see `_over_batch`)."""
+    import jax
+
+    dim = _merged_dim(rule, in_batched)
+    shapes = []
+    for aval, dims, b in zip(avals, rule.operands, in_batched):
+        shape = tuple(aval.shape)
+        if b:
+            shape = shape[1:]
+            if dim is not None:
+                at = dims.index(dim)
+                shape = (*shape[:at], shape[at] * aval.shape[0], *shape[at + 1:])
+        shapes.append(jax.ShapeDtypeStruct(shape, aval.dtype))
+    return shapes
+
+
+def _over_batch(rule: PartitionRule, in_batched: Sequence[bool], call: Callable[..., Any]) -> Callable[..., Any]:
+    """`call` (by `rule`, unbatched) run over operands whose leading dimension is a batch where
+    `in_batched`: once on the batch merged into a parallel dimension, else once an element."""
+    import jax
+
+    dim = _merged_dim(rule, in_batched)
+
+    def merged(*args: Any) -> Any:
+        size = next(a.shape[0] for a, b in zip(args, in_batched) if b)
+        ins = [_merge(a, dims.index(dim)) if b else a for a, dims, b in zip(args, rule.operands, in_batched)]
+        leaves, tree = jax.tree.flatten(call(*ins))
+        return jax.tree.unflatten(tree, [_unmerge(o, dims.index(dim), size) for o, dims in zip(leaves, rule.results)])
+
+    def mapped(*args: Any) -> Any:
+        def one(elements: list[Any]) -> Any:
+            it = iter(elements)
+            return call(*(next(it) if b else a for a, b in zip(args, in_batched)))
+
+        return jax.lax.map(one, [a for a, b in zip(args, in_batched) if b])
+
+    return mapped if dim is None else merged
+
+
+def _merge(x: Any, at: int) -> Any:
+    """`x`'s leading (batch) dimension merged into its dimension `at` (of x without the batch), batch outer."""
+    import jax.numpy as jnp
+
+    moved = jnp.moveaxis(x, 0, at)
+    return moved.reshape(*moved.shape[:at], moved.shape[at] * moved.shape[at + 1], *moved.shape[at + 2:])
+
+
+def _unmerge(x: Any, at: int, size: int) -> Any:
+    """The inverse of `_merge`: `x`'s dimension `at` split into a leading batch of `size` and the rest."""
+    import jax.numpy as jnp
+
+    split = x.reshape(*x.shape[:at], size, x.shape[at] // size, *x.shape[at + 1:])
+    return jnp.moveaxis(split, at, 0)
 
 
 def when_run_whole(value: Any, callback: Callable[[], Any]) -> Any:

@@ -229,14 +229,7 @@ class TunedKernel:
                               f"array and runs the whole call. Call it inside jax.shard_map, or make it with "
                               f"partition=True (each shard then runs, and is looked up, at its own shape)",
                               ShardedCallWarning, stacklevel=2)
-        try:
-            return self._call(*inputs)
-        except NotImplementedError as err:
-            if self._rule is None or "custom_partitioning" not in str(err):
-                raise
-            raise FarmError(f"tuned({self.kernel!r}, partition=True) cannot run under jax.vmap (JAX's "
-                            f"custom_partitioning has no batching rule): make the kernel that vmap calls without "
-                            f"partition=True") from None
+        return self._call(*inputs)
 
 
 class ShardedCallWarning(UserWarning):
@@ -295,8 +288,8 @@ def tuned(kernel_name: str, *, target: str | None = None, registry: Registry | N
 
     target=None follows the device (see TunedKernel); the result may be called under `jax.jit`
     and differentiated when the kernel has a backward kernel. partition=True lets XLA split a
-    call on sharded inputs over the kernel's PARALLEL_DIMS (`farm.deploy.partition`; not under
-    `jax.vmap`, which JAX's custom_partitioning does not batch).
+    call on sharded inputs over the kernel's PARALLEL_DIMS (`farm.deploy.partition`; under
+    `jax.vmap` too, the batch split as one more parallel dimension).
     """
     registry = registry if registry is not None else _default
     if registry is None:
