@@ -1,9 +1,10 @@
-"""The `farm` command: sweep, report, verify, show, keygen, bundle, pull, retune.
+"""The `farm` command: sweep, report, verify, show, lookup, keygen, bundle, pull, retune.
 
 `options` holds the parser, `tune` the tuning commands, `bundles` the bundle commands.
 
 User errors print one line (`error: ...`) and exit with code 2; a bundle that fails
-verification exits with code 1; `farm retune` exits with code 3 when its gate blocks a rollout;
+verification exits with code 1; `farm retune` exits with code 3 when its gate blocks a rollout,
+and `farm lookup --require-exact` when a task has no exact tuned config;
 SIGTERM during a `--scale-up` sweep exits with 143 once its autoscaler request is withdrawn.
 """
 from __future__ import annotations
@@ -20,8 +21,8 @@ from farm.errors import BundleError, FarmError
 STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 COMMANDS = {"sweep": tune.cmd_sweep, "report": tune.cmd_report, "retune": tune.cmd_retune,
-            "verify": bundles.cmd_verify, "show": bundles.cmd_show, "keygen": bundles.cmd_keygen,
-            "bundle": bundles.cmd_bundle, "pull": bundles.cmd_pull}
+            "verify": bundles.cmd_verify, "show": bundles.cmd_show, "lookup": bundles.cmd_lookup,
+            "keygen": bundles.cmd_keygen, "bundle": bundles.cmd_bundle, "pull": bundles.cmd_pull}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
-"""The bundle commands: `farm verify`, `show`, `keygen`, `bundle`, `pull`, and the winners table."""
+"""The bundle commands: `farm verify`, `show`, `lookup`, `keygen`, `bundle`, `pull`, and the winners table."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -38,6 +39,96 @@ def cmd_show(args: argparse.Namespace) -> int:
                       f"checked (its files match its manifest, which anyone could have written)", file=sys.stderr)
             print_winners(opened.configs().to_pylist())
     return 0
+
+
+def cmd_lookup(args: argparse.Namespace) -> int:
+    """Print the config a deployment of BUNDLE runs for each task, and the rule that chose it;
+    with --require-exact, exit 3 when a task has no exact tuned config."""
+    from farm.bundle import trust
+    from farm.deploy.registry import EXACT, Registry
+    from farm.measure import capacity
+
+    tasks = lookup_tasks(args)
+    onchip = None
+    if args.emulate:
+        onchip = {target: capacity.profile(args.emulate).onchip_bytes for target in ("gpu-triton", "gpu-mosaic")}
+    trusted = trust.load_trust(args.trust) if args.trust else trust.Trust({})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)
+        registry = Registry.load(args.bundle, trusted, allow_unsigned=not args.trust, software_policy="accept",
+                                 onchip_bytes=onchip)
+    if not args.trust:
+        print(f"WARNING: UNVERIFIED bundle {args.bundle}: no --trust given, so its signature was not checked",
+              file=sys.stderr)
+    found = [(task, registry.lookup(task.kernel, task.shape, task.dtype, task.target, args.device_kind, note=False))
+             for task in tasks]
+    if args.json:
+        for task, choice in found:
+            print(json.dumps({"kernel": task.kernel, "shape": list(task.shape), "dtype": task.dtype,
+                              "target": task.target, "rule": choice.rule,
+                              "distance": None if choice.rule == "default" else choice.distance,
+                              "tuned_shape": list(choice.tuned_shape) if choice.tuned_shape else None,
+                              "device_kind": choice.device_kind, "median_s": choice.median_s,
+                              "config": dict(choice.config)}, sort_keys=True))
+    else:
+        _print_lookups(found)
+    missing = [task.key for task, choice in found if choice.rule != EXACT]
+    if args.require_exact and missing:
+        print(f"error: {len(missing)} of {len(found)} task(s) have no exact tuned config in {args.bundle}, e.g. "
+              f"{missing[0]}; tune them: farm sweep --tasks FILE (the tasks as JSON lines)", file=sys.stderr)
+        return 3
+    return 0
+
+
+def lookup_tasks(args: argparse.Namespace) -> list[Any]:
+    """The tasks `farm lookup` was given: --tasks FILE, and --kernel at each --shape, --dtype and --target."""
+    from farm.search.spaces import load_kernel
+    from farm.search.tasks_file import read_tasks
+    from farm.tasks import TuningTask
+
+    tasks = list(read_tasks(args.tasks)) if args.tasks else []
+    if args.kernel is not None:
+        module = load_kernel(args.kernel, "--kernel")
+        if not args.shape or not args.target:
+            raise FarmError(f"--kernel {args.kernel}: expected --shape ({'x'.join(module.SHAPE_NAMES)}) and "
+                            f"--target ({', '.join(module.TARGETS)})")
+        for shape in args.shape:
+            if len(shape) != len(module.SHAPE_NAMES):
+                raise FarmError(f"--shape {'x'.join(map(str, shape))}: expected {len(module.SHAPE_NAMES)} "
+                                f"dimensions for {args.kernel} ({'x'.join(module.SHAPE_NAMES)})")
+        for target in args.target:
+            if target not in module.TARGETS:
+                raise FarmError(f"--target {target}: expected a target of {args.kernel} "
+                                f"({', '.join(module.TARGETS)})")
+        tasks += [TuningTask(args.kernel, shape, dtype, target) for shape in args.shape
+                  for dtype in (args.dtype or ["bfloat16"]) for target in args.target]
+    elif args.shape or args.dtype or args.target:
+        raise FarmError("--shape, --dtype and --target: expected --kernel with them")
+    if not tasks:
+        raise FarmError("expected tasks: --kernel K --shape AxB --target T, or --tasks FILE")
+    return list({task.key: task for task in tasks}.values())
+
+
+def _print_lookups(found: list[tuple[Any, Any]]) -> None:
+    """A table of each task's looked-up config and rule."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from farm.run.progress import format_seconds
+
+    table = Table(title="lookups", caption="rule: exact (tuned for this task), nearest (tuned for the shape shown, "
+                  "within the runtime's distance), default (the kernel's default for this shape)")
+    for column in ("task", "rule", "tuned for", "median there", "config"):
+        table.add_column(column)
+    for task, choice in found:
+        rule = choice.rule if choice.rule != "nearest" else f"nearest ({choice.distance:.2f})"
+        tuned = "-" if choice.tuned_shape is None else "x".join(map(str, choice.tuned_shape))
+        if choice.device_kind:
+            tuned += f" on {choice.device_kind}"
+        config = " ".join(f"{k}={v}" for k, v in choice.config.items()) or "-"
+        table.add_row(escape(task.key), rule, escape(tuned), format_seconds(choice.median_s), escape(config))
+    Console(width=200).print(table)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import farm
+from farm.measure.capacity import gpu_profiles
 from farm.measure.capacity import profiles as capacity_profiles
 from kernels.targets import DTYPES, TARGETS
 
@@ -104,6 +105,26 @@ def build_parser() -> argparse.ArgumentParser:
                       "bundle archive")
     show.add_argument("--trust", action="append", type=Path,
                       help="verify against these keys first (without: shown with an UNVERIFIED warning)")
+
+    lookup = sub.add_parser("lookup", help="the config a deployment runs for each task, and the rule that chose it "
+                            "(exact, nearest, default); exit 3 with --require-exact when a task is not tuned")
+    lookup.add_argument("bundle", type=Path, help="bundle folder, run folder, `farm pull` deployment folder or "
+                        "bundle archive")
+    lookup.add_argument("--kernel", help="the kernel of the tasks given by --shape, --dtype and --target")
+    lookup.add_argument("--shape", action="append", type=_shape, metavar="AxB", help="a shape (repeatable)")
+    lookup.add_argument("--dtype", action="append", choices=DTYPES, help="a dtype (repeatable; default bfloat16)")
+    lookup.add_argument("--target", action="append", choices=TARGETS, help="a target (repeatable)")
+    lookup.add_argument("--tasks", type=Path, metavar="FILE", help="JSON-lines tasks ({kernel, shape, dtype, "
+                        "target} a line, e.g. a deployment's recorded misses)")
+    lookup.add_argument("--device-kind", help="the device kind the deployment runs on, as JAX names it (e.g. "
+                        "'NVIDIA H200'): only configs tuned on it (default: any)")
+    lookup.add_argument("--emulate", choices=gpu_profiles(), help="a GPU target's configs must fit this "
+                        "device's shared memory, as the runtime checks on the device (default: not checked)")
+    lookup.add_argument("--trust", action="append", type=Path,
+                        help="verify against these keys first (without: looked up with an UNVERIFIED warning)")
+    lookup.add_argument("--json", action="store_true", help="one JSON object a task instead of the table")
+    lookup.add_argument("--require-exact", action="store_true",
+                        help="exit 3 when a task has no exact tuned config (a deployment's coverage check)")
 
     keygen = sub.add_parser("keygen", help="create an Ed25519 signing key pair")
     keygen.add_argument("path", type=Path, nargs="?", default=Path(DEFAULT_KEY),
