@@ -95,3 +95,23 @@ def test_bad_input_is_one_line_naming_the_flag(bundle, capsys, tmp_path):
     assert cli.main(["lookup", str(folder), "--kernel", "softmax", "--shape", "64x256", "--dtype", "float32",
                      "--target", "interpret"]) == 0   # unverified: looked up, with a warning
     assert "UNVERIFIED" in capsys.readouterr().err
+
+
+def test_target_gpu_is_the_gpu_target_a_deployment_picks(tmp_path, capsys):
+    """On Hopper the faster of the tuned GPU targets at the task (gpu-mosaic at 4096 columns,
+    gpu-triton at 2048 here); gpu-triton alone on a GPU of another compute capability."""
+    import kernels
+
+    softmax = kernels.load("softmax")
+    private, public = B.keypair(tmp_path / "keys", "ci")
+    rows = [B.row("softmax", (4096, cols), softmax.default_config((4096, cols), target), dtype="bfloat16",
+                  target=target, device_kind="NVIDIA H200", median_s=median)
+            for cols, target, median in [(4096, "gpu-triton", 2e-5), (4096, "gpu-mosaic", 1e-5),
+                                         (2048, "gpu-triton", 1e-5), (2048, "gpu-mosaic", 2e-5)]]
+    folder = B.write(tmp_path / "bundle", rows, private)
+    args = [str(folder), "--trust", str(public), "--kernel", "softmax", "--shape", "4096x4096", "--shape",
+            "4096x2048", "--target", "gpu"]
+    assert [(f["target"], f["rule"]) for f in lookups(capsys, *args)[1]] == [("gpu-mosaic", "exact"),
+                                                                           ("gpu-triton", "exact")]
+    assert [(f["target"], f["rule"]) for f in lookups(capsys, *args, "--compute-capability", "8.0")[1]] == [
+        ("gpu-triton", "exact"), ("gpu-triton", "exact")]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -9,7 +10,7 @@ import sys
 import warnings
 from typing import Any
 
-from farm.cli.options import DEFAULT_KEY, KEY_ENV
+from farm.cli.options import DEFAULT_KEY, GPU, KEY_ENV
 from farm.errors import FarmError
 from farm.tasks import json_object
 
@@ -46,6 +47,7 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     with --require-exact, exit 3 when a task has no exact tuned config."""
     from farm.bundle import trust
     from farm.deploy.registry import EXACT, Registry
+    from farm.deploy.tuned import gpu_targets
     from farm.measure import capacity
 
     tasks = lookup_tasks(args)
@@ -60,8 +62,15 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     if not args.trust:
         print(f"WARNING: UNVERIFIED bundle {args.bundle}: no --trust given, so its signature was not checked",
               file=sys.stderr)
-    found = [(task, registry.lookup(task.kernel, task.shape, task.dtype, task.target, args.device_kind, note=False))
-             for task in tasks]
+    found = []
+    for task in tasks:
+        if task.target == GPU:   # the GPU target a deployment picks for the task (farm.deploy.tuned)
+            order = gpu_targets(task.kernel, task.shape, task.dtype, args.compute_capability,
+                                f"a GPU of compute capability {args.compute_capability}")
+            task = dataclasses.replace(task, target=registry.gpu_target(task.kernel, task.shape, task.dtype,
+                                                                        args.device_kind, order))
+        found.append((task, registry.lookup(task.kernel, task.shape, task.dtype, task.target, args.device_kind,
+                                            note=False)))
     if args.json:
         for task, choice in found:
             print(json.dumps({"kernel": task.kernel, "shape": list(task.shape), "dtype": task.dtype,
@@ -81,7 +90,8 @@ def cmd_lookup(args: argparse.Namespace) -> int:
 
 
 def lookup_tasks(args: argparse.Namespace) -> list[Any]:
-    """The tasks `farm lookup` was given: --tasks FILE, and --kernel at each --shape, --dtype and --target."""
+    """The tasks `farm lookup` was given: --tasks FILE, and --kernel at each --shape, --dtype and
+    --target (GPU: the one a deployment on a GPU picks, resolved by `cmd_lookup`)."""
     from farm.search.spaces import load_kernel
     from farm.search.tasks_file import read_tasks
     from farm.tasks import TuningTask
@@ -97,6 +107,8 @@ def lookup_tasks(args: argparse.Namespace) -> list[Any]:
                 raise FarmError(f"--shape {'x'.join(map(str, shape))}: expected {len(module.SHAPE_NAMES)} "
                                 f"dimensions for {args.kernel} ({'x'.join(module.SHAPE_NAMES)})")
         for target in args.target:
+            if target == GPU and any(t in module.TARGETS for t in ("gpu-triton", "gpu-mosaic")):
+                continue
             if target not in module.TARGETS:
                 raise FarmError(f"--target {target}: expected a target of {args.kernel} "
                                 f"({', '.join(module.TARGETS)})")

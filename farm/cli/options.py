@@ -13,6 +13,7 @@ from kernels.targets import DTYPES, TARGETS
 
 DEFAULT_KEY = ".keys/dev_ed25519.pem"
 MAX_TRIALS = 1_000_000              # farm.search.spaces.MAX_TRIALS, kept here so `farm show` loads no YAML
+GPU = "gpu"   # `farm lookup --target gpu`: the GPU target a deployment picks for a task
 KEY_ENV = "FARM_SIGNING_KEY"        # the signing key's path, or the PEM itself (for Ray jobs)
 SAMPLERS = ("tpe", "random", "grid", "pattern", "hybrid")  # farm.search.space_parts.SAMPLERS, kept here likewise
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -113,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("--kernel", help="the kernel of the tasks given by --shape, --dtype and --target")
     lookup.add_argument("--shape", action="append", type=_shape, metavar="AxB", help="a shape (repeatable)")
     lookup.add_argument("--dtype", action="append", choices=DTYPES, help="a dtype (repeatable; default bfloat16)")
-    lookup.add_argument("--target", action="append", choices=TARGETS, help="a target (repeatable)")
+    lookup.add_argument("--target", action="append", choices=(*TARGETS, GPU), help="a target (repeatable); gpu: "
+                        "the GPU target a deployment picks for the task on a GPU of --compute-capability")
+    lookup.add_argument("--compute-capability", default="9.0", metavar="X.Y", help="the GPU's CUDA compute "
+                        "capability for --target gpu (default 9.0, Hopper: gpu-mosaic runs there, and gpu-triton)")
     lookup.add_argument("--tasks", type=Path, metavar="FILE", help="JSON-lines tasks ({kernel, shape, dtype, "
                         "target} a line, e.g. a deployment's recorded misses)")
     lookup.add_argument("--device-kind", help="the device kind the deployment runs on, as JAX names it (e.g. "

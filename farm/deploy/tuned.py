@@ -30,6 +30,21 @@ def _device_target(platform: str) -> tuple[str | None, bool]:
                     "or pass target=")
 
 
+def gpu_targets(kernel: str, shape: tuple[int, ...], dtype: str, compute_capability: str | None,
+                device_kind: str = "this GPU") -> tuple[str, ...]:
+    """The kernel's GPU targets that run on a GPU of this compute capability ("9.0"), in the order
+    to try their defaults: the GPU's (`kernels.targets.gpu_targets_for`), refined by the kernel's
+    default_gpu_targets hook. What a deployment on a GPU chooses from (`Registry.gpu_target`)."""
+    module = kernels.load(kernel)
+    runs = tuple(t for t in gpu_targets_for(compute_capability) if t in module.TARGETS)
+    if not runs:
+        raise FarmError(f"tuned({kernel!r}): none of the kernel's targets ({', '.join(module.TARGETS)}) runs on "
+                        f"{device_kind} (compute capability {compute_capability}); GPU targets there: "
+                        f"{', '.join(gpu_targets_for(compute_capability))}")
+    order = kernels.protocol.hook(module, "default_gpu_targets")
+    return runs if order is None else tuple(t for t in order(shape, dtype, runs) if t in runs)
+
+
 class TunedKernel:
     """A kernel bound to a registry: called on JAX arrays (or tracers, under `jax.jit`), it runs
     the looked-up config.
@@ -106,16 +121,9 @@ class TunedKernel:
         return target, interpret or self.interpret
 
     def _gpu_targets(self, shape: tuple[int, ...], dtype: str, device: Any) -> tuple[str, ...]:
-        """The kernel's GPU targets that run on `device`, in the order to try their defaults: the
-        GPU's (`kernels.targets.gpu_targets_for`), refined by the kernel's default_gpu_targets hook."""
-        capability = getattr(device, "compute_capability", None)
-        runs = tuple(t for t in gpu_targets_for(capability) if t in self._module.TARGETS)
-        if not runs:
-            raise FarmError(f"tuned({self.kernel!r}): none of the kernel's targets ({', '.join(self._module.TARGETS)}) "
-                            f"runs on {device.device_kind} (compute capability {capability}); GPU targets there: "
-                            f"{', '.join(gpu_targets_for(capability))}")
-        order = kernels.protocol.hook(self._module, "default_gpu_targets")
-        return runs if order is None else tuple(t for t in order(shape, dtype, runs) if t in runs)
+        """The kernel's GPU targets that run on `device`, in the order to try their defaults."""
+        return gpu_targets(self.kernel, shape, dtype, getattr(device, "compute_capability", None),
+                           device.device_kind)
 
     def _build(self, inputs: Sequence[Any], *, note: bool = True) -> tuple[Choice, Callable[..., Any], Lookup]:
         import jax
