@@ -1,6 +1,7 @@
 """Each kernel's default config is a point of its search spaces, so a sweep measures it first."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,30 @@ def test_a_deployment_on_a_gpu_with_less_shared_memory_gets_configs_that_fit_it(
     assert attention.default_config(att, "gpu-triton")["num_stages"] == 3
     with pytest.raises(ValueError, match="positive"), defaults_for_shared_memory(0):
         pass
-    for bad in ({"gpu-triton": 0}, {"tpu": sm89}, {"gpu-mosaic": "99 KiB"}):
-        with pytest.raises(FarmError, match="onchip_bytes: expected a positive number of bytes per GPU target"):
+    for bad in ({"gpu-triton": 0}, {"interpret": sm89}, {"gpu-mosaic": "99 KiB"}):
+        with pytest.raises(FarmError, match="onchip_bytes: expected a positive number of bytes per GPU or TPU target"):
             Registry(onchip_bytes=bad)
+
+
+def test_a_deployment_on_a_tpu_with_less_vmem_gets_configs_that_fit_it(tmp_path):
+    # A TPU kernel asks Mosaic for the VMEM its footprint needs (`vmem_limit_bytes`), so a row
+    # tuned on a v6e (128 MiB) whose blocks need 48 MiB fits a v7 (64 MiB) and not a v4 (16 MiB),
+    # where it would not compile: there the default runs. On a TPU the registry reads the chip.
+    from farm.deploy.registry import DEFAULT, EXACT, Registry, TuningMissWarning
+    from farm.measure import capacity
+    from tests import bundles as B
+
+    softmax, shape = kernels.load("softmax"), (4096, 32768)
+    wide = {**softmax.default_config(shape, "tpu"), "strategy": "one_pass", "block_rows": 64, "block_cols": 4096}
+    assert softmax.footprint(wide, shape, "float32", "tpu") == 48 * 2**20
+    private, public = B.keypair(tmp_path / "keys", "ci")
+    bundle = B.write(tmp_path / "bundle", [B.row("softmax", shape, wide, target="tpu", device_kind="TPU v6 lite")],
+                     private)
+    for chip, rule in [("v6e", EXACT), ("v7", EXACT), ("v4", DEFAULT)]:
+        registry = Registry.load(bundle, [public], onchip_bytes={"tpu": capacity.profile(chip).onchip_bytes})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TuningMissWarning)
+            choice = registry.lookup("softmax", shape, "float32", "tpu")
+        assert choice.rule == rule, chip
+        assert softmax.footprint(dict(choice.config), shape, "float32", "tpu") <= capacity.profile(chip).onchip_bytes
+    assert Registry.load(bundle, [public]).lookup("softmax", shape, "float32", "tpu").rule == EXACT  # off a TPU

@@ -115,3 +115,17 @@ def test_target_gpu_is_the_gpu_target_a_deployment_picks(tmp_path, capsys):
                                                                            ("gpu-triton", "exact")]
     assert [(f["target"], f["rule"]) for f in lookups(capsys, *args, "--compute-capability", "8.0")[1]] == [
         ("gpu-triton", "exact"), ("gpu-triton", "exact")]
+
+
+def test_emulate_a_tpu_chip_judges_tpu_configs_by_its_vmem(tmp_path, capsys):
+    import kernels
+
+    softmax, shape = kernels.load("softmax"), (4096, 32768)
+    wide = {**softmax.default_config(shape, "tpu"), "strategy": "one_pass", "block_rows": 64, "block_cols": 4096}
+    private, public = B.keypair(tmp_path / "keys", "ci")
+    folder = B.write(tmp_path / "bundle", [B.row("softmax", shape, wide, target="tpu")], private)
+    args = [str(folder), "--trust", str(public), "--kernel", "softmax", "--shape", "4096x32768", "--dtype", "float32",
+            "--target", "tpu"]   # its blocks need 48 MiB of VMEM
+    assert [f["rule"] for f in lookups(capsys, *args, "--emulate", "v7")[1]] == ["exact"]
+    assert [f["rule"] for f in lookups(capsys, *args, "--emulate", "v4")[1]] == ["default"]
+    assert [f["rule"] for f in lookups(capsys, *args, "--emulate", "a100")[1]] == ["exact"]   # a GPU: not tpu's

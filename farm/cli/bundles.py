@@ -52,8 +52,10 @@ def cmd_lookup(args: argparse.Namespace) -> int:
 
     tasks = lookup_tasks(args)
     onchip = None
-    if args.emulate:
-        onchip = {target: capacity.profile(args.emulate).onchip_bytes for target in ("gpu-triton", "gpu-mosaic")}
+    if args.emulate:   # a GPU's shared memory for the GPU targets, a TPU's VMEM for the tpu target
+        device = capacity.profile(args.emulate)
+        targets = ("tpu",) if device.memory == "vmem" else ("gpu-triton", "gpu-mosaic")
+        onchip = {target: device.onchip_bytes for target in targets}
     trusted = trust.load_trust(args.trust) if args.trust else trust.Trust({})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import farm
-from farm.measure.capacity import gpu_profiles
 from farm.measure.capacity import profiles as capacity_profiles
 from kernels.targets import DTYPES, TARGETS
 
@@ -122,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "target} a line, e.g. a deployment's recorded misses)")
     lookup.add_argument("--device-kind", help="the device kind the deployment runs on, as JAX names it (e.g. "
                         "'NVIDIA H200'): only configs tuned on it (default: any)")
-    lookup.add_argument("--emulate", choices=gpu_profiles(), help="a GPU target's configs must fit this "
-                        "device's shared memory, as the runtime checks on the device (default: not checked)")
+    lookup.add_argument("--emulate", choices=capacity_profiles(), help="configs must fit this device's on-chip "
+                        "memory (a GPU's shared memory for the GPU targets, a TPU's VMEM for tpu), as the runtime "
+                        "checks on the device (default: not checked)")
     lookup.add_argument("--trust", action="append", type=Path,
                         help="verify against these keys first (without: looked up with an UNVERIFIED warning)")
     lookup.add_argument("--json", action="store_true", help="one JSON object a task instead of the table")

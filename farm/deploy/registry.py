@@ -48,6 +48,9 @@ NEAREST_MAX_DISTANCE = 3.0
 WARN_LIMIT = 20   # miss warnings per registry; then one saying so (`misses()` lists them all)
 HISTORY_LIMIT = 100_000  # distinct lookups remembered (and warned about, and recorded) per registry
 GPU_TARGETS = ("gpu-triton", "gpu-mosaic")  # in order of preference when the bundle has neither
+# The targets whose configs must fit on-chip memory, and which memory (`farm.measure.capacity`).
+_ONCHIP_MEMORY = {"gpu-triton": "shared memory", "gpu-mosaic": "shared memory", "tpu": "vmem"}
+ONCHIP_TARGETS = tuple(_ONCHIP_MEMORY)
 _COLUMNS = ("task_key", "kernel", "shape", "dtype", "target", "device_kind", "status", "config", "software",
             "median_s", "created")
 class SoftwareMismatch(BundleError):
@@ -155,13 +158,14 @@ class Registry:
                  signed: bool = False, spaces: Sequence[Any] | None = None,
                  onchip_bytes: Mapping[str, int] | None = None) -> None:
         """onchip_bytes: per GPU target, the shared memory a block has on the GPU the configs will
-        run on; a target not named there is read from this process's GPU (`farm.measure.capacity`),
-        and off a GPU is unbounded (no config is refused for its size)."""
+        run on, and for "tpu" the chip's VMEM; a target not named there is read from this
+        process's device (`farm.measure.capacity`), and off such a device is unbounded (no config
+        is refused for its size)."""
         self.source, self.manifest, self.signed = source, dict(manifest or {}), signed
         for name, size in (onchip_bytes or {}).items():
-            if name not in GPU_TARGETS or isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-                raise FarmError(f"onchip_bytes: expected a positive number of bytes per GPU target "
-                                f"({', '.join(GPU_TARGETS)}), got {name!r}: {size!r}")
+            if name not in ONCHIP_TARGETS or isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise FarmError(f"onchip_bytes: expected a positive number of bytes per GPU or TPU target "
+                                f"({', '.join(ONCHIP_TARGETS)}), got {name!r}: {size!r}")
         self._onchip: dict[str, int | None] = dict(onchip_bytes or {})
         self.software_mismatches: list[tuple[str, dict[str, tuple[Any, Any]]]] = []
         self._spaces = {space.kernel: space for space in spaces or ()}
@@ -399,18 +403,21 @@ class Registry:
         """The kernel's default config for the task, sized for the GPU the target runs on."""
         from kernels.mgpu_launch import defaults_for_shared_memory  # JAX: imported when first needed
 
-        with defaults_for_shared_memory(self._onchip_bytes(target)):
+        with defaults_for_shared_memory(self._onchip_bytes(target) if target in GPU_TARGETS else None):
             return dict(task_default(kernels.load(kernel), shape, target, dtype))
 
     def _onchip_bytes(self, target: str) -> int | None:
-        """Shared memory a block has on the GPU a GPU target's configs run on (None: unknown, or
-        not a GPU target); read once per target from this process's GPU unless given."""
-        if target not in GPU_TARGETS:
+        """The on-chip memory a target's configs must fit where they run: shared memory a block
+        has on the GPU (GPU targets), VMEM on the TPU chip ("tpu"); None: unknown, or another
+        target. Read once per target from this process's device unless given; a device of
+        another kind (a TPU target looked up on a GPU host) says nothing."""
+        if target not in ONCHIP_TARGETS:
             return None
         if target not in self._onchip:
             from farm.measure import capacity
 
-            self._onchip[target] = capacity.detect(target).onchip_bytes
+            found = capacity.detect(target)
+            self._onchip[target] = found.onchip_bytes if found.memory == _ONCHIP_MEMORY[target] else None
         return self._onchip[target]
 
     def _valid(self, kernel: str, config: Mapping[str, Any], shape: tuple[int, ...], dtype: str,
@@ -420,7 +427,7 @@ class Registry:
             module = kernels.load(kernel)
             if module.check_config(dict(config), shape, dtype, target) is not None:
                 return False
-            onchip = self._onchip_bytes(target)  # a config tuned on a GPU with more shared memory
+            onchip = self._onchip_bytes(target)  # a config tuned on a device with more on-chip memory
             if onchip is not None and module.footprint(dict(config), shape, dtype, target) > onchip:
                 return False
         except Exception:  # noqa: BLE001 - a config from another kernel version: not valid here

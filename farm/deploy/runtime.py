@@ -31,7 +31,8 @@ Lookup rules, in order (`Choice.rule` says which one chose the config):
 A config is valid for a task when the kernel's own `check_config` accepts it (the legality of a
 config is stated once, with the kernel), on a GPU target when its footprint fits the shared memory
 of this process's GPU (`farm.measure.capacity`; or `onchip_bytes=` per target: a row tuned on an
-H200 is refused on a GPU with 99 KiB a block, and the default is chosen for that GPU), and, when
+H200 is refused on a GPU with 99 KiB a block, and the default is chosen for that GPU), on the TPU
+target when it fits the chip's VMEM (a row tuned on a v6e's 128 MiB is refused on a v5p's 64), and, when
 search spaces are given (`spaces=`, loaded `farm.search.spaces.SearchSpace` objects), the
 kernel's space admits it too. Defaults are chosen for the task's dtype (`kernels.protocol.task_default`).
 Rows with status `no_valid_config` are never chosen.

@@ -53,11 +53,6 @@ def profiles() -> tuple[str, ...]:
     return (*_TPU_GENERATIONS, *_GPUS)
 
 
-def gpu_profiles() -> tuple[str, ...]:
-    """The profiles of GPUs (shared memory per block), of those `profile` accepts."""
-    return tuple(_GPUS)
-
-
 def profile(name: str) -> Capacity:
     """The capacity of a named device (`v5e`, `v6e`, `v7`, `h200`, ...)."""
     name = name.lower()
