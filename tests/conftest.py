@@ -20,7 +20,7 @@ os.environ.setdefault("FARM_ALLOW_KERNEL_MODULES", "1")
 SERIAL_MODULES = frozenset({
     "test_adversarial_runs", "test_bench_tools", "test_cluster", "test_compile_pool", "test_driver_throughput",
     "test_faults", "test_progress", "test_pruning", "test_retune", "test_shape_first", "test_sweep",
-    "test_user_loop", "test_worker",
+    "test_user_loop", "test_warm_start", "test_worker",
 })
 
 

@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--dry-run", action="store_true",
                        help="print each task's sampler, trial budget, valid configs, those that fit the memory "
                        "pruned against, and its default; start nothing, write nothing")
+    sweep.add_argument("--warm-start", type=Path, metavar="BUNDLE", help="measure each task first at the configs "
+                       "BUNDLE tuned for it or for its nearest shapes (up to 3): what a deployment of BUNDLE runs "
+                       "there, so the winner is never slower than that")
+    sweep.add_argument("--trust", action="append", type=Path, help="verify --warm-start BUNDLE against these public "
+                       "keys / trust folders (repeatable; without: read unverified, with a warning)")
     sweep.add_argument("--out", metavar="RUN_DIR_OR_URL", help="run folder, new or empty (default "
                        "artifacts/run-<UTC time>), or a URL (file://, gs://, s3://) the run folder is copied to "
                        "at the end")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -124,6 +125,31 @@ def _sweep_spaces(args: argparse.Namespace) -> list[Any]:
     return planned
 
 
+def _warm_start(args: argparse.Namespace, planned: list[Any]) -> dict[str, list[dict[str, Any]]]:
+    """--warm-start BUNDLE: each task's configs to measure first (`farm.retune.nearest`), and a note."""
+    if args.trust and not args.warm_start:
+        raise FarmError("--trust: expected --warm-start BUNDLE too (the keys verify that bundle)")
+    if not args.warm_start:
+        return {}
+    import warnings
+
+    from farm.bundle import trust
+    from farm.retune import nearest, planning
+
+    trusted = trust.load_trust(args.trust) if args.trust else trust.Trust({})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", trust.UnverifiedBundleWarning)
+        previous = planning.load_previous(args.warm_start, trusted, allow_unsigned=not args.trust,
+                                          flag="--warm-start")
+    if not args.trust:
+        print(f"WARNING: UNVERIFIED --warm-start {args.warm_start}: no --trust given, so its signature was not "
+              f"checked (its configs are only measured first, each validated like any other)", file=sys.stderr)
+    seeds = nearest.nearest_seeds(previous, planned)
+    print(f"note: --warm-start {args.warm_start}: {len(seeds)} of {len(planned)} tasks start from its configs "
+          f"({sum(map(len, seeds.values()))} in all), each the task's own or a nearest shape's", file=sys.stderr)
+    return seeds
+
+
 def _resume_settings(args: argparse.Namespace) -> tuple[list[Any], Any]:
     """The saved run's tasks and settings, with the safe flags given now applied; refuses others."""
     from farm.run import placement, runlog
@@ -132,10 +158,11 @@ def _resume_settings(args: argparse.Namespace) -> tuple[list[Any], Any]:
     out = args.resume
     given = [flag for flag, value in (("SPACE", args.spaces), ("--kernel", args.kernel), ("--shape", args.shape),
                                       ("--dtype", args.dtype), ("--tasks", args.tasks), ("--trials", args.trials),
-                                      ("--target", args.target), ("--out", args.out)) if value]
+                                      ("--target", args.target), ("--out", args.out),
+                                      ("--warm-start", args.warm_start)) if value]
     if given:
         raise FarmError(f"--resume {out}: expected no {', '.join(given)} (the run folder keeps its own tasks, "
-                        f"budgets and folder)")
+                        f"budgets, warm starts and folder)")
     planned, saved = runlog.load_run(out)
     wanted = {"--interpret": ("interpret", args.interpret or None), "--emulate": ("emulate", args.emulate),
               "--sampler": ("sampler", args.sampler), "--seed": ("seed", args.seed),
@@ -180,10 +207,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         destination = Destination(args.resume)
     else:
         planned = _sweep_spaces(args)
+        warm = _warm_start(args, planned)
         if args.dry_run:
             return _print_preview(planned, args)
         destination = Destination.parse(args.out)
-        settings = _sweep_settings(args, destination.run_dir, runnable_only=not args.target)
+        settings = dataclasses.replace(_sweep_settings(args, destination.run_dir, runnable_only=not args.target),
+                                       warm_start=warm)
     key = signing_key(args)
     from farm.bundle import signing
     from farm.run.progress import SweepProgress

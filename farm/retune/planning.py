@@ -9,6 +9,7 @@ default; its budget defaults to a quarter of the space's (at least the warm star
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -66,16 +67,18 @@ class TaskPlan:
         return bool(self.changes)
 
 
-def load_previous(path: str | Path, trust: Trust, *, allow_unsigned: bool = False) -> Previous:
-    """The previous bundle (run, bundle or `farm pull` deployment folder, or archive), verified."""
+def load_previous(path: str | Path, trust: Trust, *, allow_unsigned: bool = False,
+                  flag: str = "--previous") -> Previous:
+    """The previous bundle (run, bundle or `farm pull` deployment folder, or archive), verified;
+    errors name `flag`."""
     try:
         with open_bundle(path, trust, allow_unsigned=allow_unsigned) as opened:
             return Previous(str(path), opened.manifest, opened.configs().to_pylist(),
                             [TrialRecord.from_dict(t) for t in opened.trials().to_pylist()])
     except BundleError as err:  # exit 1: failed verification
-        raise BundleError(f"--previous {err}") from None
+        raise BundleError(f"{flag} {err}") from None
     except FarmError as err:
-        raise FarmError(f"--previous {err}") from None
+        raise FarmError(f"{flag} {err}") from None
 
 
 def previous_row(previous: Previous, task_key: str, device_kind: str | None) -> dict[str, Any] | None:
@@ -94,16 +97,8 @@ def warm_start(plan: TaskPlan, previous: Previous, top: int) -> tuple[list[dict[
     row = plan.previous
     if row is None or row.get("status") != "ok" or not row.get("config"):
         return [], True
-    task, space = plan.planned.task, plan.planned.space
-    params = space.params_for(task.target)
-    default = task_default(kernels.load(task.kernel), task.shape, task.target, task.dtype)
-
-    def valid(config: dict[str, Any]) -> bool:
-        if config == default:
-            return space.kernel_refusal(config, task.shape, task.dtype, task.target) is None
-        return studies.in_space(config, params) and space.violated(config, task.shape, task.dtype,
-                                                                   task.target) is None
-
+    task = plan.planned.task
+    valid = functools.partial(measurable, plan.planned)
     winner = json.loads(row["config"])
     ok = [t for t in previous.trials if t.task_key == task.key and t.outcome == outcomes.OK
           and t.median_s is not None and t.device_kind in (None, plan.device_kind)]
@@ -117,6 +112,17 @@ def warm_start(plan: TaskPlan, previous: Previous, top: int) -> tuple[list[dict[
         if config not in configs:
             configs.append(config)
     return [c for c in configs if valid(c)], valid(winner)
+
+
+def measurable(planned: PlannedTask, config: dict[str, Any]) -> bool:
+    """Whether a sweep of `planned` would measure `config` when queued first: a point of its space
+    that no constraint refuses, or the kernel's current default where the kernel takes it (a
+    sweep measures it even where the space leaves it out: `farm.search.searcher.OUTSIDE_STUDY`)."""
+    task, space = planned.task, planned.space
+    if config == task_default(kernels.load(task.kernel), task.shape, task.target, task.dtype):
+        return space.kernel_refusal(config, task.shape, task.dtype, task.target) is None
+    return (studies.in_space(config, space.params_for(task.target))
+            and space.violated(config, task.shape, task.dtype, task.target) is None)
 
 
 def budget(plan: TaskPlan, settings: RetuneSettings) -> int:
