@@ -2,7 +2,7 @@
 
     python bench/search_strategies.py RUN_DIR [--strategies tpe random pattern hybrid] [--seeds 20]
         [--in-flight 16] [--budget N] [--within 0.02] [--trials-per-s R] [--default outside]
-        [--processes N] [--out DIR]
+        [--processes N] [--warm-start nearest] [--out DIR]
 
 RUN_DIR is a sweep that measured every valid config of its tasks (a grid sweep: `farm sweep SPACE
 --sampler grid --trials N`, N at least the valid set), or a bundle with `--space` for its spaces.
@@ -16,6 +16,8 @@ Seconds are trials / `--trials-per-s` (default: the table's own rate, all its ta
 `--default outside` replays each task as if its space left the kernel's default out (a value it
 does not list, a knob it does not tune): the default is measured first, outside the study, and
 the sampler starts without it (what 140 of 1214 tasks at users' shapes get with the shipped spaces).
+`--warm-start nearest` replays each task as `farm sweep --warm-start` starts it from a bundle of
+the other tasks' best configs: its nearest tuned shapes' winners first.
 Writes search_strategies.json and search_strategies.md to `--out`.
 """
 from __future__ import annotations
@@ -123,15 +125,16 @@ class OutsideDefaultSearcher(Searcher):
 
 
 def replay(table: TaskTable, strategy: str, seed: int, *, in_flight: int = 16, budget: int | None = None,
-           within: float = 0.02, workdir: Path, default: str = "in-space") -> int | None:
+           within: float = 0.02, workdir: Path, default: str = "in-space",
+           warm_start: Sequence[dict] = ()) -> int | None:
     """Trials measured until the best so far is within `within` of the table's best (None: never).
 
-    The real searcher over journal storage in `workdir` asks; `in_flight` proposals are answered
-    from the table oldest first.
+    The real searcher over journal storage in `workdir` asks (`warm_start` first); `in_flight`
+    proposals are answered from the table oldest first.
     """
     planned = dataclasses.replace(table.planned, trials=budget or table.planned.space.trials)
     opener = OutsideDefaultSearcher if default == "outside" else Searcher
-    searcher = opener.open(planned, studies.storage(workdir), sampler=strategy, seed=seed)
+    searcher = opener.open(planned, studies.storage(workdir), sampler=strategy, seed=seed, warm_start=warm_start)
     if searcher.valid_set is not None:
         for key in table.pruned:
             searcher.valid_set.close(key)
@@ -163,6 +166,7 @@ class Job:
     budget: int | None
     within: float
     default: str = "in-space"
+    warm_start: tuple[dict, ...] = ()
 
 
 def run_job(job: Job) -> int | None:
@@ -170,7 +174,28 @@ def run_job(job: Job) -> int | None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as workdir:
         return replay(job.table, job.strategy, job.seed, in_flight=job.in_flight, budget=job.budget,
-                      within=job.within, workdir=Path(workdir), default=job.default)
+                      within=job.within, workdir=Path(workdir), default=job.default, warm_start=job.warm_start)
+
+
+def nearest_warm_starts(tables: Sequence[TaskTable]) -> dict[str, tuple[dict, ...]]:
+    """Each task's `farm sweep --warm-start` configs from a bundle of the *other* tasks' best
+    configs (`farm.retune.nearest`): a new shape warm-started from its tuned neighbours."""
+    from farm.retune.nearest import nearest_seeds
+    from farm.retune.planning import Previous
+
+    def best_row(table: TaskTable) -> dict:
+        key = min((t, k) for k, (outcome, t) in table.answers.items() if outcome == outcomes.OK)[1]
+        task = table.planned.task
+        return {"kernel": task.kernel, "shape": list(task.shape), "dtype": task.dtype, "target": task.target,
+                "status": "ok", "config": key, "created": ""}
+
+    rows = {t.planned.task.key: best_row(t) for t in tables}
+    seeds = {}
+    for table in tables:
+        key = table.planned.task.key
+        others = Previous("table", {}, [row for k, row in rows.items() if k != key], [])
+        seeds[key] = tuple(nearest_seeds(others, [table.planned]).get(key, ()))
+    return seeds
 
 
 def nearest_rank(values: Sequence[float], q: float) -> float:
@@ -242,13 +267,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--default", choices=DEFAULTS, default="in-space",
                         help="outside: replay each task as if its space left the kernel's default out")
     parser.add_argument("--processes", type=int, default=1, help="replays run in this many processes")
+    parser.add_argument("--warm-start", choices=("none", "nearest"), default="none",
+                        help="nearest: each task warm-started as `farm sweep --warm-start` would from a bundle of "
+                        "the other tasks' best configs (its nearest tuned shapes)")
     parser.add_argument("--out", type=Path, default=Path("artifacts/search_strategies"))
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     tables, rate = load(args.source, args.space)
     tables = [t for t in tables if not args.tasks or any(s in t.planned.task.key for s in args.tasks)]
     trials_per_s = args.trials_per_s or rate or 1.0
-    jobs = [Job(t, strategy, seed, args.in_flight, args.budget, args.within, args.default)
+    warm = nearest_warm_starts(tables) if args.warm_start == "nearest" else {}
+    jobs = [Job(t, strategy, seed, args.in_flight, args.budget, args.within, args.default,
+                warm.get(t.planned.task.key, ()))
             for t in tables for strategy in args.strategies for seed in range(args.seeds)]
     if args.processes > 1:
         with ProcessPoolExecutor(args.processes, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -261,12 +291,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = summarize(scores, trials_per_s)
     settings = {"source": str(args.source), "seeds": args.seeds, "in_flight": args.in_flight,
                 "budget": args.budget, "within": args.within, "default": args.default,
+                "warm_start": args.warm_start,
                 "trials_per_s": round(trials_per_s, 3)}
     args.out.mkdir(parents=True, exist_ok=True)
     tasks = [{"task": t.planned.task.key, "valid": t.valid, "missing": t.missing, "best_s": t.best_s,
               "budget": args.budget or t.planned.space.trials} for t in tables]
     (args.out / "search_strategies.json").write_text(json.dumps(
-        {"settings": settings, "tasks": tasks, "rows": rows, "runs": scores}, indent=1, default=str))
+        {"settings": settings, "tasks": tasks, "rows": rows, "runs": scores,
+         "warm_starts": {k: list(v) for k, v in warm.items() if v}}, indent=1, default=str))
     report = markdown(rows, tables, settings)
     (args.out / "search_strategies.md").write_text(report)
     print(report)
