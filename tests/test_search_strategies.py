@@ -260,3 +260,16 @@ def test_a_walk_over_its_bounds_falls_back_to_rejection_sampling(monkeypatch):
     # A product within ENUMERATION_LIMIT is enumerated whatever its partial checks cost, as before.
     tiny = tuple(Param(f"k{i}", tuple(range(10)), "range") for i in range(3))
     assert len(ValidSet.enumerate(tiny, lambda c: True, [every(d) for d in range(3)])) == 1000
+
+
+def test_a_replay_warm_started_from_a_neighbours_best_measures_it_first(tmp_path):
+    """`--warm-start nearest`: a task's seed is the best config of a task at a nearby shape (here
+    the table's own best, tuned at 32 x 64 x 64: what `farm sweep --warm-start` would queue)."""
+    (table,), _ = search_strategies.load(_table(tmp_path))
+    neighbour = dataclasses.replace(table, planned=dataclasses.replace(
+        table.planned, task=dataclasses.replace(table.planned.task, shape=(32, 64, 64))))
+    assert search_strategies.nearest_warm_starts([table, neighbour])[table.planned.task.key] == (BEST,)
+    for strategy in search_strategies.STRATEGIES:
+        (tmp_path / strategy).mkdir()
+        assert search_strategies.replay(table, strategy, 0, in_flight=4, within=0.0, workdir=tmp_path / strategy,
+                                        warm_start=[BEST]) == 1
