@@ -46,15 +46,15 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     """Print the config a deployment of BUNDLE runs for each task, and the rule that chose it;
     with --require-exact, exit 3 when a task has no exact tuned config."""
     from farm.bundle import trust
-    from farm.deploy.registry import EXACT, Registry
+    from farm.deploy.registry import DEFAULT, EXACT, GPU_TARGETS, Registry
     from farm.deploy.tuned import gpu_targets
     from farm.measure import capacity
 
-    tasks = lookup_tasks(args)
+    tasks = _lookup_tasks(args)
     onchip = None
     if args.emulate:   # a GPU's shared memory for the GPU targets, a TPU's VMEM for the tpu target
         device = capacity.profile(args.emulate)
-        targets = ("tpu",) if device.memory == "vmem" else ("gpu-triton", "gpu-mosaic")
+        targets = ("tpu",) if device.memory == "vmem" else GPU_TARGETS
         onchip = {target: device.onchip_bytes for target in targets}
     trusted = trust.load_trust(args.trust) if args.trust else trust.Trust({})
     with warnings.catch_warnings():
@@ -77,7 +77,7 @@ def cmd_lookup(args: argparse.Namespace) -> int:
         for task, choice in found:
             print(json.dumps({"kernel": task.kernel, "shape": list(task.shape), "dtype": task.dtype,
                               "target": task.target, "rule": choice.rule,
-                              "distance": None if choice.rule == "default" else choice.distance,
+                              "distance": None if choice.rule == DEFAULT else choice.distance,
                               "tuned_shape": list(choice.tuned_shape) if choice.tuned_shape else None,
                               "device_kind": choice.device_kind, "median_s": choice.median_s,
                               "config": dict(choice.config)}, sort_keys=True))
@@ -91,9 +91,10 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     return 0
 
 
-def lookup_tasks(args: argparse.Namespace) -> list[Any]:
+def _lookup_tasks(args: argparse.Namespace) -> list[Any]:
     """The tasks `farm lookup` was given: --tasks FILE, and --kernel at each --shape, --dtype and
     --target (GPU: the one a deployment on a GPU picks, resolved by `cmd_lookup`)."""
+    from farm.deploy.registry import GPU_TARGETS
     from farm.search.spaces import load_kernel
     from farm.search.tasks_file import read_tasks
     from farm.tasks import TuningTask
@@ -109,7 +110,7 @@ def lookup_tasks(args: argparse.Namespace) -> list[Any]:
                 raise FarmError(f"--shape {'x'.join(map(str, shape))}: expected {len(module.SHAPE_NAMES)} "
                                 f"dimensions for {args.kernel} ({'x'.join(module.SHAPE_NAMES)})")
         for target in args.target:
-            if target == GPU and any(t in module.TARGETS for t in ("gpu-triton", "gpu-mosaic")):
+            if target == GPU and any(t in module.TARGETS for t in GPU_TARGETS):
                 continue
             if target not in module.TARGETS:
                 raise FarmError(f"--target {target}: expected a target of {args.kernel} "
@@ -129,6 +130,7 @@ def _print_lookups(found: list[tuple[Any, Any]]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from farm.deploy.registry import NEAREST
     from farm.run.progress import format_seconds
 
     table = Table(title="lookups", caption="rule: exact (tuned for this task), nearest (tuned for the shape shown, "
@@ -136,7 +138,7 @@ def _print_lookups(found: list[tuple[Any, Any]]) -> None:
     for column in ("task", "rule", "tuned for", "median there", "config"):
         table.add_column(column)
     for task, choice in found:
-        rule = choice.rule if choice.rule != "nearest" else f"nearest ({choice.distance:.2f})"
+        rule = choice.rule if choice.rule != NEAREST else f"{NEAREST} ({choice.distance:.2f})"
         tuned = "-" if choice.tuned_shape is None else "x".join(map(str, choice.tuned_shape))
         if choice.device_kind:
             tuned += f" on {choice.device_kind}"
