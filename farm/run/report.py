@@ -71,13 +71,23 @@ class TaskReport:
     counts: Counter
     curve: list[tuple[int, float]]          # (measured trial index, best median so far)
     failure: Failure | None = None           # with no winner: what most of its measured configs failed with
+    deployed: TrialRecord | None = None      # --warm-start: its first config (what the bundle's deployment ran)
 
     @property
     def speedup(self) -> float | None:
         """Default median / winner median, when both were measured."""
-        if self.best and self.default and self.best.median_s and self.default.median_s:
-            return self.default.median_s / self.best.median_s
-        return None
+        return _ratio(self.default, self.best)
+
+    @property
+    def vs_deployed(self) -> float | None:
+        """The warm start's first config's median / winner median, when both were measured."""
+        return _ratio(self.deployed, self.best)
+
+
+def _ratio(before: TrialRecord | None, after: TrialRecord | None) -> float | None:
+    if before and after and before.median_s and after.median_s:
+        return before.median_s / after.median_s
+    return None
 
 
 @dataclasses.dataclass
@@ -102,10 +112,12 @@ def bundle_winners(run_dir: Path) -> dict[str, dict[str, Any]]:
     return {row["task_key"]: row for row in table.to_pylist() if row["status"] == "ok" and row["config"]}
 
 
-def task_reports(records: list[TrialRecord], winners: dict[str, dict[str, Any]] | None = None) -> list[TaskReport]:
+def task_reports(records: list[TrialRecord], winners: dict[str, dict[str, Any]] | None = None,
+                 warm_starts: dict[str, list[dict[str, Any]]] | None = None) -> list[TaskReport]:
     """Per task (in order of first record): winner, default, outcome counts, best-so-far curve.
     `winners` (`bundle_winners`) names the winners where given: the record of the bundle's config,
-    with the bundle's median; else the fastest logged median."""
+    with the bundle's median; else the fastest logged median. `warm_starts` (`farm sweep
+    --warm-start`, from sweep.json): each task's first one is what the bundle's deployment ran."""
     by_task: dict[str, list[TrialRecord]] = {}
     for record in records:
         by_task.setdefault(record.task_key, []).append(record)
@@ -130,10 +142,13 @@ def task_reports(records: list[TrialRecord], winners: dict[str, dict[str, Any]] 
         if shipped:
             best = min(shipped, key=lambda r: r.median_s)
             best = best.replace(median_s=row["median_s"] or best.median_s)
+        seeds = (warm_starts or {}).get(key) or [None]
+        deployed = [r for r in ok if seeds[0] is not None and r.config == config_json(seeds[0])]
         reports.append(TaskReport(key, best,
                                   min(default_ok, key=lambda r: r.median_s, default=None),
                                   Counter(r.outcome for r in group), curve,
-                                  None if best else common_failure(group)))
+                                  None if best else common_failure(group),
+                                  min(deployed, key=lambda r: r.median_s, default=None)))
     return reports
 
 
@@ -145,21 +160,27 @@ def markdown(tasks: list[TaskReport], summary: dict[str, Any], run_dir: Path) ->
                   f"{format_duration(summary.get('wall_s'))} ({summary.get('trials_per_s', 0):.2f}/s) on "
                   f"{summary.get('workers', '?')} workers"
                   + (" (stopped by the time budget)" if summary.get("stopped_by_time_budget") else "") + ".", ""]
-    lines += ["| task | winner | median | default | vs default | measured | failed | skipped | config |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    warm = any(t.deployed for t in tasks)   # --warm-start: the winners against what the deployment ran too
+    lines += ["| task | winner | median | default | vs default |" + (" deployed | vs deployed |" if warm else "")
+              + " measured | failed | skipped | config |",
+              "|---|---|---|---|---|" + ("---|---|" if warm else "") + "---|---|---|---|"]
     for t in tasks:
         c = t.counts
         failed = ", ".join(f"{o} {c[o]}" for o in outcomes.FAILURES if c[o]) or "-"
         skipped = ", ".join(f"{o} {c[o]}" for o in outcomes.SKIPPED if c[o]) or "-"
         config = " ".join(f"{k}={v}" for k, v in json.loads(t.best.config).items()) if t.best else "-"
         speedup = f"{t.speedup:.2f}x" if t.speedup else "-"
-        lines.append(f"| {t.task_key} | {'ok' if t.best else 'no valid config'} | "
-                     f"{format_seconds(t.best and t.best.median_s)} | {format_seconds(t.default and t.default.median_s)}"
-                     f" | {speedup} | {sum(c[o] for o in outcomes.MEASURED)} | {failed} | {skipped} | {config} |")
+        deployed = (f" {format_seconds(t.deployed and t.deployed.median_s)} | "
+                    f"{f'{t.vs_deployed:.2f}x' if t.vs_deployed else '-'} |") if warm else ""
+        medians = f"{format_seconds(t.best and t.best.median_s)} | {format_seconds(t.default and t.default.median_s)}"
+        lines.append(f"| {t.task_key} | {'ok' if t.best else 'no valid config'} | {medians} | {speedup} |{deployed} "
+                     f"{sum(c[o] for o in outcomes.MEASURED)} | {failed} | {skipped} | {config} |")
     lines += ["", "measured: configs compiled, validated and timed on a worker (ok or failed); failed: measured "
               "configs that did not run correctly; skipped: draws never measured (invalid: outside the space "
               "or refused by the kernel; pruned: cannot fit in memory). The trial budget counts measured and "
-              "cached configs."]
+              "cached configs." + (" deployed: the first --warm-start config, what a deployment of that bundle "
+                                   "ran for the task (its own or nearest tuned shape's), measured in this run."
+                                   if warm else "")]
     failing = [task for task in tasks if task.failure]
     if failing:
         lines += ["", "## Tasks with no valid config", ""]
@@ -212,6 +233,17 @@ def _summary(path: Path) -> dict[str, Any]:
             if k not in numbers or (isinstance(v, (int, float)) and not isinstance(v, bool))}
 
 
+def _warm_starts(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """sweep.json's warm starts (task key -> configs); empty when it has none or cannot be read."""
+    try:
+        warm = json.loads(path.read_text())["settings"]["warm_start"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(warm, dict):
+        return {}
+    return {k: v for k, v in warm.items() if isinstance(v, list) and v and all(isinstance(c, dict) for c in v)}
+
+
 def write_report(run_dir: str | Path) -> Report:
     """Write `RUN_DIR/report.md` and (with matplotlib) `RUN_DIR/report/<task>.png`.
 
@@ -225,7 +257,7 @@ def write_report(run_dir: str | Path) -> Report:
     if not records:
         raise FarmError(f"{run_dir / runlog.TRIALS_LOG}: expected at least one trial record")
     summary = _summary(run_dir / runlog.RUN_INFO)
-    tasks = task_reports(records, bundle_winners(run_dir))
+    tasks = task_reports(records, bundle_winners(run_dir), _warm_starts(run_dir / runlog.SWEEP_FILE))
     md = run_dir / REPORT_MD
     md.write_text(markdown(tasks, summary, run_dir))
     plots: list[Path] = []
