@@ -89,3 +89,18 @@ def test_warm_start_bad_input_names_the_flag(tmp_path, capsys):
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_a_retune_starts_a_task_new_to_the_bundle_from_its_nearest_shapes():
+    """`farm retune`: a task the previous bundle lacks keeps the space's budget, warm-started like
+    `farm sweep --warm-start`; a stale task's warm start stays its previous winner."""
+    from farm.retune import planning
+    from farm.retune.rules import RetuneSettings
+
+    previous = Previous("b", {}, ROWS, [])
+    new, stale = planned((96, 512), (128, 512))
+    on_cpu = {p.task.key: {"device_kind": "cpu"} for p in (new, stale)}   # the bundle's rows: tuned on "cpu"
+    plans = planning.plan_tasks([new, stale], previous, on_cpu, RetuneSettings(top=3))
+    assert plans[0].previous is None and plans[0].warm == [NEAR, OWN]
+    assert plans[0].planned.trials == new.trials                 # a new task's budget: the space's
+    assert plans[1].previous is not None and plans[1].stale and plans[1].warm == [NEAR]

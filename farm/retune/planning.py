@@ -4,7 +4,9 @@ A planned task is *stale* when the previous bundle has no `ok` row for it on thi
 (it is `new`) or when that row's software fingerprint differs from the current one (or is
 missing); every other row is carried over unchanged. A stale task is warm-started: the previous
 winner first (the baseline), then the next best configs of its previous run, then the kernel's
-default; its budget defaults to a quarter of the space's (at least the warm start + 2).
+default; its budget defaults to a quarter of the space's (at least the warm start + 2). A new
+task starts from the winners of its nearest tuned shapes (`farm.retune.nearest`), with the
+space's budget.
 """
 from __future__ import annotations
 
@@ -156,7 +158,12 @@ def plan_tasks(planned: Sequence[PlannedTask], previous: Previous, environment: 
         else:
             changes = fingerprint.changes(fingerprint.parse(row.get("fingerprint")), current)
         plan = TaskPlan(p, device_kind, current, row, changes)
-        if plan.stale:
+        if plan.stale and row is None:   # a new task: its nearest tuned shapes' winners first, a full budget
+            # (imported here: farm.retune.nearest builds on this module)
+            from farm.retune.nearest import nearest_seeds
+
+            plan.warm = nearest_seeds(previous, [p], limit=settings.top).get(p.task.key, [])
+        elif plan.stale:
             plan.warm, plan.winner_in_space = warm_start(plan, previous, settings.top)
             plan.planned = dataclasses.replace(p, trials=budget(plan, settings))
         plans.append(plan)
