@@ -194,7 +194,7 @@ def nearest_warm_starts(tables: Sequence[TaskTable]) -> dict[str, tuple[dict, ..
     for table in tables:
         key = table.planned.task.key
         others = Previous("table", {}, [row for k, row in rows.items() if k != key], [])
-        seeds[key] = tuple(nearest_seeds(others, [table.planned]).get(key, ()))
+        seeds[key] = tuple(nearest_seeds(others, [table.planned]).configs.get(key, ()))
     return seeds
 
 

@@ -34,12 +34,15 @@ def planned(*shapes):
 
 
 def test_each_task_starts_from_its_own_then_its_nearest_shapes_configs():
-    seeds = nearest_seeds(Previous("b", {}, ROWS, []), planned((64, 256), (96, 512), (100, 512), (600, 4096), (8, 8)))
+    found = nearest_seeds(Previous("b", {}, ROWS, []), planned((64, 256), (96, 512), (100, 512), (600, 4096), (8, 8)))
+    seeds = found.configs
     assert seeds == {"softmax/64x256/float32/interpret": [OWN, NEAR],        # exact, then at distance 2
                      "softmax/96x512/float32/interpret": [NEAR, OWN],        # 0.42, then 1.58
                      "softmax/600x4096/float32/interpret": [FAR]}            # 2.8 from 4096 x 4096
     assert "softmax/8x8/float32/interpret" not in seeds                      # nothing within distance 3
     assert "softmax/100x512/float32/interpret" not in seeds    # near, but the space wants blocks dividing 100 rows
+    assert found.outside == {"softmax/100x512/float32/interpret": NEAR,     # what a deployment runs, not measured
+                             "softmax/64x256/float32/interpret": {"block_rows": 16}}   # its newest own row
 
 
 def test_a_sweep_measures_the_seeds_first_and_a_resume_keeps_them(tmp_path, signing_key, repo):

@@ -145,9 +145,15 @@ def _warm_start(args: argparse.Namespace, planned: list[Any]) -> dict[str, list[
         print(f"WARNING: UNVERIFIED --warm-start {args.warm_start}: no --trust given, so its signature was not "
               f"checked (its configs are only measured first, each validated like any other)", file=sys.stderr)
     seeds = nearest.nearest_seeds(previous, planned)
-    print(f"note: --warm-start {args.warm_start}: {len(seeds)} of {len(planned)} tasks start from its configs "
-          f"({sum(map(len, seeds.values()))} in all), each the task's own or a nearest shape's", file=sys.stderr)
-    return seeds
+    print(f"note: --warm-start {args.warm_start}: {len(seeds.configs)} of {len(planned)} tasks start from its "
+          f"configs ({sum(map(len, seeds.configs.values()))} in all), each the task's own or a nearest shape's",
+          file=sys.stderr)
+    if seeds.outside:
+        key, config = next(iter(seeds.outside.items()))
+        print(f"note: --warm-start {args.warm_start}: the config a deployment of it runs is outside the space of "
+              f"{len(seeds.outside)} task(s), and not measured, e.g. {key}: "
+              f"{' '.join(f'{k}={v}' for k, v in config.items())}", file=sys.stderr)
+    return seeds.configs
 
 
 def _resume_settings(args: argparse.Namespace) -> tuple[list[Any], Any]:

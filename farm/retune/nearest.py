@@ -8,6 +8,7 @@ whatever its budget; and a shape near a tuned one starts its search near that on
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,17 +20,27 @@ from farm.tasks import json_object
 SEEDS = 3   # configs a task is warm-started with: those of its exact and nearest tuned shapes
 
 
-def nearest_seeds(previous: Previous, planned: Sequence[PlannedTask], limit: int = SEEDS) -> dict[str, list[dict]]:
-    """{task key: configs to measure first}: the `ok` winners of `previous` for the same kernel,
-    dtype and target at the nearest shapes (the task's own first; log2 distance at most
-    NEAREST_MAX_DISTANCE; ties to the smaller shape, then the newest row, as the runtime
-    chooses), those the task's sweep would measure (`planning.measurable`), at most
-    `limit` distinct ones. Tasks with none are left out."""
+@dataclasses.dataclass(frozen=True)
+class Seeds:
+    """Each task's configs to measure first, and the tasks whose deployed config (the nearest
+    tuned one, which a deployment of the bundle runs) their space does not admit: not measured."""
+
+    configs: dict[str, list[dict[str, Any]]]
+    outside: dict[str, dict[str, Any]]
+
+
+def nearest_seeds(previous: Previous, planned: Sequence[PlannedTask], limit: int = SEEDS) -> Seeds:
+    """For each task, the `ok` winners of `previous` for the same kernel, dtype and target at the
+    nearest shapes (the task's own first; log2 distance at most NEAREST_MAX_DISTANCE; ties to the
+    smaller shape, then the newest row, as the runtime chooses), those the task's sweep would
+    measure (`planning.measurable`), at most `limit` distinct ones. Tasks with none are left out
+    of `configs`."""
     by_group: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for row in previous.rows:
         if row.get("status") == "ok" and row.get("config") and row.get("shape"):
             by_group.setdefault((row["kernel"], row["dtype"], row["target"]), []).append(row)
-    seeds: dict[str, list[dict]] = {}
+    seeds: dict[str, list[dict[str, Any]]] = {}
+    outside: dict[str, dict[str, Any]] = {}
     for p in planned:
         task = p.task
         near = [(log_distance(row["shape"], task.shape), row) for row in by_group.get((task.kernel, task.dtype,
@@ -38,14 +49,18 @@ def nearest_seeds(previous: Previous, planned: Sequence[PlannedTask], limit: int
         near = [(d, row) for d, row in near if d <= NEAREST_MAX_DISTANCE]
         near.sort(key=lambda item: str(item[1].get("created") or ""), reverse=True)
         near.sort(key=lambda item: (item[0], tuple(item[1]["shape"])))   # the runtime's order (`Registry`)
-        configs: list[dict] = []
-        for _, row in near:
+        configs: list[dict[str, Any]] = []
+        for rank, (_, row) in enumerate(near):
             config = json_object(row["config"])
-            if config is not None and config not in configs and measurable(p, config):
-                configs.append(config)
+            if config is None or config in configs:
+                continue
+            if not measurable(p, config):
+                if rank == 0:
+                    outside[task.key] = config
+                continue
+            configs.append(config)
             if len(configs) >= limit:
                 break
         if configs:
             seeds[task.key] = configs
-    return seeds
-
+    return Seeds(seeds, outside)

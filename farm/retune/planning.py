@@ -162,7 +162,7 @@ def plan_tasks(planned: Sequence[PlannedTask], previous: Previous, environment: 
             # (imported here: farm.retune.nearest builds on this module)
             from farm.retune.nearest import nearest_seeds
 
-            plan.warm = nearest_seeds(previous, [p], limit=settings.top).get(p.task.key, [])
+            plan.warm = nearest_seeds(previous, [p], limit=settings.top).configs.get(p.task.key, [])
         elif plan.stale:
             plan.warm, plan.winner_in_space = warm_start(plan, previous, settings.top)
             plan.planned = dataclasses.replace(p, trials=budget(plan, settings))
