@@ -53,8 +53,9 @@ gpu-mosaic, whose defaults ran faster on 16 of 22 users' tasks on an H200) refin
 kernel (`default_gpu_targets`: the row kernels put gpu-triton first for a few long rows).
 
 Sharded inputs: `tuned(kernel, partition=True)` lets XLA split a call over the kernel's
-PARALLEL_DIMS, each device running the kernel looked up at its shard's shape
-(`farm.deploy.partition`); without it, call tuned kernels inside `jax.shard_map`.
+PARALLEL_DIMS, each device running the kernel looked up at its shard's shape (under `jax.vmap`
+too: the batch splits as one more parallel dimension; `farm.deploy.partition`); without it,
+call tuned kernels inside `jax.shard_map`.
 
 Gradients: a kernel whose module declares BACKWARD (kernels.protocol.Backward) is wrapped in a
 `jax.custom_vjp` that runs its backward kernel, itself looked up and tuned; any other kernel
