@@ -71,7 +71,7 @@ class TaskReport:
     counts: Counter
     curve: list[tuple[int, float]]          # (measured trial index, best median so far)
     failure: Failure | None = None           # with no winner: what most of its measured configs failed with
-    deployed: TrialRecord | None = None      # --warm-start: its first config (what the bundle's deployment ran)
+    warm_start: TrialRecord | None = None    # --warm-start: its first config (see `task_reports`)
 
     @property
     def speedup(self) -> float | None:
@@ -79,9 +79,9 @@ class TaskReport:
         return _ratio(self.default, self.best)
 
     @property
-    def vs_deployed(self) -> float | None:
+    def vs_warm_start(self) -> float | None:
         """The warm start's first config's median / winner median, when both were measured."""
-        return _ratio(self.deployed, self.best)
+        return _ratio(self.warm_start, self.best)
 
 
 def _ratio(before: TrialRecord | None, after: TrialRecord | None) -> float | None:
@@ -117,7 +117,8 @@ def task_reports(records: list[TrialRecord], winners: dict[str, dict[str, Any]] 
     """Per task (in order of first record): winner, default, outcome counts, best-so-far curve.
     `winners` (`bundle_winners`) names the winners where given: the record of the bundle's config,
     with the bundle's median; else the fastest logged median. `warm_starts` (`farm sweep
-    --warm-start`, from sweep.json): each task's first one is what the bundle's deployment ran."""
+    --warm-start`, from sweep.json): each task's first one is what a deployment of that bundle
+    ran, unless the task's space leaves that config out (the sweep's note names such tasks)."""
     by_task: dict[str, list[TrialRecord]] = {}
     for record in records:
         by_task.setdefault(record.task_key, []).append(record)
@@ -143,12 +144,12 @@ def task_reports(records: list[TrialRecord], winners: dict[str, dict[str, Any]] 
             best = min(shipped, key=lambda r: r.median_s)
             best = best.replace(median_s=row["median_s"] or best.median_s)
         seeds = (warm_starts or {}).get(key) or [None]
-        deployed = [r for r in ok if seeds[0] is not None and r.config == config_json(seeds[0])]
+        first = [r for r in ok if seeds[0] is not None and r.config == config_json(seeds[0])]
         reports.append(TaskReport(key, best,
                                   min(default_ok, key=lambda r: r.median_s, default=None),
                                   Counter(r.outcome for r in group), curve,
                                   None if best else common_failure(group),
-                                  min(deployed, key=lambda r: r.median_s, default=None)))
+                                  min(first, key=lambda r: r.median_s, default=None)))
     return reports
 
 
@@ -160,8 +161,8 @@ def markdown(tasks: list[TaskReport], summary: dict[str, Any], run_dir: Path) ->
                   f"{format_duration(summary.get('wall_s'))} ({summary.get('trials_per_s', 0):.2f}/s) on "
                   f"{summary.get('workers', '?')} workers"
                   + (" (stopped by the time budget)" if summary.get("stopped_by_time_budget") else "") + ".", ""]
-    warm = any(t.deployed for t in tasks)   # --warm-start: the winners against what the deployment ran too
-    lines += ["| task | winner | median | default | vs default |" + (" deployed | vs deployed |" if warm else "")
+    warm = any(t.warm_start for t in tasks)   # --warm-start: the winners against its first config too
+    lines += ["| task | winner | median | default | vs default |" + (" warm start | vs warm start |" if warm else "")
               + " measured | failed | skipped | config |",
               "|---|---|---|---|---|" + ("---|---|" if warm else "") + "---|---|---|---|"]
     for t in tasks:
@@ -170,17 +171,18 @@ def markdown(tasks: list[TaskReport], summary: dict[str, Any], run_dir: Path) ->
         skipped = ", ".join(f"{o} {c[o]}" for o in outcomes.SKIPPED if c[o]) or "-"
         config = " ".join(f"{k}={v}" for k, v in json.loads(t.best.config).items()) if t.best else "-"
         speedup = f"{t.speedup:.2f}x" if t.speedup else "-"
-        deployed = (f" {format_seconds(t.deployed and t.deployed.median_s)} | "
-                    f"{f'{t.vs_deployed:.2f}x' if t.vs_deployed else '-'} |") if warm else ""
+        started = (f" {format_seconds(t.warm_start and t.warm_start.median_s)} | "
+                   f"{f'{t.vs_warm_start:.2f}x' if t.vs_warm_start else '-'} |") if warm else ""
         medians = f"{format_seconds(t.best and t.best.median_s)} | {format_seconds(t.default and t.default.median_s)}"
-        lines.append(f"| {t.task_key} | {'ok' if t.best else 'no valid config'} | {medians} | {speedup} |{deployed} "
+        lines.append(f"| {t.task_key} | {'ok' if t.best else 'no valid config'} | {medians} | {speedup} |{started} "
                      f"{sum(c[o] for o in outcomes.MEASURED)} | {failed} | {skipped} | {config} |")
     lines += ["", "measured: configs compiled, validated and timed on a worker (ok or failed); failed: measured "
               "configs that did not run correctly; skipped: draws never measured (invalid: outside the space "
               "or refused by the kernel; pruned: cannot fit in memory). The trial budget counts measured and "
-              "cached configs." + (" deployed: the first --warm-start config, what a deployment of that bundle "
-                                   "ran for the task (its own or nearest tuned shape's), measured in this run."
-                                   if warm else "")]
+              "cached configs." + (" warm start: the first --warm-start config, measured in this run: what a "
+                                   "deployment of that bundle ran for the task (its own or nearest tuned "
+                                   "shape's), unless the sweep's note named the task as one whose space leaves "
+                                   "that config out." if warm else "")]
     failing = [task for task in tasks if task.failure]
     if failing:
         lines += ["", "## Tasks with no valid config", ""]
