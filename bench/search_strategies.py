@@ -17,7 +17,8 @@ Seconds are trials / `--trials-per-s` (default: the table's own rate, all its ta
 does not list, a knob it does not tune): the default is measured first, outside the study, and
 the sampler starts without it (what 140 of 1214 tasks at users' shapes get with the shipped spaces).
 `--warm-start nearest` replays each task as `farm sweep --warm-start` starts it from a bundle of
-the other tasks' best configs: its nearest tuned shapes' winners first.
+the other tasks' best configs: its nearest tuned shapes' winners first (those its space holds: a
+sweep measures the others outside its study, which the table cannot time).
 Writes search_strategies.json and search_strategies.md to `--out`.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ from farm.search import plan, spaces, studies
 from farm.search.plan import PlannedTask
 from farm.search.searcher import Answer, Proposal, Searcher
 from farm.search.valid_set import ValidSet
+from farm.tasks import config_json
 
 STRATEGIES = ("tpe", "random", "pattern", "hybrid")
 MISSING = "not in the table"
@@ -180,7 +182,7 @@ def run_job(job: Job) -> int | None:
 def nearest_warm_starts(tables: Sequence[TaskTable]) -> dict[str, tuple[dict, ...]]:
     """Each task's `farm sweep --warm-start` configs from a bundle of the *other* tasks' best
     configs (`farm.retune.nearest`): a new shape warm-started from its tuned neighbours."""
-    from farm.retune.nearest import nearest_seeds
+    from farm.retune.nearest import SEEDS, nearest_seeds
     from farm.retune.planning import Previous
 
     def best_row(table: TaskTable) -> dict:
@@ -194,7 +196,10 @@ def nearest_warm_starts(tables: Sequence[TaskTable]) -> dict[str, tuple[dict, ..
     for table in tables:
         key = table.planned.task.key
         others = Previous("table", {}, [row for k, row in rows.items() if k != key], [])
-        seeds[key] = tuple(nearest_seeds(others, [table.planned]).configs.get(key, ()))
+        near = nearest_seeds(others, [table.planned], limit=len(rows)).configs.get(key, ())
+        # The table times only what its sweep measured: seeds its space leaves out (a sweep measures
+        # them outside the study) are left out of the replay, the first SEEDS of the rest kept.
+        seeds[key] = tuple([c for c in near if table.planned.admits(c) or config_json(c) in table.answers][:SEEDS])
     return seeds
 
 

@@ -24,6 +24,7 @@ from farm.retune import planning, rules
 from farm.retune.report import REPORT_JSON, REPORT_MD, task_report
 from farm.search import plan, spaces
 from farm.search.plan import PlannedTask
+from farm.search.searcher import outside_trial
 from farm.tasks import TuningTask, config_json
 from tests.fixtures import versioned_softmax
 
@@ -185,6 +186,27 @@ def test_a_regression_escalates_then_exits_3(farm, signing_key, monkeypatch, cap
     assert "regressed beyond --max-regression" in capsys.readouterr().err
 
 
+def test_a_space_narrowed_past_the_previous_winner_keeps_it_as_the_baseline(farm, signing_key, monkeypatch):
+    """The user's space no longer lists the deployed winner (variant a), which the kernel still
+    runs: the retune measures it first, outside the study, and keeps it where nothing in the
+    narrowed space beats it, instead of shipping the narrowed space's best (3x slower) unchecked."""
+    monkeypatch.setenv(fingerprint.OVERRIDE_ENV, NEW_JAX[fingerprint.OVERRIDE_ENV])
+    narrowed = farm["root"] / "narrowed.yaml"
+    narrowed.write_text(farm["spaces"]["versioned64"].read_text().replace("[a, b, c]", "[b, c]"))
+    farm["software"].write_text(json.dumps({"*": {"delay_ms": {"a": 5, "b": 15, "c": 25}}}))
+    try:
+        code, report, tasks, trials, rows = _retune(farm, signing_key, "narrowed", narrowed)
+    finally:
+        farm["software"].unlink()
+    key = _key(VERSIONED, "64x128")
+    assert code == 0, report
+    old = next(t for t in trials if t["config"] == farm["rows"][key]["config"])
+    assert old["trial"] == outside_trial(0) and old["outcome"] == outcomes.OK   # the sampler never hears of it
+    assert sorted(_variant(t["config"]) for t in trials if t["trial"] >= 0) == ["b", "c"]
+    assert tasks[key]["decision"] == rules.KEPT and tasks[key]["baseline_median_s"] == old["median_s"]
+    assert rows[key]["config"] == farm["rows"][key]["config"] and not report["blocked"]
+
+
 # -- the promotion rule and the gate, on synthetic records -----------------------------------------
 def _plan(row):
     planned = PlannedTask(TuningTask("k", (8,), "float32", "interpret"), space=None, trials=3)
@@ -250,9 +272,10 @@ def test_gate_blocks_only_beyond_the_limit_and_the_noise():
 
 
 # -- fingerprints and warm starts --------------------------------------------------------------------
-def test_a_previous_winner_that_is_the_default_outside_the_space_is_warm_started_and_a_baseline():
-    """A sweep measures the kernel's default even where the space leaves it out (5 rows: block_rows
-    5 is no power of two), and it may win; a retune takes it as the previous winner all the same."""
+def test_a_previous_winner_outside_the_space_that_the_kernel_takes_is_warm_started_and_a_baseline():
+    """A sweep measures the kernel's default, and any warm start, even where the space leaves it
+    out (5 rows: block_rows 5 or 6 is no power of two), so it may win; a retune takes it as the
+    previous winner all the same. One the kernel no longer takes is no baseline (`new`)."""
     space = spaces.parse_space({"kernel": "softmax", "dtypes": ["float32"], "shapes": [[5, 256]],
                                 "targets": ["interpret"], "params": {"block_rows": {"pow2": [1, 8]},
                                                                      "strategy": {"values": ["one_pass"]},
@@ -264,8 +287,12 @@ def test_a_previous_winner_that_is_the_default_outside_the_space_is_warm_started
     task_plan = planning.TaskPlan(planned, device_kind="cpu", fingerprint={}, previous=row, changes=["x"])
     warm, winner_valid = planning.warm_start(task_plan, planning.Previous("p", {}, [row], []), top=2)
     assert (warm, winner_valid) == ([default], True)
-    bad = {**default, "block_rows": 6}    # neither the default nor a point of the space
-    task_plan.previous = {**OLD_ROW, "config": config_json(bad)}
+    narrowed = {**default, "block_rows": 6}    # neither the default nor a point of the space
+    task_plan.previous = {**OLD_ROW, "config": config_json(narrowed)}
+    assert planning.warm_start(task_plan, planning.Previous("p", {}, [task_plan.previous], []), top=2) == (
+        [narrowed], True)
+    retired = {**default, "strategy": "retired"}    # a strategy the kernel no longer has
+    task_plan.previous = {**OLD_ROW, "config": config_json(retired)}
     assert planning.warm_start(task_plan, planning.Previous("p", {}, [task_plan.previous], []), top=2) == ([], False)
 
 

@@ -11,7 +11,7 @@ import pytest
 from farm.measure import outcomes
 from farm.search import studies, valid_set
 from farm.search.plan import PlannedTask, expand
-from farm.search.searcher import OUTSIDE_STUDY, Answer, Proposal, Searcher
+from farm.search.searcher import OUTSIDE_STUDY, Answer, Proposal, Searcher, outside_trial
 from farm.search.space_parts import Param
 from farm.search.spaces import load_space, parse_space
 
@@ -90,7 +90,7 @@ def test_a_default_the_kernel_refuses_is_answered_invalid_with_its_reason():
                                     "stream_cols": {"values": [0]}, "cluster": {"values": [1]}},
                          "trials": 2}, "inline.yaml")
     searcher, answered = _searcher(expand([space])[0])
-    assert searcher.outside_default is None and searcher.ask() is None
+    assert not searcher.outside and searcher.ask() is None
     assert answered and all(a.outcome == outcomes.INVALID and a.trial >= 0 for a in answered)
     assert all("not whole 128-byte units" in a.error for a in answered)
 
@@ -135,7 +135,7 @@ def test_a_default_left_out_that_cannot_fit_is_answered_pruned_once(tmp_path):
     assert answered[0].footprint_bytes > tiny.onchip_bytes
     resumed, _ = _searcher(planned, studies.storage(tmp_path), capacity=tiny)
     resumed.replay(answered)
-    assert resumed.outside_default is None and resumed.skipped == 1
+    assert not resumed.outside and resumed.skipped == 1
 
 
 def test_default_config_is_trial_zero():
@@ -277,6 +277,37 @@ def test_warm_starts_come_before_a_default_the_space_leaves_out():
     assert (first.trial, first.config) == (0, warm[0])
     assert (second.trial, second.config["block_m"]) == (OUTSIDE_STUDY, 64)
     assert (third.trial, third.config["block_m"]) == (1, 16)
+
+
+def test_warm_starts_the_space_leaves_out_are_measured_in_order_outside_the_study_once(tmp_path):
+    """A bundle's configs that a narrower space leaves out (block_m 64 or 8, a constraint's
+    refusal), but the kernel takes, are measured in their warm-start order as trials -2, -3, ...
+    The sampler never hears of them; one the kernel refuses is dropped; a resume measures none
+    twice and the one not yet logged still comes, before the sampler draws."""
+    planned = _planned({"block_m": {"values": [16, 32]}, "block_n": {"values": [64]}, "block_k": {"values": [32]},
+                        **PLAIN}, trials=6, constraints=["block_m != 32 or block_k != 32"])
+    config = {"block_n": 64, "block_k": 32, **PLAIN_CONFIG}
+    warm = [{**config, "block_m": 8}, {**config, "block_m": 16}, {**config, "block_m": 32},
+            {**config, "block_m": 3 * 8, "split_k": 0}, {**config, "block_m": 8}]   # refused; a repeat
+    searcher, answered = _searcher(planned, studies.storage(tmp_path), warm_start=warm)
+    first, second = searcher.ask(), searcher.ask()
+    assert [(first.trial, first.config), (second.trial, second.config)] == [
+        (outside_trial(0), warm[0]), (0, warm[1])]
+    log = [_ok(first, 3e-5), _ok(second, 2e-5)]
+    for answer in log:
+        searcher.tell(answer)
+    third = searcher.ask()   # the constraint refuses block_m 32 with block_k 32: measured outside
+    assert (third.trial, third.config) == (outside_trial(1), warm[2])
+    assert [t.number for t in searcher.study.trials] == [0]   # the study holds only its own trial
+    resumed, answered = _searcher(planned, studies.storage(tmp_path), warm_start=warm)
+    resumed.replay(log)    # the driver died with the third in flight, not logged
+    rest = []
+    while (p := resumed.ask()) is not None:
+        rest.append(p)
+        resumed.tell(_ok(p))
+    # then the default (block_m 64, off the space's values); the space's one valid config is measured
+    assert [(p.trial, p.config["block_m"]) for p in rest] == [(outside_trial(1), 32), (OUTSIDE_STUDY, 64)]
+    assert resumed.exhausted and not answered and resumed.asked == 4
 
 
 def test_resume_from_the_log_measures_nothing_twice(tmp_path):

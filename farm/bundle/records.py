@@ -34,7 +34,8 @@ class TrialRecord:
     dtype: str
     target: str
     # The Optuna trial number within the task's study; -1 for the kernel's default, measured outside
-    # a space that leaves it out (`farm.search.searcher.OUTSIDE_STUDY`).
+    # a space that leaves it out (`farm.search.searcher.OUTSIDE_STUDY`), -2, -3, ... for warm starts
+    # measured outside it (`farm.search.searcher.outside_trial`).
     trial: int
     config: str                         # canonical JSON (`farm.tasks.config_json`)
     outcome: str                        # one of `farm.measure.outcomes.ALL`

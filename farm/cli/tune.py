@@ -149,10 +149,9 @@ def _warm_start(args: argparse.Namespace, planned: list[Any]) -> dict[str, list[
           f"configs ({sum(map(len, seeds.configs.values()))} in all), each the task's own or a nearest shape's",
           file=sys.stderr)
     if seeds.outside:
-        key, config = next(iter(seeds.outside.items()))
-        print(f"note: --warm-start {args.warm_start}: the config a deployment of it runs is outside the space of "
-              f"{len(seeds.outside)} task(s), and not measured, e.g. {key}: "
-              f"{' '.join(f'{k}={v}' for k, v in config.items())}", file=sys.stderr)
+        print(f"note: --warm-start {args.warm_start}: {sum(seeds.outside.values())} of these configs, of "
+              f"{len(seeds.outside)} task(s), are outside their task's space: each is measured once outside the "
+              f"study (the sampler does not learn from it), e.g. {next(iter(seeds.outside))}", file=sys.stderr)
     return seeds.configs
 
 

@@ -18,7 +18,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import kernels
 from farm.bundle import fingerprint
 from farm.bundle.locate import open_bundle
 from farm.bundle.records import TrialRecord
@@ -26,9 +25,7 @@ from farm.bundle.trust import Trust
 from farm.errors import BundleError, FarmError
 from farm.measure import outcomes
 from farm.retune.rules import RetuneSettings
-from farm.search import studies
 from farm.search.plan import PlannedTask
-from kernels.protocol import task_default
 
 # Default budget of a stale task: this share of the space's budget, at least the warm start + EXPLORE.
 BUDGET_SHARE = 0.25
@@ -55,7 +52,7 @@ class TaskPlan:
     previous: dict[str, Any] | None
     changes: list[str]
     warm: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    winner_in_space: bool = True
+    winner_measurable: bool = True
     escalated: bool = False
 
     @property
@@ -92,9 +89,9 @@ def previous_row(previous: Previous, task_key: str, device_kind: str | None) -> 
 def warm_start(plan: TaskPlan, previous: Previous, top: int) -> tuple[list[dict[str, Any]], bool]:
     """The configs to queue first (previous winner, then the next best of its run) valid in the space now.
 
-    Returns them and whether the previous winner itself is valid in the current space. The
-    kernel's current default counts as valid where the kernel takes it: a sweep measures it even
-    where the space leaves it out (`farm.search.searcher.OUTSIDE_STUDY`), so it may have won.
+    Returns them and whether the previous winner itself is measurable now: a sweep measures a
+    warm start even where the current space leaves it out, as long as the kernel takes it
+    (`measurable`), so the previous winner stays the baseline after a space is narrowed.
     """
     row = plan.previous
     if row is None or row.get("status") != "ok" or not row.get("config"):
@@ -117,14 +114,10 @@ def warm_start(plan: TaskPlan, previous: Previous, top: int) -> tuple[list[dict[
 
 
 def measurable(planned: PlannedTask, config: dict[str, Any]) -> bool:
-    """Whether a sweep of `planned` would measure `config` when queued first: a point of its space
-    that no constraint refuses, or the kernel's current default where the kernel takes it (a
-    sweep measures it even where the space leaves it out: `farm.search.searcher.OUTSIDE_STUDY`)."""
-    task, space = planned.task, planned.space
-    if config == task_default(kernels.load(task.kernel), task.shape, task.target, task.dtype):
-        return space.kernel_refusal(config, task.shape, task.dtype, task.target) is None
-    return (studies.in_space(config, space.params_for(task.target))
-            and space.violated(config, task.shape, task.dtype, task.target) is None)
+    """Whether a sweep of `planned` would measure `config` when queued first (a warm start): a
+    point of its space that no constraint refuses, or any config the kernel takes (a sweep
+    measures it outside the study where the space leaves it out: `farm.search.searcher`)."""
+    return planned.kernel_takes(config)   # the points of its space too: the kernel takes each of them
 
 
 def budget(plan: TaskPlan, settings: RetuneSettings) -> int:
@@ -164,7 +157,7 @@ def plan_tasks(planned: Sequence[PlannedTask], previous: Previous, environment: 
 
             plan.warm = nearest_seeds(previous, [p], limit=settings.top).configs.get(p.task.key, [])
         elif plan.stale:
-            plan.warm, plan.winner_in_space = warm_start(plan, previous, settings.top)
+            plan.warm, plan.winner_measurable = warm_start(plan, previous, settings.top)
             plan.planned = dataclasses.replace(p, trials=budget(plan, settings))
         plans.append(plan)
     return plans

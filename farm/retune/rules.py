@@ -1,8 +1,9 @@
 """The promotion rule and the gate of `farm retune`: pure functions over trial records.
 
 A decision per retuned task:
-- `new`: no usable previous winner (no row, no valid config, or the winner is outside the
-  current search space); the sweep's winner is taken.
+- `new`: no usable previous winner (no row, no valid config, or a winner the kernel no longer
+  takes); the sweep's winner is taken. A winner the current space leaves out but the kernel
+  takes is still measured first (outside the study), so it stays the baseline.
 - `repaired`: the previous winner now fails (compile error, wrong result, OOM, pruned, ...);
   the new winner replaces it and the task is flagged.
 - `failed`: the previous winner fails and no config works (row `no_valid_config`; flagged).
@@ -116,8 +117,8 @@ def decide(plan: TaskPlan, records: Sequence[TrialRecord], noise: float) -> Deci
     row = plan.previous
     if row is None or row.get("status") != "ok" or not row.get("config"):
         return Decision(NEW, best, None)
-    if not plan.winner_in_space:
-        return Decision(NEW, best, None, "the previous winner is not in the current search space")
+    if not plan.winner_measurable:
+        return Decision(NEW, best, None, "the kernel no longer takes the previous winner at this shape")
     old_key = config_json(json.loads(row["config"]))
     own = [r for r in records if r.config == old_key]
     baseline = select.best_record(own)

@@ -118,7 +118,7 @@ def task_reports(records: list[TrialRecord], winners: dict[str, dict[str, Any]] 
     `winners` (`bundle_winners`) names the winners where given: the record of the bundle's config,
     with the bundle's median; else the fastest logged median. `warm_starts` (`farm sweep
     --warm-start`, from sweep.json): each task's first one is what a deployment of that bundle
-    ran, unless the task's space leaves that config out (the sweep's note names such tasks)."""
+    ran (measured outside the study where the task's space leaves it out)."""
     by_task: dict[str, list[TrialRecord]] = {}
     for record in records:
         by_task.setdefault(record.task_key, []).append(record)
@@ -181,8 +181,7 @@ def markdown(tasks: list[TaskReport], summary: dict[str, Any], run_dir: Path) ->
               "or refused by the kernel; pruned: cannot fit in memory). The trial budget counts measured and "
               "cached configs." + (" warm start: the first --warm-start config, measured in this run: what a "
                                    "deployment of that bundle ran for the task (its own or nearest tuned "
-                                   "shape's), unless the sweep's note named the task as one whose space leaves "
-                                   "that config out." if warm else "")]
+                                   "shape's config)." if warm else "")]
     failing = [task for task in tasks if task.failure]
     if failing:
         lines += ["", "## Tasks with no valid config", ""]

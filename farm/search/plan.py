@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from farm.errors import FarmError
 from farm.search.spaces import SearchSpace
@@ -16,6 +17,19 @@ class PlannedTask:
     task: TuningTask
     space: SearchSpace
     trials: int
+
+    def admits(self, config: Mapping[str, Any]) -> bool:
+        """Whether `config` is a point of the task's space (exactly its target's knobs, each set
+        to one of its values) that no constraint, nor the kernel, refuses: what its study draws."""
+        task, params = self.task, self.space.params_for(self.task.target)
+        return (set(config) == {p.name for p in params} and all(config[p.name] in p.choices for p in params)
+                and self.space.violated(config, task.shape, task.dtype, task.target) is None)
+
+    def kernel_takes(self, config: Mapping[str, Any]) -> bool:
+        """Whether the kernel runs `config` at the task's shape, dtype and target (`check_config`),
+        whatever the space says: a config outside the space that a sweep may still measure."""
+        task = self.task
+        return self.space.kernel_refusal(config, task.shape, task.dtype, task.target) is None
 
 
 def expand(spaces: Sequence[SearchSpace], targets: Sequence[str] | None = None,

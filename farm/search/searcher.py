@@ -14,7 +14,9 @@ cannot spend the budget on repeats.
 The kernel's default config is what a deployment runs untuned, so every task measures it. Where
 the space leaves it out (a knob value the space does not list, a search preference it breaks, a
 knob the space does not tune) but the kernel takes it, it is measured once outside the study, as
-trial `OUTSIDE_STUDY`: the sampler never hears of it, and it may win.
+trial `OUTSIDE_STUDY`: the sampler never hears of it, and it may win. Warm-start configs (a
+bundle's winners: what a deployment of it runs) are measured first, in order, the same way: in
+the study where the space holds them, else outside it as trials `outside_trial(i)` (-2, -3, ...).
 
 When the task's valid configs can be enumerated (with bounded work: `farm.search.valid_set`),
 `open` wraps the sampler in `farm.search.valid_set.ValidSetSampler`: draws are then valid
@@ -64,6 +66,21 @@ REPEAT_STREAK = 1
 VALID_DRAWS = 5000
 # The trial number of a task's default config measured outside its study (the space leaves it out).
 OUTSIDE_STUDY = -1
+
+
+def outside_trial(index: int) -> int:
+    """The trial number of a task's `index`-th warm-start config measured outside its study."""
+    return OUTSIDE_STUDY - 1 - index
+
+
+@dataclasses.dataclass(frozen=True)
+class OutsideConfig:
+    """A config the task measures outside its study (the space leaves it out, the kernel takes
+    it): the default or a warm start, proposed once `after` trials came from the study."""
+
+    trial: int
+    config: dict[str, Any]
+    after: int = 0
 # How much of a failure's text a trial's Optuna user attributes keep.
 ERROR_ATTR_CHARS = 500
 
@@ -149,9 +166,8 @@ class Searcher:
         self.exhausted = False
         self._invalid_streak = 0
         self._repeat_streak = 0
-        self._running: dict[int, optuna.Trial | None] = {}   # proposals not yet told (None: OUTSIDE_STUDY)
-        self.outside_default: dict[str, Any] | None = None   # the default, measured outside the study
-        self._outside_after = 0                       # ... once this many trials came from the study (warm starts)
+        self._running: dict[int, optuna.Trial | None] = {}   # proposals not yet told (None: outside the study)
+        self.outside: list[OutsideConfig] = []        # configs still to measure outside the study, in order
         self._from_study = 0                          # trials this searcher drew from the study
         self._waiting: dict[str, list[optuna.Trial]] = {}   # config json -> duplicates of a proposal in flight
 
@@ -160,9 +176,10 @@ class Searcher:
              seed: int | None = None, warm_start: Sequence[dict[str, Any]] = (), **options: Any) -> Searcher:
         """The task's searcher over its study in `storage` (created, or loaded when it exists).
 
-        A new study measures `warm_start` first, in order, then the kernel's default config (in
-        the study, or outside it where the space leaves it out).
-        `options` go to the constructor (capacity, static_pruning, on_answer).
+        A new study measures `warm_start` first, in order, then the kernel's default config: each
+        in the study, or outside it where the space leaves it out and the kernel takes it (a
+        warm start the kernel refuses is dropped). A resumed study measures those not yet logged
+        (`replay`). `options` go to the constructor (capacity, static_pruning, on_answer).
         """
         module = kernels.load(planned.task.kernel)
         task, space = planned.task, planned.space
@@ -176,26 +193,37 @@ class Searcher:
         study = studies.open_study(planned, storage, chosen)
         searcher = cls(planned, study, module, valid_set=candidates, **options)
         default = task_default(module, planned.task.shape, planned.task.target, planned.task.dtype)
-        searcher.outside_default = searcher._left_out(default)
-        queued = None if searcher.outside_default is not None else default
-        searcher._outside_after = studies.enqueue_warm_start(study, searcher.params, list(warm_start), queued)
-        if not searcher._outside_after and queued is not None:
+        fresh = not study.trials
+        inside: list[dict[str, Any]] = []
+        for config in warm_start:
+            if config in inside or any(o.config == config for o in searcher.outside):
+                continue
+            if planned.admits(config):
+                inside.append(config)
+                continue
+            if not planned.kernel_takes(config):
+                continue
+            trial = OUTSIDE_STUDY if config == default else \
+                outside_trial(sum(o.trial != OUTSIDE_STUDY for o in searcher.outside))
+            searcher.outside.append(OutsideConfig(trial, config, len(inside) if fresh else 0))
+        default_left_out = searcher._left_out(default) is not None
+        if default_left_out and not any(o.trial == OUTSIDE_STUDY for o in searcher.outside):
+            searcher.outside.append(OutsideConfig(OUTSIDE_STUDY, default, len(inside) if fresh else 0))
+        queued = None if default_left_out else default
+        queued_count = studies.enqueue_warm_start(study, searcher.params, inside, queued)
+        if not queued_count and queued is not None:
             # a task whose shape leaves no config within the space, and whose kernel refuses its
             # default: the default is still asked, and answered invalid with the kernel's reason
             studies.enqueue_default(study, searcher.params, default,
                                     even_on_grid=candidates is not None and not len(candidates))
         return searcher
 
-    def _left_out(self, default: dict[str, Any]) -> dict[str, Any] | None:
-        """`default` if the space leaves it out and the kernel takes it (it is then measured
+    def _left_out(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """`config` if the space leaves it out and the kernel takes it (it is then measured
         outside the study), else None (the study holds it, or the kernel refuses it)."""
-        task, space = self.planned.task, self.planned.space
-        if studies.in_space(default, self.params) and space.violated(default, task.shape, task.dtype,
-                                                                     task.target) is None:
+        if self.planned.admits(config) or not self.planned.kernel_takes(config):
             return None
-        if space.kernel_refusal(default, task.shape, task.dtype, task.target) is not None:
-            return None
-        return default
+        return config
 
     @property
     def key(self) -> str:
@@ -228,8 +256,8 @@ class Searcher:
         it waits for configs already in flight)."""
         task, space = self.planned.task, self.planned.space
         while self.wants_trials:
-            if self.outside_default is not None and self._from_study >= self._outside_after:
-                proposal = self._propose_outside_default()   # after the warm starts, before the sampler
+            if self.outside and self._from_study >= self.outside[0].after:
+                proposal = self._propose_outside(self.outside.pop(0))   # in the warm starts' order
                 if proposal is not None:
                     return proposal
                 continue
@@ -279,26 +307,25 @@ class Searcher:
             return Proposal(trial.number, config, key, footprint)
         return None
 
-    def _propose_outside_default(self) -> Proposal | None:
-        """The default the space leaves out, once (None if it is measured, or cannot fit: pruned)."""
-        task, config = self.planned.task, self.outside_default
-        assert config is not None
-        self.outside_default = None
+    def _propose_outside(self, outside: OutsideConfig) -> Proposal | None:
+        """A config the space leaves out, once (None if it is measured or in flight, or cannot fit:
+        pruned)."""
+        task, config, number = self.planned.task, outside.config, outside.trial
         key = config_json(config)
-        if key in self.measured:
+        if key in self.measured or key in self._waiting:
             return None
         footprint, verdict = pruning.static_verdict(self.module, config, task.shape, task.dtype, task.target,
                                                     self.capacity)
         if verdict is not None and (self.static_pruning or verdict.invalid):
             self.skipped += 1
-            self.on_answer(Answer(OUTSIDE_STUDY, key, outcomes.INVALID if verdict.invalid else outcomes.PRUNED,
+            self.on_answer(Answer(number, key, outcomes.INVALID if verdict.invalid else outcomes.PRUNED,
                                   verdict.reason, footprint_bytes=verdict.footprint_bytes,
                                   capacity_bytes=verdict.capacity_bytes))
             return None
         self.asked += 1
         self._waiting[key] = []
-        self._running[OUTSIDE_STUDY] = None
-        return Proposal(OUTSIDE_STUDY, config, key, footprint)
+        self._running[number] = None
+        return Proposal(number, config, key, footprint)
 
     def _skip(self, trial: optuna.Trial, key: str, outcome: str, error: str, **extra: Any) -> None:
         self.skipped += 1
@@ -343,7 +370,7 @@ class Searcher:
     def tell(self, result: Result) -> None:
         """The measured result of a proposal; duplicates that waited for it are answered from it."""
         trial = self._running.pop(result.trial)
-        if trial is not None:   # OUTSIDE_STUDY: the sampler never hears of the default it left out
+        if trial is not None:   # outside the study: the sampler never hears of the configs it left out
             self._tell(trial, result)
         self._remember(result)
         for waiting in self._waiting.pop(result.config, []):
@@ -391,8 +418,8 @@ class Searcher:
         logged: dict[int, Result] = {}
         for result in results:
             logged[result.trial] = result
-            if result.trial == OUTSIDE_STUDY:
-                self.outside_default = None   # measured (or pruned) before the driver died
+            if result.trial <= OUTSIDE_STUDY:   # measured (or pruned) outside the study before the driver died
+                self.outside = [o for o in self.outside if o.trial != result.trial]
             if result.outcome in outcomes.SKIPPED:
                 self.skipped += 1
                 continue
