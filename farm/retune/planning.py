@@ -87,7 +87,7 @@ def previous_row(previous: Previous, task_key: str, device_kind: str | None) -> 
 
 
 def warm_start(plan: TaskPlan, previous: Previous, top: int) -> tuple[list[dict[str, Any]], bool]:
-    """The configs to queue first (previous winner, then the next best of its run) valid in the space now.
+    """The configs to queue first (previous winner, then the next best of its run) the kernel takes now.
 
     Returns them and whether the previous winner itself is measurable now: a sweep measures a
     warm start even where the current space leaves it out, as long as the kernel takes it

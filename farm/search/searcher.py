@@ -66,6 +66,8 @@ REPEAT_STREAK = 1
 VALID_DRAWS = 5000
 # The trial number of a task's default config measured outside its study (the space leaves it out).
 OUTSIDE_STUDY = -1
+# How much of a failure's text a trial's Optuna user attributes keep.
+ERROR_ATTR_CHARS = 500
 
 
 def outside_trial(index: int) -> int:
@@ -81,8 +83,6 @@ class OutsideConfig:
     trial: int
     config: dict[str, Any]
     after: int = 0
-# How much of a failure's text a trial's Optuna user attributes keep.
-ERROR_ATTR_CHARS = 500
 
 
 class Result(Protocol):
