@@ -92,8 +92,10 @@ def test_warm_start_bad_input_names_the_flag(tmp_path, capsys):
     assert "--warm-start" in capsys.readouterr().err
     assert cli.main(["sweep", "--kernel", "softmax", "--shape", "64x256", "--dtype", "float32", "--target",
                      "interpret", "--dry-run", "--warm-start", str(bundle)]) == 0  # unverified: read, with a warning
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "UNVERIFIED --warm-start" in err and "1 of 1 tasks start from its configs (3 in all)" in err
+    header, row = out.splitlines()[:2]   # piped: the preview's tab-separated lines
+    assert header.endswith("\twarm start") and row.endswith("\t3 (1 outside the space)"), out
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

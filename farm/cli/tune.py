@@ -39,8 +39,10 @@ def _sweep_settings(args: argparse.Namespace, out: Path, runnable_only: bool = F
         scale_up_wait_s=_run_option(args, "scale_up_wait"), **_measuring(args))
 
 
-def _print_preview(planned: list[Any], args: argparse.Namespace) -> int:
-    """`farm sweep --dry-run`: the planned tasks as their sweep would start them (nothing run)."""
+def _print_preview(planned: list[Any], args: argparse.Namespace,
+                   warm: dict[str, list[dict[str, Any]]] | None = None) -> int:
+    """`farm sweep --dry-run`: the planned tasks as their sweep would start them (nothing run);
+    with --warm-start, how many configs each starts from (`warm`) and how many its space leaves out."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -54,16 +56,25 @@ def _print_preview(planned: list[Any], args: argparse.Namespace) -> int:
     def count(n: int | None) -> str:
         return "many" if n is None else str(n)
 
-    columns = ("task", "sampler", "trials", "valid", "fit", "pruned against", "default")
+    def seeded(p: Any) -> tuple[str, ...]:
+        if not args.warm_start:
+            return ()
+        configs = (warm or {}).get(p.task.key, [])
+        outside = sum(not p.admits(c) for c in configs)
+        return (f"{len(configs)}" + (f" ({outside} outside the space)" if outside else "") if configs else "-",)
+
+    columns = ("task", "sampler", "trials", "valid", "fit", "pruned against", "default") + (
+        ("warm start",) if args.warm_start else ())
     rows = [(task.task_key, task.sampler, f"{task.trials}{'*' if task.exhausts else ''}", count(task.valid),
              count(task.fits), task.capacity,
-             " ".join(f"{k}={v}" for k, v in sorted(task.default.items())) + f" ({task.default_note})")
-            for task in shown]
+             " ".join(f"{k}={v}" for k, v in sorted(task.default.items())) + f" ({task.default_note})", *seeded(p))
+            for task, p in zip(shown, planned)]
     if sys.stdout.isatty():
         table = Table(title="planned tasks (--dry-run: nothing runs)",
                       caption="valid: configs the space and the kernel accept; fit: of those, configs within the "
                       "memory pruned against (the others are never compiled); *: the budget covers every config "
-                      "that fits")
+                      "that fits" + ("; warm start: configs measured first (those outside the space beside "
+                                     "the study)" if args.warm_start else ""))
         for column in columns:
             table.add_column(column, overflow="fold")
         for row in rows:
@@ -214,7 +225,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         planned = _sweep_spaces(args)
         warm = _warm_start(args, planned)
         if args.dry_run:
-            return _print_preview(planned, args)
+            return _print_preview(planned, args, warm)
         destination = Destination.parse(args.out)
         settings = dataclasses.replace(_sweep_settings(args, destination.run_dir, runnable_only=not args.target),
                                        warm_start=warm)

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from farm.errors import FarmError
+from farm.search.space_parts import in_space
 from farm.search.spaces import SearchSpace
 from farm.tasks import TuningTask
 
@@ -21,8 +22,8 @@ class PlannedTask:
     def admits(self, config: Mapping[str, Any]) -> bool:
         """Whether `config` is a point of the task's space (exactly its target's knobs, each set
         to one of its values) that no constraint, nor the kernel, refuses: what its study draws."""
-        task, params = self.task, self.space.params_for(self.task.target)
-        return (set(config) == {p.name for p in params} and all(config[p.name] in p.choices for p in params)
+        task = self.task
+        return (in_space(config, self.space.params_for(task.target))
                 and self.space.violated(config, task.shape, task.dtype, task.target) is None)
 
     def kernel_takes(self, config: Mapping[str, Any]) -> bool:

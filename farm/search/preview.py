@@ -82,8 +82,7 @@ def preview(planned: Sequence[PlannedTask], *, interpret: bool = False, emulate:
             note = f"refused by the kernel: {refusal}"
         elif unfit is not None and (static_pruning or unfit.invalid):
             note = f"does not fit: {unfit.reason}"
-        elif studies.in_space(default, params) and space.violated(default, task.shape, task.dtype,
-                                                                  task.target) is None:
+        elif p.admits(default):
             note = "in the space"
         else:
             note = "outside the space (measured beside it)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from farm.errors import SpaceError
@@ -37,6 +38,11 @@ class Param:
     def applies_to(self, target: str) -> bool:
         """Whether the knob exists for `target`."""
         return self.targets is None or target in self.targets
+
+
+def in_space(config: Mapping[str, Any], params: tuple[Param, ...]) -> bool:
+    """Whether `config` sets exactly the knobs of `params`, each to one of its choices."""
+    return set(config) == {p.name for p in params} and all(config[p.name] in p.choices for p in params)
 
 
 @dataclasses.dataclass(frozen=True)

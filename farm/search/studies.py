@@ -25,7 +25,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend
 
 from farm.search.plan import PlannedTask
-from farm.search.space_parts import Param
+from farm.search.space_parts import Param, in_space
 
 JOURNAL = "optuna.journal"
 
@@ -200,11 +200,6 @@ def enqueue_default(study: optuna.Study, params: tuple[Param, ...], default: dic
         return False
     study.enqueue_trial(to_optuna(default, params))
     return True
-
-
-def in_space(config: dict[str, Any], params: tuple[Param, ...]) -> bool:
-    """Whether `config` sets exactly the knobs of `params`, each to one of its choices."""
-    return set(config) == {p.name for p in params} and all(config[p.name] in p.choices for p in params)
 
 
 def enqueue_warm_start(study: optuna.Study, params: tuple[Param, ...], configs: list[dict[str, Any]],
