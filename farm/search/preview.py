@@ -85,7 +85,7 @@ def preview(planned: Sequence[PlannedTask], *, interpret: bool = False, emulate:
         elif p.admits(default):
             note = "in the space"
         else:
-            note = "outside the space (measured beside it)"
+            note = "outside the space, measured beside it"
         shown.append(TaskPreview(task.key, studies.sampler_name(p, sampler), p.trials,
                                  None if valid is None else len(valid), fits, cap_said, default, note))
     return shown
