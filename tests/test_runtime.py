@@ -255,6 +255,7 @@ def test_a_task_no_kernel_runs_is_refused_naming_the_field(registry, kernel, sha
 def test_tuned_refuses_inputs_that_are_not_the_kernels(registry):
     """Inputs whose shapes the task does not give (a matmul's inner dimensions that differ), an
     integer dtype or an empty array: a FarmError naming them, not a result."""
+    import jax
     import jax.numpy as jnp
 
     mm = registry.tuned("matmul", target="interpret")
@@ -270,6 +271,9 @@ def test_tuned_refuses_inputs_that_are_not_the_kernels(registry):
         fn(jnp.ones((3, 1000), jnp.int32))
     with pytest.raises(FarmError, match="shape: expected"):
         fn(jnp.ones((0, 1000)))
+    from jax import export   # shape polymorphism: a symbolic batch has no config to look up
+    with pytest.raises(FarmError, match=r"inputs of shapes \(b, 1000\): symbolic dimensions \(b\)"):
+        export.export(jax.jit(fn))(jax.ShapeDtypeStruct(export.symbolic_shape("b, 1000"), jnp.float32))
 
 
 def test_tuned_needs_a_registry():

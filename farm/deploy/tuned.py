@@ -136,6 +136,13 @@ class TunedKernel:
             raise FarmError(f"tuned({self.kernel!r}): inputs of shapes {shapes}: expected {len(ranks)} arrays of "
                             f"{', '.join(map(str, ranks))} dimensions (the kernel's inputs for "
                             f"({', '.join(self._module.SHAPE_NAMES)}))")
+        symbolic = [str(d) for x in inputs for d in x.shape if not hasattr(type(d), "__index__")]
+        if symbolic:   # jax.export's shape polymorphism: no config can be looked up for a symbol
+            raise FarmError(f"tuned({self.kernel!r}): inputs of shapes {shapes}: symbolic dimensions "
+                            f"({', '.join(dict.fromkeys(symbolic))}); a tuned kernel is looked up and built for "
+                            f"concrete shapes: export one program per shape (jax.export with concrete shapes), or "
+                            f"call the kernel's reference ({self._module.__name__}.reference) where a dimension "
+                            f"must stay symbolic")
         try:
             shape = tuple(int(d) for d in self._shape_of(*inputs))
         except (TypeError, ValueError, IndexError) as err:
