@@ -60,7 +60,7 @@ def test_a_sweep_measures_the_seeds_first_and_a_resume_keeps_them(tmp_path, sign
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 of 2 tasks start from its configs (6 in all)" in proc.stderr
-    assert "2 of these configs, of 2 task(s), are outside their task's space" in proc.stderr
+    assert "2 of these config(s), of 2 task(s), lie outside the task's space" in proc.stderr
     log = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     for task, seeds in [("softmax/64x256/float32/interpret", {outside_trial(0): NEWER, 0: OWN, 1: NEAR}),
                         ("softmax/96x512/float32/interpret", {0: NEAR, outside_trial(0): NEWER, 1: OWN})]:

@@ -160,8 +160,8 @@ def _warm_start(args: argparse.Namespace, planned: list[Any]) -> dict[str, list[
           f"configs ({sum(map(len, seeds.configs.values()))} in all), each the task's own or a nearest shape's",
           file=sys.stderr)
     if seeds.outside:
-        print(f"note: --warm-start {args.warm_start}: {sum(seeds.outside.values())} of these configs, of "
-              f"{len(seeds.outside)} task(s), are outside their task's space: each is measured once outside the "
+        print(f"note: --warm-start {args.warm_start}: {sum(seeds.outside.values())} of these config(s), of "
+              f"{len(seeds.outside)} task(s), lie outside the task's space: each is measured once beside the "
               f"study (the sampler does not learn from it), e.g. {next(iter(seeds.outside))}", file=sys.stderr)
     return seeds.configs
 
