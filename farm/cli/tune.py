@@ -40,9 +40,10 @@ def _sweep_settings(args: argparse.Namespace, out: Path, runnable_only: bool = F
 
 
 def _print_preview(planned: list[Any], args: argparse.Namespace,
-                   warm: dict[str, list[dict[str, Any]]] | None = None) -> int:
+                   warm: Any = None) -> int:
     """`farm sweep --dry-run`: the planned tasks as their sweep would start them (nothing run);
-    with --warm-start, how many configs each starts from (`warm`) and how many its space leaves out."""
+    with --warm-start, how many configs each starts from and how many its space leaves out (`warm`:
+    `farm.retune.nearest.Seeds`)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -59,8 +60,8 @@ def _print_preview(planned: list[Any], args: argparse.Namespace,
     def seeded(p: Any) -> tuple[str, ...]:
         if not args.warm_start:
             return ()
-        configs = (warm or {}).get(p.task.key, [])
-        outside = sum(not p.admits(c) for c in configs)
+        configs = warm.configs.get(p.task.key, []) if warm else []
+        outside = warm.outside.get(p.task.key, 0) if warm else 0
         return (f"{len(configs)}" + (f" ({outside} outside the space)" if outside else "") if configs else "-",)
 
     columns = ("task", "sampler", "trials", "valid", "fit", "pruned against", "default") + (
@@ -136,12 +137,13 @@ def _sweep_spaces(args: argparse.Namespace) -> list[Any]:
     return planned
 
 
-def _warm_start(args: argparse.Namespace, planned: list[Any]) -> dict[str, list[dict[str, Any]]]:
-    """--warm-start BUNDLE: each task's configs to measure first (`farm.retune.nearest`), and a note."""
+def _warm_start(args: argparse.Namespace, planned: list[Any]) -> Any:
+    """--warm-start BUNDLE: each task's configs to measure first (`farm.retune.nearest.Seeds`; None
+    without the flag), and a note."""
     if args.trust and not args.warm_start:
         raise FarmError("--trust: expected --warm-start BUNDLE too (the keys verify that bundle)")
     if not args.warm_start:
-        return {}
+        return None
     import warnings
 
     from farm.bundle import trust
@@ -163,7 +165,7 @@ def _warm_start(args: argparse.Namespace, planned: list[Any]) -> dict[str, list[
         print(f"note: --warm-start {args.warm_start}: {sum(seeds.outside.values())} of these config(s), of "
               f"{len(seeds.outside)} task(s), lie outside the task's space: each is measured once beside the "
               f"study (the sampler does not learn from it), e.g. {next(iter(seeds.outside))}", file=sys.stderr)
-    return seeds.configs
+    return seeds
 
 
 def _resume_settings(args: argparse.Namespace) -> tuple[list[Any], Any]:
@@ -228,7 +230,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             return _print_preview(planned, args, warm)
         destination = Destination.parse(args.out)
         settings = dataclasses.replace(_sweep_settings(args, destination.run_dir, runnable_only=not args.target),
-                                       warm_start=warm)
+                                       warm_start=warm.configs if warm else {})
     key = signing_key(args)
     from farm.bundle import signing
     from farm.run.progress import SweepProgress
