@@ -195,7 +195,8 @@ def test_a_space_narrowed_past_the_previous_winner_keeps_it_as_the_baseline(farm
     narrowed.write_text(farm["spaces"]["versioned64"].read_text().replace("[a, b, c]", "[b, c]"))
     farm["software"].write_text(json.dumps({"*": {"delay_ms": {"a": 5, "b": 15, "c": 25}}}))
     try:
-        code, report, tasks, trials, rows = _retune(farm, signing_key, "narrowed", narrowed)
+        code, report, tasks, trials, rows = _retune(farm, signing_key, "narrowed", narrowed,
+                                                    extra=["--noise", "0.3"])   # a busy 2-core box's timing
     finally:
         farm["software"].unlink()
     key = _key(VERSIONED, "64x128")
