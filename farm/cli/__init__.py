@@ -1,10 +1,12 @@
-"""The `farm` command: sweep, report, verify, show, lookup, keygen, bundle, pull, retune.
+"""The `farm` command: sweep, report, verify, show, diff, lookup, keygen, bundle, pull, retune.
 
-`options` holds the parser, `tune` the tuning commands, `bundles` the bundle commands.
+`options` holds the parser, `tune` the tuning commands, `bundles` the bundle commands, `diff` the
+comparison of two bundles.
 
 User errors print one line (`error: ...`) and exit with code 2; a bundle that fails
 verification exits with code 1; `farm retune` exits with code 3 when its gate blocks a rollout,
-and `farm lookup --require-exact` when a task has no exact tuned config;
+`farm lookup --require-exact` when a task has no exact tuned config, and `farm diff
+--fail-on-dropped` when NEW lacks a task OLD has tuned;
 SIGTERM during a `--scale-up` sweep exits with 143 once its autoscaler request is withdrawn.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ import errno
 import logging
 import sys
 
-from farm.cli import bundles, tune
+from farm.cli import bundles, diff, tune
 from farm.cli.options import KEY_ENV, build_parser
 from farm.errors import BundleError, FarmError
 
@@ -21,7 +23,7 @@ from farm.errors import BundleError, FarmError
 STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 COMMANDS = {"sweep": tune.cmd_sweep, "report": tune.cmd_report, "retune": tune.cmd_retune,
-            "verify": bundles.cmd_verify, "show": bundles.cmd_show, "lookup": bundles.cmd_lookup,
+            "verify": bundles.cmd_verify, "show": bundles.cmd_show, "diff": diff.cmd_diff, "lookup": bundles.cmd_lookup,
             "keygen": bundles.cmd_keygen, "bundle": bundles.cmd_bundle, "pull": bundles.cmd_pull}
 
 

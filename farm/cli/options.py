@@ -111,6 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--trust", action="append", type=Path,
                       help="verify against these keys first (without: shown with an UNVERIFIED warning)")
 
+    diff = sub.add_parser("diff", help="two bundles' tuned configs task by task: what pulling NEW over OLD adds, "
+                          "drops and changes; exit 3 with --fail-on-dropped when NEW lacks a task OLD has tuned")
+    for name in ("old", "new"):
+        diff.add_argument(name, type=Path, metavar=name.upper(), help="bundle folder, run folder, `farm pull` "
+                          "deployment folder or bundle archive")
+    diff.add_argument("--trust", action="append", type=Path,
+                      help="verify both against these keys first (without: compared with an UNVERIFIED warning)")
+    diff.add_argument("--json", action="store_true", help="one JSON object a task instead of the table")
+    diff.add_argument("--fail-on-dropped", action="store_true", help="exit 3 when a task tuned in OLD is not tuned "
+                      "in NEW (a deployment pulling NEW would run a nearest or default config for it)")
+
     lookup = sub.add_parser("lookup", help="the config a deployment runs for each task, and the rule that chose it "
                             "(exact, nearest, default); exit 3 with --require-exact when a task is not tuned")
     lookup.add_argument("bundle", type=Path, help="bundle folder, run folder, `farm pull` deployment folder or "
