@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 
 from farm.bundle import artifacts
 from farm.bundle.archive import CHUNK, MAX_EXTRACTED_BYTES, MAX_MEMBERS, extract_archive, is_archive
+from farm.bundle.compare import task_label
 from farm.bundle.locate import CURRENT, VERSIONS, installed
 from farm.bundle.trust import Trust, Verified, check_signature, unsigned_refusal, verify
 from farm.errors import BundleError, FarmError, shorten, show
@@ -82,7 +83,7 @@ def _tuned_tasks(folder: Path) -> set[str]:
         table = pq.read_table(folder / artifacts.CONFIGS, columns=["task_key", "device_kind", "status"])
     except (OSError, pa.ArrowException, KeyError):
         return set()
-    return {f"{key} on {kind}" if kind else str(key)
+    return {task_label(str(key), kind)
             for key, kind, status in zip(*(table.column(c).to_pylist() for c in table.column_names))
             if status == "ok"}
 
