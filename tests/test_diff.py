@@ -55,6 +55,10 @@ def test_diff_lists_what_pulling_new_adds_drops_and_changes(pair, capsys):
     assert "block_rows=16->32" in out and out.index("dropped") < out.index("added")
     assert "6 task(s) tuned in either bundle: 2 dropped, 1 new config, 2 added, 1 same config" in out
     assert "NEW's ran faster at 1 and slower at 0 beyond their spreads" in out
+    assert "64x256" not in out and "the 1 same config(s) are listed with --all" in out
+    assert cli.main(["diff", str(old), str(new), "--trust", str(public), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "64x256" in out and "same config" in out and "listed with --all" not in out
 
 
 def test_diff_gates_on_dropped_tasks_and_verifies_both_bundles(pair, tmp_path, capsys):

@@ -8,7 +8,7 @@ import sys
 import warnings
 from typing import Any
 
-from farm.bundle.compare import ADDED, DROPPED, NEW_CONFIG, TaskChange, compare, counts
+from farm.bundle.compare import ADDED, DROPPED, NEW_CONFIG, SAME_CONFIG, TaskChange, compare, counts
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -30,8 +30,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
         for change in changes:
             print(json.dumps(_json_row(change), sort_keys=True))
     else:
-        _print_table(changes)
-        print(summary(changes))
+        shown = changes if args.all else [c for c in changes if c.change != SAME_CONFIG]
+        if shown:
+            _print_table(shown)
+        print(summary(changes) + ("" if args.all or len(shown) == len(changes) else
+                                  f"; the {len(changes) - len(shown)} same config(s) are listed with --all"))
     dropped = [c.task for c in changes if c.change == DROPPED]
     if args.fail_on_dropped and dropped:
         print(f"error: {len(dropped)} task(s) tuned in {args.old} are not tuned in {args.new}, e.g. {dropped[0]}; "

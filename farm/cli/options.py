@@ -118,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "deployment folder or bundle archive")
     diff.add_argument("--trust", action="append", type=Path,
                       help="verify both against these keys first (without: compared with an UNVERIFIED warning)")
-    diff.add_argument("--json", action="store_true", help="one JSON object a task instead of the table")
+    diff.add_argument("--json", action="store_true", help="one JSON object a task (every task) instead of the table")
+    diff.add_argument("--all", action="store_true", help="list the tasks whose config is the same too (without: "
+                      "counted in the summary line only)")
     diff.add_argument("--fail-on-dropped", action="store_true", help="exit 3 when a task tuned in OLD is not tuned "
                       "in NEW (a deployment pulling NEW would run a nearest or default config for it)")
 
