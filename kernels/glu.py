@@ -13,9 +13,10 @@ defaults (num_warps 4, num_stages 3, always passed explicitly).
 
 Config knobs (typed below, each default once):
   TPU and interpret: block_rows x block_cols tiles of the (seq, hidden) plane of one batch
-    entry (TPU: dividing it, block_rows a multiple of 8 or all of seq, block_cols a multiple
-    of 128 or all of hidden, a block past either being all of it; interpret: edge tiles may be
-    partial); buffers (TPU: 1 or 2 pipeline buffers per operand).
+    entry (TPU: block_cols dividing hidden, block_rows a multiple of 8 or all of seq, block_cols
+    a multiple of 128 or all of hidden, a block past either being all of it; a seq that
+    block_rows does not divide is padded to whole blocks by a copy: `GluConfigTPU.padded_seq`;
+    interpret: edge tiles may be partial); buffers (TPU: 1 or 2 pipeline buffers per operand).
   gpu-triton: block_size elements per step, blocks_per_program steps per program (a loop
     when > 1); tiling "flat" — the arrays as one vector in masked 1-D blocks; or tiling "rows"
     — (batch * seq, hidden) as a 2-D array in masked (block_size / block_cols) x block_cols
@@ -78,13 +79,21 @@ class GluConfigTPU(GluConfigInterpret):
         if self.buffers not in (1, 2):
             raise ValueError(f"buffers must be 1 or 2 on TPU, got {self.buffers}")
 
+    def padded_seq(self, shape: tuple[int, ...]) -> int:
+        """seq rounded up to whole row blocks. Partial edge tiles are not used on TPU: TPU
+        interpret mode (JAX 0.10) fails on them when outputs are aliased, as validation's
+        poisoned outputs are, so the tiled path could not be proven on a CPU. So a seq that
+        block_rows does not divide (4097 tokens in blocks of 256) is padded with zeros by a
+        copy and the output sliced: about twice the HBM traffic, where the alternative, one
+        block of all of seq, outgrows VMEM at long sequences (50257 x 512 tiles: 514 MB)."""
+        br, _ = self.tile(shape)
+        return -(-shape[1] // br) * br
+
     def check(self, shape: tuple[int, ...]) -> None:
         _, seq, hidden = shape
         br, bc = self.tile(shape)
-        # Partial edge tiles are refused: TPU interpret mode (JAX 0.10) mis-shapes them when
-        # outputs are aliased, as validation's poisoned outputs are.
-        if seq % br or hidden % bc:
-            raise ValueError(f"block {br} x {bc} must divide (seq, hidden) = ({seq}, {hidden}) on TPU")
+        if hidden % bc:
+            raise ValueError(f"block_cols={bc} must divide hidden ({hidden}) on TPU")
         if br % 8 and br != seq:
             raise ValueError(f"block_rows={br} must be a multiple of 8 or all of seq ({seq})")
         if bc % 128 and bc != hidden:
@@ -191,16 +200,26 @@ def footprint(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, tar
     return buffers * 3 * elements * item + 2 * elements * 4
 
 
+# The most VMEM a default tile of all of seq may take (float32, two buffers), as the TPU spaces'
+# budget: past it the default takes 256-row blocks and pads seq to whole blocks instead.
+WHOLE_SEQ_VMEM = 32 * 2**20
+
+
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """A safe config: tiles up to 256 x 1024 dividing (seq, hidden), else all of seq or hidden (as
-    the power of two at or past it, which the tile takes whole: `tile`); 1024-element blocks on GPU."""
+    the power of two at or past it, which the tile takes whole: `tile`), or, where a tile of all
+    of seq would take over WHOLE_SEQ_VMEM, 256-row blocks (TPU: seq padded to whole blocks);
+    1024-element blocks on GPU."""
     _, seq, hidden = shape
     if target == "gpu-triton":
         config: GluConfig = GluConfigTriton(block_size=1024, num_stages=1)
     else:
-        config = CONFIG_TYPES[target](
-            block_rows=next((r for r in (256, 128, 64, 32, 16, 8) if seq % r == 0), pl.next_power_of_2(seq)),
-            block_cols=next((c for c in (1024, 512, 256, 128) if hidden % c == 0), pl.next_power_of_2(hidden)))
+        cols = next((c for c in (1024, 512, 256, 128) if hidden % c == 0), pl.next_power_of_2(hidden))
+        rows = next((r for r in (256, 128, 64, 32, 16, 8) if seq % r == 0), None)
+        if rows is None:
+            whole = (2 * 3 * 4 + 8) * seq * min(cols, hidden)   # float32 a, b, out buffered; two f32 temporaries
+            rows = pl.next_power_of_2(seq) if whole <= WHOLE_SEQ_VMEM else 256
+        config = CONFIG_TYPES[target](block_rows=rows, block_cols=cols)
     return dataclasses.asdict(config)
 
 
@@ -282,18 +301,27 @@ def build(act: Activation, name: str, config: Mapping[str, Any], shape: tuple[in
 
     br, bc = c.tile(shape)
     tpu = isinstance(c, GluConfigTPU)
+    rows = c.padded_seq(shape) if tpu else seq
     spec = pl.BlockSpec((None, br, bc), lambda i, j, k: (i, j, k),
                         pipeline_mode=pl.Buffered(c.buffers) if tpu else None)
     tpu_params = None
     if tpu:
         tpu_params = {"dimension_semantics": ("parallel", "parallel", "parallel"),
                       "vmem_limit_bytes": vmem_limit(footprint(config, shape, dtype, "tpu"))}
-    return pallas_call(
+    call = pallas_call(
         functools.partial(_blocked_body, act=act), platform=platform, config={},
-        out_shape=jax.ShapeDtypeStruct(shape, dtype),
-        grid=(batch, pl.cdiv(seq, br), pl.cdiv(hidden, bc)), in_specs=[spec, spec], out_specs=spec,
+        out_shape=jax.ShapeDtypeStruct((batch, rows, hidden), dtype),
+        grid=(batch, pl.cdiv(rows, br), pl.cdiv(hidden, bc)), in_specs=[spec, spec], out_specs=spec,
         tpu_params=tpu_params, name=name,
     )
+    if rows == seq:
+        return call
+
+    def padded(a: jax.Array, b: jax.Array) -> jax.Array:
+        pad = ((0, 0), (0, rows - seq), (0, 0))
+        return call(jnp.pad(a, pad), jnp.pad(b, pad))[:, :seq]
+
+    return padded
 
 
 def gated_unit(name: str, act: Activation, reference_act: Activation, flops_per_element: int,

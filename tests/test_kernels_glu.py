@@ -67,7 +67,6 @@ def test_unwritten_tiles_are_caught_by_poisoning():
 
 
 @pytest.mark.parametrize("target, config, message", [
-    ("tpu", {"block_rows": 32, "block_cols": 128}, "must divide"),
     ("tpu", {"block_rows": 12, "block_cols": 128}, "multiple of 8"),
     ("tpu", {"block_rows": 8, "block_cols": 64}, "multiple of 128"),
     ("tpu", {"block_rows": 8, "block_cols": 128, "buffers": 3}, "1 or 2"),
@@ -90,6 +89,31 @@ def test_tpu_blocks_past_seq_or_hidden_take_all_of_it(module, shape):
     assert glu.typed_config(config, shape, "tpu").tile(shape) == (shape[1], 1000 if shape[2] == 1000 else 128)
     checks.check(module, "tpu", shape, "float32", config)
     checks.check(module, "tpu", shape, "bfloat16", {"block_rows": 128, "block_cols": 2048, "buffers": 1})
+
+
+@pytest.mark.parametrize("module", [swiglu, geglu])
+def test_tpu_pads_a_seq_its_blocks_do_not_divide(module):
+    """Seq 37 in blocks of 16 rows: padded to 48 by a copy (TPU interpret mode cannot run partial
+    edge tiles under validation's aliased outputs), matches the reference with poisoned outputs in
+    TPU interpret mode, and lowers for TPU; block_cols must still divide hidden."""
+    shape = (2, 37, 384)
+    config = {"block_rows": 16, "block_cols": 128, "buffers": 2}
+    assert glu.typed_config(config, shape, "tpu").padded_seq(shape) == 48
+    checks.check(module, "tpu", shape, "bfloat16", config)
+    with pytest.raises(ValueError, match="block_cols=256 must divide hidden"):
+        module.build({"block_rows": 16, "block_cols": 256}, shape, jnp.float32, Platform("tpu"))
+
+
+@pytest.mark.parametrize("module", [swiglu, geglu])
+@pytest.mark.parametrize("shape", [(1, 50257, 2560), (1, 4001, 4096), (3, 4001, 11008)], ids=str)
+def test_tpu_default_at_a_long_odd_seq_fits_vmem(module, shape):
+    """No multiple of 8 divides these seqs. The default took one block of all of seq: 514 MB of VMEM
+    at 50257 x 512, past every TPU's. Now a block of all of seq only within WHOLE_SEQ_VMEM, else
+    256-row blocks over seq padded (lowered for TPU on this CPU: no TPU ran it)."""
+    config = module.default_config(shape, "tpu")
+    assert module.check_config(config, shape, "bfloat16", "tpu") is None
+    assert module.footprint(config, shape, "float32", "tpu") <= glu.WHOLE_SEQ_VMEM
+    assert "tpu_custom_call" in checks.lower_for_device(module, config, shape, "bfloat16", "tpu")
 
 
 def test_flat_tiling_refuses_int32_overflow():
