@@ -207,18 +207,19 @@ WHOLE_SEQ_VMEM = 32 * 2**20
 
 def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
     """A safe config: tiles up to 256 x 1024 dividing (seq, hidden), else all of seq or hidden (as
-    the power of two at or past it, which the tile takes whole: `tile`), or, where a tile of all
-    of seq would take over WHOLE_SEQ_VMEM, 256-row blocks (TPU: seq padded to whole blocks);
-    1024-element blocks on GPU."""
+    the power of two at or past it, which the tile takes whole: `tile`), within WHOLE_SEQ_VMEM
+    (a row of all of an odd hidden takes fewer rows); where a tile of all of seq would take more,
+    the widest row blocks that fit (TPU: seq padded to whole blocks); 1024-element blocks on GPU."""
     _, seq, hidden = shape
     if target == "gpu-triton":
         config: GluConfig = GluConfigTriton(block_size=1024, num_stages=1)
     else:
         cols = next((c for c in (1024, 512, 256, 128) if hidden % c == 0), pl.next_power_of_2(hidden))
-        rows = next((r for r in (256, 128, 64, 32, 16, 8) if seq % r == 0), None)
-        if rows is None:
-            whole = (2 * 3 * 4 + 8) * seq * min(cols, hidden)   # float32 a, b, out buffered; two f32 temporaries
-            rows = pl.next_power_of_2(seq) if whole <= WHOLE_SEQ_VMEM else 256
+        row_bytes = (2 * 3 * 4 + 8) * min(cols, hidden)   # float32 a, b, out buffered; two f32 temporaries
+        fits = [r for r in (256, 128, 64, 32, 16) if r * row_bytes <= WHOLE_SEQ_VMEM] + [8]
+        rows = next((r for r in fits if seq % r == 0), None)
+        if rows is None:   # all of seq where it fits, else the widest blocks that fit, seq padded
+            rows = pl.next_power_of_2(seq) if seq * row_bytes <= WHOLE_SEQ_VMEM else fits[0]
         config = CONFIG_TYPES[target](block_rows=rows, block_cols=cols)
     return dataclasses.asdict(config)
 

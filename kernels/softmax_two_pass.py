@@ -112,7 +112,7 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
         # On the H200 at 8192 x 8192 (bf16; bench/results/h200/two_pass/probe1): 4096-column
         # chunks, 4 warps, 1 stage 80.0 us; 2048 and 2 stages 83.2; 1024 and 2 stages 93.7.
         config = rows.RowConfigTriton(block_rows=1, strategy="fori_loop", rows_per_program=1,
-                                      block_cols=min(4096, pl.next_power_of_2(cols) // 2),
+                                      block_cols=max(1, min(4096, pl.next_power_of_2(cols) // 2)),
                                       num_stages=1)
     else:
         # the row as one chunk where none divides it (as the power of two past it, taken whole),

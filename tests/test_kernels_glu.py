@@ -105,11 +105,12 @@ def test_tpu_pads_a_seq_its_blocks_do_not_divide(module):
 
 
 @pytest.mark.parametrize("module", [swiglu, geglu])
-@pytest.mark.parametrize("shape", [(1, 50257, 2560), (1, 4001, 4096), (3, 4001, 11008)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 50257, 2560), (1, 4001, 4096), (3, 4001, 11008), (4, 255, 50257)], ids=str)
 def test_tpu_default_at_a_long_odd_seq_fits_vmem(module, shape):
     """No multiple of 8 divides these seqs. The default took one block of all of seq: 514 MB of VMEM
-    at 50257 x 512, past every TPU's. Now a block of all of seq only within WHOLE_SEQ_VMEM, else
-    256-row blocks over seq padded (lowered for TPU on this CPU: no TPU ran it)."""
+    at 50257 x 512, 256 MB at 255 x 50257 (an odd hidden is one block wide), past every TPU's. Now
+    a block of all of seq only within WHOLE_SEQ_VMEM, else the widest row blocks that fit, over
+    seq padded (lowered for TPU on this CPU: no TPU ran it)."""
     config = module.default_config(shape, "tpu")
     assert module.check_config(config, shape, "bfloat16", "tpu") is None
     assert module.footprint(config, shape, "float32", "tpu") <= glu.WHOLE_SEQ_VMEM

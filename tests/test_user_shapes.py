@@ -43,6 +43,23 @@ def test_a_users_shape_loads_and_leaves_configs_to_measure(tmp_path, kernel, sha
         assert found is None or len(found) > 0, (kernel, shape, target)
 
 
+@pytest.mark.parametrize("kernel", sorted(kernels.REGISTRY))
+def test_every_default_takes_rows_of_one_two_or_three_elements(kernel):
+    """The narrowest shapes: each dimension 1, 2 or 3. Every target's default is a config the kernel
+    takes there, or the kernel refuses the target at that shape with a reason (Mosaic GPU's rows
+    of whole 128-byte units); the two-pass softmax's Triton default raised at one column (a chunk
+    of half the row: 0 columns)."""
+    from kernels.protocol import task_default
+
+    module = kernels.load(kernel)
+    for size in (1, 2, 3):
+        shape = (size,) * len(module.SHAPE_NAMES)
+        for target in module.TARGETS:
+            config = task_default(module, shape, target, "bfloat16")
+            why = module.check_config(config, shape, "bfloat16", target)
+            assert why is None or target == "gpu-mosaic", (kernel, shape, target, why)
+
+
 @pytest.mark.parametrize("shape", [(1000, 50257), (3, 100)])
 def test_the_two_pass_softmax_tunes_odd_widths_on_triton(tmp_path, shape):
     # A farm sweep on the H200 answered (1000, 50257) "no valid config" (thirty-second session):
