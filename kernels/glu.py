@@ -219,7 +219,7 @@ def default_config(shape: tuple[int, ...], target: str) -> dict[str, Any]:
         fits = [r for r in (256, 128, 64, 32, 16) if r * row_bytes <= WHOLE_SEQ_VMEM] + [8]
         rows = next((r for r in fits if seq % r == 0), None)
         if rows is None:   # all of seq where it fits, else the widest blocks that fit, seq padded
-            rows = pl.next_power_of_2(seq) if seq * row_bytes <= WHOLE_SEQ_VMEM else fits[0]
+            rows = max(8, pl.next_power_of_2(seq)) if seq * row_bytes <= WHOLE_SEQ_VMEM else fits[0]
         config = CONFIG_TYPES[target](block_rows=rows, block_cols=cols)
     return dataclasses.asdict(config)
 

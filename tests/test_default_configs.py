@@ -130,6 +130,9 @@ TPU_SPACE_SHAPES = [
     ("rms_norm_bwd", (77, 5120)), ("rms_norm_bwd", (13, 384)), ("rms_norm_bwd", (13, 151937)),
     ("layer_norm", (1000, 1000)), ("layer_norm", (1, 16384)),
     ("welford", (7, 50257)), ("swiglu", (1, 77, 1000)), ("geglu", (3, 197, 3072)),
+    # GLUs at seqs no block divides: 256-row blocks over seq padded; all of seq (4001 in 4096) where
+    # it fits the VMEM rule (the space's block_rows stopped at 1024); 3 rows in an 8-row block
+    ("swiglu", (1, 50257, 2560)), ("geglu", (3, 4001, 11008)), ("geglu", (2, 3, 1000)),
 ]
 
 
