@@ -84,8 +84,9 @@ class GluConfigTPU(GluConfigInterpret):
         interpret mode (JAX 0.10) fails on them when outputs are aliased, as validation's
         poisoned outputs are, so the tiled path could not be proven on a CPU. So a seq that
         block_rows does not divide (4097 tokens in blocks of 256) is padded with zeros by a
-        copy and the output sliced: about twice the HBM traffic, where the alternative, one
-        block of all of seq, outgrows VMEM at long sequences (50257 x 512 tiles: 514 MB)."""
+        copy and the output sliced: the copies move about twice the kernel's own bytes (a and
+        b padded, the output sliced), where the alternative, one block of all of seq, outgrows
+        VMEM at long sequences (50257 x 512 tiles: 514 MB)."""
         br, _ = self.tile(shape)
         return -(-shape[1] // br) * br
 
@@ -201,7 +202,7 @@ def footprint(config: Mapping[str, Any], shape: tuple[int, ...], dtype: Any, tar
 
 
 # The most VMEM a default tile of all of seq may take (float32, two buffers), as the TPU spaces'
-# budget: past it the default takes 256-row blocks and pads seq to whole blocks instead.
+# budget: past it the default takes the widest row blocks within it and pads seq to whole blocks.
 WHOLE_SEQ_VMEM = 32 * 2**20
 
 
