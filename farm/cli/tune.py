@@ -7,11 +7,14 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm.cli.bundles import _trust, print_winners, signing_key
 from farm.cli.options import RESUME_SAFE, _run_option
 from farm.errors import FarmError
+
+if TYPE_CHECKING:
+    from farm.retune.nearest import Seeds
 
 
 def _quiet_optuna() -> None:
@@ -40,7 +43,7 @@ def _sweep_settings(args: argparse.Namespace, out: Path, runnable_only: bool = F
 
 
 def _print_preview(planned: list[Any], args: argparse.Namespace,
-                   warm: Any = None) -> int:
+                   warm: Seeds | None = None) -> int:
     """`farm sweep --dry-run`: the planned tasks as their sweep would start them (nothing run);
     with --warm-start, how many configs each starts from and how many its space leaves out (`warm`:
     `farm.retune.nearest.Seeds`)."""
@@ -137,7 +140,7 @@ def _sweep_spaces(args: argparse.Namespace) -> list[Any]:
     return planned
 
 
-def _warm_start(args: argparse.Namespace, planned: list[Any]) -> Any:
+def _warm_start(args: argparse.Namespace, planned: list[Any]) -> Seeds | None:
     """--warm-start BUNDLE: each task's configs to measure first (`farm.retune.nearest.Seeds`; None
     without the flag), and a note."""
     if args.trust and not args.warm_start:
