@@ -51,13 +51,16 @@ def _empty(block_rows: int) -> LogSumExp:
 def _block(x: jax.Array, cols: jax.Array, valid: jax.Array | None, labels: jax.Array) -> LogSumExp:
     del valid  # padded columns hold -inf: exp gives 0 and no label points at them
     m = jnp.max(x, axis=-1, keepdims=True)
-    return LogSumExp(m, jnp.sum(jnp.exp(x - m), axis=-1, keepdims=True),
+    # A block of padding only (a flat window's last chunk may hold none of its row) is `_empty`'s
+    # state: max -inf, sum 0, not exp(-inf - -inf) = NaN.
+    return LogSumExp(m, jnp.sum(jnp.exp(x - _finite(m)), axis=-1, keepdims=True),
                      jnp.sum(jnp.where(cols == labels, x, 0.0), axis=-1, keepdims=True))
 
 
 def _merge(a: LogSumExp, b: LogSumExp) -> LogSumExp:
     m = jnp.maximum(a.max, b.max)
-    return LogSumExp(m, a.sum * jnp.exp(a.max - m) + b.sum * jnp.exp(b.max - m), a.picked + b.picked)
+    shift = _finite(m)   # two empty states merge to an empty one
+    return LogSumExp(m, a.sum * jnp.exp(a.max - shift) + b.sum * jnp.exp(b.max - shift), a.picked + b.picked)
 
 
 def _finish(s: LogSumExp) -> tuple[jax.Array]:

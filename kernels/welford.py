@@ -48,16 +48,19 @@ def _block(x: jax.Array, cols: jax.Array, valid: jax.Array | None) -> Moments:
     else:  # padded columns hold 0; they are left out of the count and of the deviations
         count = jnp.broadcast_to(jnp.sum(valid.astype(jnp.float32), axis=-1, keepdims=True),
                                  (x.shape[0], 1))
-    mean = jnp.sum(x, axis=-1, keepdims=True) / count
+    # A block of padding only (a flat window's last chunk may hold none of its row) is `_empty`'s
+    # state: count, mean and M2 all 0, not 0 / 0.
+    mean = jnp.sum(x, axis=-1, keepdims=True) / jnp.maximum(count, 1.0)
     deviation = x - mean if valid is None else jnp.where(valid, x - mean, 0.0)
     return Moments(count, mean, jnp.sum(deviation * deviation, axis=-1, keepdims=True))
 
 
 def _merge(a: Moments, b: Moments) -> Moments:
     count = a.count + b.count
+    share = 1.0 / jnp.maximum(count, 1.0)   # two empty states merge to an empty one
     delta = b.mean - a.mean
-    mean = a.mean + delta * (b.count / count)
-    return Moments(count, mean, a.m2 + b.m2 + delta * delta * (a.count * b.count / count))
+    mean = a.mean + delta * (b.count * share)
+    return Moments(count, mean, a.m2 + b.m2 + delta * delta * (a.count * b.count * share))
 
 
 def _finish(s: Moments) -> tuple[jax.Array, jax.Array]:
@@ -67,7 +70,7 @@ def _finish(s: Moments) -> tuple[jax.Array, jax.Array]:
 def _combine(s: Moments) -> Moments:
     """The moments of spans stacked on the last axis, merged (Chan et al., every span at once)."""
     count = jnp.sum(s.count, axis=-1, keepdims=True)
-    mean = jnp.sum(s.count * s.mean, axis=-1, keepdims=True) / count
+    mean = jnp.sum(s.count * s.mean, axis=-1, keepdims=True) / jnp.maximum(count, 1.0)
     spread = s.mean - mean
     return Moments(count, mean, jnp.sum(s.m2 + s.count * spread * spread, axis=-1, keepdims=True))
 

@@ -194,6 +194,38 @@ def test_triton_reductions_read_odd_rows_through_aligned_flat_windows(name, dtyp
     assert f"tensor<1x{13 * 1001}x" in text  # the kernel reads the flattened rows
 
 
+@pytest.mark.parametrize("name", ["cross_entropy", "welford"])
+@pytest.mark.parametrize("dtype, cols", [("float32", 127), ("bfloat16", 126)])
+@pytest.mark.parametrize("unroll", [0, 1])
+def test_triton_flat_windows_take_a_last_chunk_of_padding_only(name, dtype, cols, unroll) -> None:
+    # A flat window may start up to 3 (f32) or 7 (bf16) elements early, so the walk takes
+    # cdiv(cols + 3 or 7, 64) = 3 chunks of 64; row 0 starts aligned, and its third chunk holds
+    # none of its columns. That chunk's state must add nothing: it was 0 / 0 (welford's mean) and
+    # exp(-inf - -inf) (cross entropy's sum), NaN for the row.
+    module, shape = kernels.load(name), (3, cols)
+    config = {"block_rows": 1, "num_warps": 2, "strategy": "fori_loop", "block_cols": 64, "unroll": unroll}
+    plan = module.KERNEL.plan(config, shape, "gpu-triton")
+    assert triton_rows.flat_rows(module.KERNEL.math, plan, jnp.dtype(dtype).itemsize)
+    assert math.ceil(cols / 64) == 2
+    assert_matches(module, config, shape, dtype, "gpu-triton")
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "welford"])
+def test_a_reductions_block_of_padding_only_is_its_identity(name: str) -> None:
+    reduction = {"cross_entropy": "CROSS_ENTROPY", "welford": "WELFORD"}[name]
+    math_ = getattr(kernels.load(name), reduction)
+    init = math_.init(2)
+    x = jnp.full((2, 8), math_.pad, jnp.float32)
+    cols = jnp.arange(8, dtype=jnp.int32)[None, :] + 100
+    labels = (jnp.zeros((2, 1), jnp.int32),) if name == "cross_entropy" else ()
+    empty = math_.block(x, cols, jnp.zeros((1, 8), bool), *labels)
+    for got in (empty, math_.merge(init, init), math_.merge(init, empty)):
+        np.testing.assert_array_equal(np.stack([np.asarray(f) for f in got]), np.stack([np.asarray(f) for f in init]))
+    full = math_.block(jnp.arange(16.0).reshape(2, 8), cols - 100, jnp.ones((1, 8), bool), *labels)
+    for got in (math_.merge(full, empty), math_.merge(empty, full)):
+        np.testing.assert_allclose(np.stack([np.asarray(f) for f in got]), np.stack([np.asarray(f) for f in full]))
+
+
 @pytest.mark.parametrize("name, shape, dtype, config", [
     ("softmax", (13, 1001), "bfloat16", {"strategy": "fori_loop", "block_cols": 256}),  # writes rows
     ("cross_entropy", (13, 1024), "bfloat16", {"strategy": "fori_loop", "block_cols": 256}),  # aligned

@@ -114,10 +114,11 @@ class RowReduction:
     """The math of a per-row reduction, as a monoid over blocks of columns.
 
     state: the NamedTuple class of the per-row state; each field a (block_rows, 1) f32 array.
-    init(block_rows) -> state             the identity of `merge`.
+    init(block_rows) -> state             the identity of `merge` (merge(init, init) is init).
     block(x, cols, valid, *row_inputs)    the state of one block: x (r, c) f32, cols (1, c)
         int32 global column ids, valid (1, c) bool or None (GPU padding; padded x holds `pad`),
-        row_inputs (r, 1) per-row operands such as labels.
+        row_inputs (r, 1) per-row operands such as labels. A block of padding only gives init's
+        values, never NaN (a Triton flat window's last chunk may hold none of its row).
     merge(a, b) -> state                  the state of the two blocks together.
     finish(state) -> results              per-row results, each (r, 1) f32.
     combine(state) -> state               states stacked on the last axis (r, n), merged to (r, 1);
