@@ -1,13 +1,14 @@
 """The benchmark tools' own logic: the footprint probe's verdicts and the seed table's search stats."""
 from __future__ import annotations
 
+import collections
 import json
 
 import jax.numpy as jnp
 import pytest
 
 import kernels
-from bench import baselines, check_gpu_kernels, oom_probe, seed_table, space_coverage
+from bench import baselines, check_gpu_kernels, oom_probe, seed_table, space_coverage, space_fuzz
 from farm.measure import outcomes
 from farm.search import spaces
 
@@ -441,3 +442,35 @@ def test_space_coverage_names_empty_spaces_and_defaults_outside_them():
     for kernel, shape in (("softmax", (3, 151936)), ("softmax_two_pass", (8192, 50257))):
         row = space_coverage.coverage(kernel, shape, "tpu", "bfloat16")
         assert row.configs > 0 and row.default == "in the space"
+
+
+def test_space_fuzz_draws_configs_that_fit_and_judges_them_as_a_worker_would(tmp_path):
+    # the tool that found welford's and cross entropy's NaN rows at 127 columns (tests/test_rowwise.py
+    # keeps that case): real configs, compiled and validated by the worker's own code
+    out = tmp_path / "fuzz.json"
+    code = space_fuzz.main(["--case", "welford:3x127", "--case", "softmax:5x77", "--target", "gpu-triton",
+                            "--target", "interpret", "--configs", "3", "--seed", "1", "--out", str(out)])
+    rows = json.loads(out.read_text())
+    assert code == 0 and {r["outcome"] for r in rows} == {"ok"}
+    # 3 drawn a task, or all there are: the interpret spaces hold one config at these shapes
+    drawn = collections.Counter((r["kernel"], r["target"]) for r in rows)
+    assert drawn == {(k, t): min(3, space_coverage.coverage(k, s, t, d).configs)
+                     for k, s, d in (("welford", (3, 127), "float32"), ("softmax", (5, 77), "bfloat16"))
+                     for t in ("gpu-triton", "interpret")}
+    for r in rows:   # every one admitted by the space and the kernel, and distinct within its task
+        module = kernels.load(r["kernel"])
+        assert module.check_config(r["config"], tuple(r["shape"]), r["dtype"], r["target"]) is None
+    assert len({json.dumps([r["kernel"], r["target"], r["config"]], sort_keys=True) for r in rows}) == len(rows)
+    bad = space_fuzz.Row("welford", (3, 127), "float32", "gpu-triton", {"block_cols": 64}, "wrong_result",
+                         "relative error inf exceeds the float32 tolerance")
+    text = space_fuzz.table([space_fuzz.Row(**{**rows[0], "shape": tuple(rows[0]["shape"])}), bad])
+    assert "2 configs, 1 failed" in text and 'welford 3x127 float32 gpu-triton wrong_result: {"block_cols": 64}' in text
+
+
+def test_space_fuzz_lowers_native_builds_at_users_sizes(tmp_path):
+    out = tmp_path / "fuzz.json"
+    assert space_fuzz.main(["--lower", "--case", "cross_entropy:8192x50257", "--target", "gpu-triton",
+                            "--target", "tpu", "--configs", "2", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == 4 and {r["outcome"] for r in rows} == {"lowered"}
+    assert {r["dtype"] for r in rows} == {"bfloat16"}

@@ -104,6 +104,16 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
                       cutoff_s: float | None = None) -> Measurement:
     """On the device: validate a poisoned-output build against the reference, then time
     (`time_budget_s` and `cutoff_s` as in `timing.time_calls`)."""
+    result = validate_compiled(c, references)
+    if result.outcome != outcomes.OK:
+        return result
+    return time_into(result, c, repetitions=repetitions, warmup=warmup, time_budget_s=time_budget_s,
+                     cutoff_s=cutoff_s)
+
+
+def validate_compiled(c: Compiled, references: ReferenceCache | None = None) -> Measurement:
+    """On the device: run the poisoned-output build on the task's validation inputs and judge it
+    against the reference: `ok` (not yet timed), `wrong_result` or `run_error`."""
     task = c.task
     result = Measurement(outcomes.OK, compile_s=c.compile_s)
     try:
@@ -127,9 +137,7 @@ def validate_and_time(c: Compiled, *, repetitions: int = 10, warmup: int = 2,
         result.outcome = outcomes.WRONG_RESULT
         result.error = (f"relative error {result.numerics_error:.3g} exceeds the {task.dtype} "
                         f"tolerance {bound:.3g} (NaN/inf or unwritten outputs count as inf)")
-        return result
-    return time_into(result, c, repetitions=repetitions, warmup=warmup, time_budget_s=time_budget_s,
-                     cutoff_s=cutoff_s)
+    return result
 
 
 def time_into(result: Measurement, c: Compiled, *, repetitions: int = 10, warmup: int = 2,
