@@ -56,6 +56,7 @@ HEAD_DIMS = (32, 64, 80, 96, 128)
 RUN_TARGETS = ("interpret", "tpu", "gpu-triton")
 LOWER_TARGETS = {"tpu": "tpu", "gpu-triton": "cuda", "gpu-mosaic": "cuda"}
 MAX_ELEMENTS = {False: 1_500_000, True: 2**31 - 1}   # per shape: interpret mode, lowering
+REJECTION_DRAWS = 20_000   # draws from a space too large to enumerate, for one task's configs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,17 +88,25 @@ def draw_configs(kernel: str, shape: tuple[int, ...], dtype: str, target: str, c
     space = load_space(ROOT / "search_spaces" / f"{kernel}.yaml")
     if target not in {t.name for t in space.targets}:
         return []
-    valid = ValidSet.enumerate(space.params_for(target), space.leaf_check(shape, dtype, target),
+    params = space.params_for(target)
+    valid = ValidSet.enumerate(params, space.leaf_check(shape, dtype, target),
                                space.prefix_checks(shape, dtype, target))
-    if valid is None:
-        raise SystemExit(f"{kernel} at {shape} on {target}: too many configs to enumerate")
     module, chip = kernels.load(kernel), capacity.for_target(target, interpret=True)
-    chosen: list[dict[str, Any]] = []
-    while len(chosen) < count and (config := valid.pick(rng)) is not None:
-        valid.close(config_json(config))
+    chosen: dict[str, dict[str, Any]] = {}
+    for _ in range(REJECTION_DRAWS if valid is None else len(valid)):
+        if len(chosen) == count:
+            break
+        if valid is None:   # too many to enumerate: uniform draws from the product, kept where admitted
+            config = {p.name: rng.choice(p.choices) for p in params}
+            if config_json(config) in chosen or space.violated(config, shape, dtype, target) is not None:
+                continue
+        elif (config := valid.pick(rng)) is None:
+            break
+        else:
+            valid.close(config_json(config))
         if static_verdict(module, config, shape, dtype, target, chip)[1] is None:
-            chosen.append(config)
-    return chosen
+            chosen[config_json(config)] = config
+    return list(chosen.values())
 
 
 def run_config(kernel: str, shape: tuple[int, ...], dtype: str, target: str, config: dict[str, Any]) -> Row:
@@ -173,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             for config in draw_configs(kernel, shape, dtype, target, args.configs, rng):
                 check = lower_config if args.lower else run_config
                 rows.append(check(kernel, shape, dtype, target, config))
+        print(f"{kernel} {'x'.join(map(str, shape))}: {len(rows)} configs so far, "
+              f"{sum(map(failed, rows))} failed, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     print(table(rows))
     print(f"{time.perf_counter() - started:.0f} s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
