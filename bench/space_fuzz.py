@@ -69,7 +69,7 @@ class Row:
     target: str
     config: dict[str, Any]
     outcome: str       # ok, wrong_result, compile_error, run_error ("lowered" / "lowering_error" with --lower)
-    error: str = ""
+    error: str = ""    # as a sweep records it (its cause last)
 
 
 def random_shape(module: Any, rng: random.Random, dims: tuple[int, ...], max_elements: int) -> tuple[int, ...]:
@@ -114,7 +114,7 @@ def run_config(kernel: str, shape: tuple[int, ...], dtype: str, target: str, con
     task = TuningTask(kernel, shape, dtype, target)
     compiled = compile_config(task, config, interpret=True, with_inputs=False, calls=1)
     result = compiled if isinstance(compiled, outcomes.Measurement) else validate_compiled(compiled)
-    return Row(kernel, shape, dtype, target, config, result.outcome, (result.error or "")[:400])
+    return Row(kernel, shape, dtype, target, config, result.outcome, result.error or "")
 
 
 def lower_config(kernel: str, shape: tuple[int, ...], dtype: str, target: str, config: dict[str, Any]) -> Row:
@@ -125,7 +125,7 @@ def lower_config(kernel: str, shape: tuple[int, ...], dtype: str, target: str, c
         fn = module.build(config, shape, jnp.dtype(dtype), Platform(target))
         jax.jit(fn).trace(*args).lower(lowering_platforms=(LOWER_TARGETS[target],))
     except Exception as err:  # noqa: BLE001 - every failure is a row
-        return Row(kernel, shape, dtype, target, config, "lowering_error", full_text(err)[:400])
+        return Row(kernel, shape, dtype, target, config, "lowering_error", full_text(err)[:outcomes.ERROR_CHARS])
     return Row(kernel, shape, dtype, target, config, "lowered")
 
 
