@@ -57,10 +57,10 @@ def _block(x: jax.Array, cols: jax.Array, valid: jax.Array | None) -> Moments:
 
 def _merge(a: Moments, b: Moments) -> Moments:
     count = a.count + b.count
-    share = 1.0 / jnp.maximum(count, 1.0)   # two empty states merge to an empty one
+    divisor = jnp.maximum(count, 1.0)   # two empty states merge to an empty one
     delta = b.mean - a.mean
-    mean = a.mean + delta * (b.count * share)
-    return Moments(count, mean, a.m2 + b.m2 + delta * delta * (a.count * b.count * share))
+    mean = a.mean + delta * (b.count / divisor)
+    return Moments(count, mean, a.m2 + b.m2 + delta * delta * (a.count * b.count / divisor))
 
 
 def _finish(s: Moments) -> tuple[jax.Array, jax.Array]:
