@@ -100,6 +100,31 @@ def test_other_errors_keep_their_default():
         outcomes.COMPILE_ERROR
 
 
+# The end of the real message (JAX 0.10.2): a TPU interpret-mode kernel whose grid allocated more than
+# 32767 semaphores (a run_scoped DMA semaphore pair in each of 16500 grid steps).
+TPU_INTERPRETER_OVERFLOW = """jax.errors.JaxRuntimeError: INTERNAL: CpuCallback error calling callback: Traceback (most recent call last):
+  File "/site-packages/jax/_src/callback.py", line 71, in __call__
+  File "/site-packages/jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py", line 107, in wrapper
+  File "/site-packages/jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py", line 538, in _allocate_semaphores
+OverflowError: Python integer 32768 out of bounds for int16
+--------------------
+jax.io_callback failed
+  File "/site-packages/jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py", line 538, in _allocate_semaphores
+    return token, np.arange(
+OverflowError: Python integer 32768 out of bounds for int16"""
+
+
+def test_a_failure_whose_message_hides_its_cause_says_the_cause_first():
+    failed = outcomes.Measurement(outcomes.OK).fail("x" * 5000 + TPU_INTERPRETER_OVERFLOW, outcomes.RUN_ERROR)
+    assert failed.outcome == outcomes.RUN_ERROR and len(failed.error) == outcomes.ERROR_CHARS
+    assert failed.error.startswith("known cause: JAX's TPU interpreter numbers the semaphores")
+    # the same overflow elsewhere, and other failures, get no cause
+    other = outcomes.Measurement(outcomes.OK).fail("OverflowError: Python integer 32768 out of bounds for int16",
+                                                   outcomes.RUN_ERROR)
+    assert other.error == "OverflowError: Python integer 32768 out of bounds for int16"
+    assert outcomes.known_cause("Triton: block shape must be a power of 2") is None
+
+
 def test_relative_error_treats_nan_and_shape_mismatch_as_inf():
     a = jnp.ones((4, 4))
     assert validate.relative_error(a, a) == 0.0

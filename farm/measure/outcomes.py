@@ -38,6 +38,21 @@ _OOM_PATTERNS = (
 )
 
 
+# Failures whose message hides their cause: (a pattern of the whole text, the cause), said first in
+# the stored error so that no cut loses it (the real messages are test data).
+_KNOWN_CAUSES = (
+    (r"_allocate_(?:semaphores|buffer)\b[\s\S]*out of bounds for int16",
+     "JAX's TPU interpreter numbers the semaphores and buffers of one kernel call in int16, and this "
+     "call allocated more than 32767 of them (emit_pipeline allocates some every grid step): a limit of "
+     "interpret mode, not of this config on a TPU; validate it in interpret mode at fewer grid steps"),
+)
+
+
+def known_cause(message: str) -> str | None:
+    """What a failure's message means where the message itself does not say it, else None."""
+    return next((cause for pattern, cause in _KNOWN_CAUSES if re.search(pattern, message)), None)
+
+
 def classify_error(message: str, default: str) -> str:
     """`oom` when the message says memory ran out, else `default`."""
     if any(re.search(p, message) for p in _OOM_PATTERNS):
@@ -96,10 +111,11 @@ class Measurement:
     available_bytes: int | None = None   # ... and what it had, where the message says
 
     def fail(self, message: str, default: str) -> Measurement:
-        """Record a failure: its outcome (`oom` or `default`), its text (cut to ERROR_CHARS) and,
-        for `oom`, the byte counts parsed from the whole message."""
+        """Record a failure: its outcome (`oom` or `default`), its text (cut to ERROR_CHARS, a known
+        cause said first) and, for `oom`, the byte counts parsed from the whole message."""
         self.outcome = classify_error(message, default)
-        self.error = message[:ERROR_CHARS]
+        cause = known_cause(message)
+        self.error = (message if cause is None else f"known cause: {cause}\n{message}")[:ERROR_CHARS]
         if self.outcome == OOM:
             self.requested_bytes, self.available_bytes = memory_numbers(message)
         return self
