@@ -102,7 +102,8 @@ def test_other_errors_keep_their_default():
 
 # The end of the real message (JAX 0.10.2): a TPU interpret-mode kernel whose grid allocated more than
 # 32767 semaphores (a run_scoped DMA semaphore pair in each of 16500 grid steps).
-TPU_INTERPRETER_OVERFLOW = """jax.errors.JaxRuntimeError: INTERNAL: CpuCallback error calling callback: Traceback (most recent call last):
+TPU_INTERPRETER_OVERFLOW = ("jax.errors.JaxRuntimeError: INTERNAL: CpuCallback error calling callback: "
+                            "Traceback (most recent call last):\n") + """\
   File "/site-packages/jax/_src/callback.py", line 71, in __call__
   File "/site-packages/jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py", line 107, in wrapper
   File "/site-packages/jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py", line 538, in _allocate_semaphores
