@@ -2,6 +2,7 @@
 
     python bench/oom_probe.py --out DIR [--per-task 8] [--seed 0] [--exclude OLD/oom_probe.json]
     python bench/oom_probe.py --out DIR --small          # CPU dry run (interpret mode, no verdicts)
+    python bench/oom_probe.py --out DIR --tpu v5e:1x1 [--case KERNEL:AxB ...]   # TPU, no chip (libtpu)
 
 For every space (default: all in search_spaces/), GPU target and seed shape, draws --per-task
 configs uniformly among those that satisfy the space's constraints (static pruning is not
@@ -11,8 +12,17 @@ keeps the compiler busy) and runs it once. The model's verdict is footprint <= c
 outcome after a successful run (it fit). Other compile errors give no verdict and are counted
 apart. For `oom`, the bytes the compiler asked for are kept beside the model's figure.
 `--exclude` leaves out configs an earlier probe measured, so a model calibrated on one probe is
-judged on configs it has not seen. Writes DIR/oom_probe.json and DIR/oom_probe.md (and each row to
-DIR/oom_probe_rows.jsonl as it comes).
+judged on configs it has not seen.
+
+`--tpu TOPOLOGY` judges the TPU target's VMEM model on a machine without a TPU: each config is
+compiled by libtpu for that one-chip topology, deviceless, in a farm compile child (as a TPU
+worker's children compile), against that chip's VMEM; nothing runs, so the compiler's verdict is
+compiled (fits) or its VMEM `oom`. The kernels ask Mosaic for a scoped VMEM limit from their
+model (`vmem_limit`: 1.5 x footprint + 4 MiB, within the chip), so a model that undercounts shows
+as "model says fits, oom" even where the chip has room. An HBM `oom` (the shape, not the config)
+gives no verdict. Shapes: the spaces' TPU shapes, or `--case KERNEL:AxB` (users' shapes).
+
+Writes DIR/oom_probe.json and DIR/oom_probe.md (and each row to DIR/oom_probe_rows.jsonl as it comes).
 """
 from __future__ import annotations
 
@@ -21,6 +31,7 @@ import concurrent.futures
 import json
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -36,32 +47,31 @@ import jax  # noqa: E402
 
 import kernels  # noqa: E402
 from bench.oom_report import FIT  # noqa: E402
-from farm.measure import (
-    capacity,  # noqa: E402
-    outcomes,  # noqa: E402
-)
+from bench.tpu_deviceless import parse_case  # noqa: E402
+from farm.measure import capacity, compile_pool, outcomes  # noqa: E402
 from farm.measure.compiler import compile_config  # noqa: E402
 from farm.measure.outcomes import Measurement  # noqa: E402
-from farm.search import (
-    pruning,  # noqa: E402
-    spaces,  # noqa: E402
-)
+from farm.search import pruning, spaces  # noqa: E402
 from farm.tasks import TuningTask  # noqa: E402
 
 GPU_TARGETS = ("gpu-triton", "gpu-mosaic")
 
 
 def sample(space: spaces.SearchSpace, target: str, shape: tuple[int, ...], dtype: str, count: int,
-           rng: random.Random, exclude: set[str], attempts: int = 20_000) -> list[dict[str, Any]]:
-    """Up to `count` distinct configs drawn uniformly among those the constraints allow (by rejection)."""
+           rng: random.Random, exclude: set[str], attempts: int = 20_000,
+           admitted_by_kernel: bool = False) -> list[dict[str, Any]]:
+    """Up to `count` distinct configs drawn uniformly among those the constraints allow (by rejection);
+    `admitted_by_kernel`: among those the kernel's `check_config` admits too."""
     params = space.params_for(target)
+    module = kernels.load(space.kernel)
     chosen: dict[str, dict[str, Any]] = {}
     for _ in range(attempts):
         if len(chosen) == count:
             break
         config = {p.name: rng.choice(p.choices) for p in params}
         key = _key(space.kernel, target, shape, config)
-        if key not in chosen and key not in exclude and space.violated(config, shape, dtype, target) is None:
+        if key not in chosen and key not in exclude and space.violated(config, shape, dtype, target) is None \
+                and not (admitted_by_kernel and module.check_config(config, shape, dtype, target) is not None):
             chosen[key] = config
     return list(chosen.values())
 
@@ -90,6 +100,25 @@ def verdict(task: TuningTask, config: dict[str, Any], interpret: bool) -> Measur
     except Exception as err:  # noqa: BLE001 - every failure is data
         return Measurement(outcomes.RUN_ERROR, compile_s=compiled.compile_s).fail(str(err), outcomes.RUN_ERROR)
     return Measurement(outcomes.OK, compile_s=compiled.compile_s)
+
+
+def tpu_verdict(pool: compile_pool.CompilePool, topology: str, timeout_s: float, task: TuningTask,
+                config: dict[str, Any]) -> Measurement:
+    """Compile for `topology` without a chip (libtpu, in the pool's child): `ok` when it compiled
+    (nothing runs), else the farm's outcome; an HBM `oom` is `compile_error` here (no verdict)."""
+    reply = pool.compile(task, config, interpret=False, timeout_s=timeout_s, topology=topology)
+    if isinstance(reply, compile_pool.Portable):
+        return Measurement(outcomes.OK, compile_s=reply.compile_s)
+    if isinstance(reply, compile_pool.NotPortable):
+        return Measurement(outcomes.COMPILE_ERROR).fail(f"compiled, not portable: {reply.reason}",
+                                                        outcomes.COMPILE_ERROR)
+    if reply.outcome == outcomes.OOM and HBM_OOM.search(reply.error or ""):
+        reply.outcome = outcomes.COMPILE_ERROR
+    return reply
+
+
+# libtpu's message when the arrays, not the kernel's VMEM, outgrow the chip (CompileTimeHbmOom).
+HBM_OOM = re.compile(r"[Oo]ut of memory on HBM|memory space hbm")
 
 
 def _row(task: TuningTask, config: dict[str, Any], m: Measurement, caps: dict[str, capacity.Capacity]) -> dict:
@@ -158,6 +187,15 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _libtpu_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("libtpu")
+    except PackageNotFoundError:
+        return "(version unknown)"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -169,7 +207,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop submitting compiles after this")
     parser.add_argument("--small", action="store_true", help="interpret mode on the spaces' CPU shapes, "
                         "capacities of the h200 profile (a dry run of this script: no compiler verdicts)")
+    parser.add_argument("--tpu", metavar="TOPOLOGY", help="the TPU target, compiled by libtpu for this "
+                        "one-chip topology without a chip (v5e:1x1, v6e:1x1, v5p:1x1x1, v4:1x1x1)")
+    parser.add_argument("--case", action="append", default=[], metavar="KERNEL:AxB",
+                        help="with --tpu: these shapes instead of the spaces' (repeatable)")
+    parser.add_argument("--compile-timeout-s", type=float, default=300.0, help="with --tpu: per compile")
     args = parser.parse_args(argv)
+    if args.tpu:
+        try:
+            import libtpu  # noqa: F401
+        except ImportError:
+            raise SystemExit("--tpu: libtpu is missing (pip install libtpu); it compiles for a TPU "
+                             "without a chip") from None
+        if args.tpu.split(":")[0] not in capacity.profiles():
+            raise SystemExit(f"--tpu {args.tpu!r}: expected GENERATION:TOPOLOGY with a generation of "
+                             f"{list(capacity.profiles())[:8]}, e.g. v5e:1x1")
+    cases: dict[str, list[tuple[int, ...]]] = {}
+    for kernel, shape in map(parse_case, args.case):
+        cases.setdefault(kernel, []).append(shape)
     started = time.monotonic()
     paths = args.spaces or sorted((REPO / "search_spaces").glob("*.yaml"))
     exclude = {_key(r["kernel"], r["target"], tuple(r["shape"]), r["config"])
@@ -179,38 +234,55 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for space in spaces.load_spaces(paths):
         small_shapes = next((t.shapes for t in space.targets if t.name == "interpret"), ())
         for spec in space.targets:
-            if spec.name not in GPU_TARGETS:
+            if spec.name not in (("tpu",) if args.tpu else GPU_TARGETS):
                 continue
-            for shape in (small_shapes if args.small else spec.shapes):
+            shapes = small_shapes if args.small else spec.shapes
+            if args.tpu and args.case:
+                shapes = tuple(cases.get(space.kernel, ()))
+            for shape in shapes:
                 dtype = spec.dtypes[0]
-                for config in sample(space, spec.name, shape, dtype, args.per_task, rng, exclude):
+                for config in sample(space, spec.name, shape, dtype, args.per_task, rng, exclude,
+                                     admitted_by_kernel=bool(args.tpu)):
                     jobs.append((TuningTask(space.kernel, shape, dtype, spec.name), config))
     print(f"{len(jobs)} configs to compile", flush=True)
-    caps = {t: (capacity.profile("h200") if args.small else capacity.for_target(t, interpret=False))
-            for t in {task.target for task, _ in jobs}}
+    if args.tpu:
+        caps = {"tpu": capacity.profile(args.tpu.split(":")[0])}
+    else:
+        caps = {t: (capacity.profile("h200") if args.small else capacity.for_target(t, interpret=False))
+                for t in {task.target for task, _ in jobs}}
+    pool = compile_pool.CompilePool(args.threads, compile_pool.TPU_CHILD_ENV) if args.tpu else None
+
+    def judged(task: TuningTask, config: dict[str, Any]) -> Measurement:
+        if pool is not None:
+            return tpu_verdict(pool, args.tpu, args.compile_timeout_s, task, config)
+        return verdict(task, config, args.small)
     rows: list[dict[str, Any]] = []
     args.out.mkdir(parents=True, exist_ok=True)
     log = open(args.out / "oom_probe_rows.jsonl", "a")   # kept even if a config takes the process down
     pending: dict[concurrent.futures.Future, tuple[TuningTask, dict[str, Any]]] = {}
     queue = iter(jobs)
-    with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
-        while True:
-            while len(pending) < 2 * args.threads and time.monotonic() - started < args.budget_s:
-                job = next(queue, None)
-                if job is None:
+    try:
+        with concurrent.futures.ThreadPoolExecutor(args.threads) as threads:
+            while True:
+                while len(pending) < 2 * args.threads and time.monotonic() - started < args.budget_s:
+                    job = next(queue, None)
+                    if job is None:
+                        break
+                    pending[threads.submit(judged, *job)] = job
+                if not pending:
                     break
-                pending[pool.submit(verdict, *job, args.small)] = job
-            if not pending:
-                break
-            done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-            for future in done:
-                rows.append(_row(*pending.pop(future), future.result(), caps))
-                log.write(json.dumps(rows[-1], default=str) + "\n")
-                log.flush()
-    log.close()
+                done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    rows.append(_row(*pending.pop(future), future.result(), caps))
+                    log.write(json.dumps(rows[-1], default=str) + "\n")
+                    log.flush()
+    finally:
+        log.close()
+        if pool is not None:
+            pool.close()
     summary = summarize(rows)
-    device = jax.devices()[0]
-    meta = {"device": device.device_kind, "date": time.strftime("%Y-%m-%d"), "jax": jax.__version__,
+    device = f"libtpu {_libtpu_version()}, deviceless {args.tpu}" if args.tpu else jax.devices()[0].device_kind
+    meta = {"device": device, "date": time.strftime("%Y-%m-%d"), "jax": jax.__version__,
             "command": "python bench/oom_probe.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "seconds": time.monotonic() - started, "capacities": {t: c.to_dict() for t, c in caps.items()}}
     (args.out / "oom_probe.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows},

@@ -8,8 +8,8 @@ Not on the row engine (`kernels.rows`): a gated unit reduces nothing, so none of
 strategies (whole rows, a loop over column chunks with per-row statistics, streamed chunks
 with a statistics phase) has a job here; what is tuned is a plain 2-D tiling of the
 (seq, hidden) plane (TPU) or a 1-D / row tiling of the flattened arrays (Triton). It shares
-the engine's typed-config helpers (`from_dict`), its VMEM rule (`vmem_limit`) and its Triton
-defaults (num_warps 4, num_stages 3, always passed explicitly).
+the engine's typed-config helpers (`from_dict`) and Triton defaults (num_warps 4, num_stages 3,
+always passed explicitly), and the TPU kernels' VMEM rule (`vmem_limit`).
 
 Config knobs (typed below, each default once):
   TPU and interpret: block_rows x block_cols tiles of the (seq, hidden) plane of one batch
@@ -37,7 +37,8 @@ from jax.experimental import pallas as pl
 
 from kernels.lowering import Platform, pallas_call
 from kernels.members import Members
-from kernels.rows.config import from_dict, is_pow2, vmem_limit
+from kernels.rows.config import from_dict, is_pow2
+from kernels.tpu_mesh import vmem_limit
 
 SHAPE_NAMES = ("batch", "seq", "hidden")
 TARGETS = ("interpret", "tpu", "gpu-triton")

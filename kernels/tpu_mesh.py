@@ -51,14 +51,24 @@ def traced_for_tpu(fn: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(traced)
 
 
-def vmem_capacity_bytes() -> int:
-    """VMEM bytes of one TensorCore of the TPU being traced for (the abstract one off-TPU)."""
+def tpu_info() -> Any:
+    """Pallas's `TpuInfo` of the TPU being traced for (the abstract one off-TPU)."""
     from jax.experimental.pallas import tpu as pltpu
 
     if needs_abstract_tpu():
         with jax.sharding.use_abstract_mesh(abstract_tpu_mesh()):
-            return int(pltpu.get_tpu_info().vmem_capacity_bytes)
-    return int(pltpu.get_tpu_info().vmem_capacity_bytes)
+            return pltpu.get_tpu_info()
+    return pltpu.get_tpu_info()
+
+
+def vmem_capacity_bytes() -> int:
+    """VMEM bytes of one TensorCore of the TPU being traced for (the abstract one off-TPU)."""
+    return int(tpu_info().vmem_capacity_bytes)
+
+
+def tpu_generation() -> int:
+    """The generation (4 for v4, 5 for v5e and v5p, ...) of the TPU being traced for."""
+    return int(tpu_info().generation)
 
 
 def vmem_limit(footprint_bytes: int) -> int:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import collections
 import json
+import sys
+import types
 
 import jax.numpy as jnp
 import pytest
@@ -47,6 +49,16 @@ def test_probe_dry_run_writes_its_report(tmp_path):
 
     fresh = json.loads((tmp_path / "again" / "oom_probe.json").read_text())["rows"]
     assert again["configs"] == 8 and not keys(report["rows"]) & keys(fresh)
+
+
+def test_probe_for_tpu_says_what_it_needs_and_what_it_expected(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "libtpu", None)     # as where libtpu is not installed
+    with pytest.raises(SystemExit, match="libtpu is missing"):
+        oom_probe.main(["--out", str(tmp_path), "--tpu", "v5e:1x1"])
+    monkeypatch.setitem(sys.modules, "libtpu", types.ModuleType("libtpu"))
+    with pytest.raises(SystemExit, match="expected GENERATION:TOPOLOGY"):
+        oom_probe.main(["--out", str(tmp_path), "--tpu", "tpu9:1x1"])
+    assert not any(tmp_path.iterdir())
 
 
 def _trial(task, elapsed, median, sweep="A", outcome=outcomes.OK):

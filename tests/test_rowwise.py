@@ -126,6 +126,29 @@ def test_tpu_pads_rows_to_whole_blocks(name, config, shape):
     assert_matches(module, config, shape, "float32", "tpu")
 
 
+@pytest.mark.parametrize("name,config,shape", [
+    ("welford", {"strategy": "one_pass", "block_rows": 128}, (200, 256)),
+    ("welford", {"strategy": "fori_loop", "block_rows": 128, "block_cols": 128}, (256, 384)),
+    ("welford", {"strategy": "grid", "block_rows": 256, "block_cols": 128}, (256, 256)),
+    ("welford", {"strategy": "emit_pipeline", "block_rows": 128, "block_cols": 128}, (128, 384)),
+    # per-row inputs (the labels, int32) move the other way: lanes to a column
+    ("cross_entropy", {"strategy": "one_pass", "block_rows": 128}, (200, 256)),
+    ("cross_entropy", {"strategy": "grid", "block_rows": 128, "block_cols": 128}, (128, 384)),
+], ids=str)
+def test_lane_dense_per_row_vectors_by_transpose_as_tpus_before_v5_need(monkeypatch, name, config, shape):
+    """TPUs before v5 lack the sublane gather Mosaic moves per-row values into lanes with (libtpu
+    refused every `stats_layout: lane` config of welford and cross entropy for v4); there the engine
+    transposes instead. Forced here on the abstract v6e, in TPU interpret mode with poisoned
+    outputs, against the reference (tests/test_tpu_deviceless.py compiles it for v4 where libtpu is)."""
+    from kernels.rows import blocked
+
+    monkeypatch.setattr(blocked, "SUBLANE_GATHER_SINCE", 99)
+    module = kernels.load(name)
+    config = {**module.default_config(shape, "tpu"), **config, "stats_layout": "lane"}
+    assert module.KERNEL.plan(config, shape, "tpu").lane
+    assert_matches(module, config, shape, "float32", "tpu")
+
+
 @pytest.mark.parametrize("name,shape", [("layer_norm", (13, 300)), ("welford", (13, 300)),
                                         ("rms_norm_bwd", (13, 300)), ("cross_entropy", (13, 300)),
                                         ("softmax_two_pass", (13, 300)), ("batch_softmax", (2, 5, 300))], ids=str)

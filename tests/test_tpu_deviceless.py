@@ -3,6 +3,7 @@ compiler (Mosaic included). Needs libtpu (`pip install libtpu`); skipped where i
 CI image), run on the development machine (BENCHMARKS.md says how)."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -45,6 +46,38 @@ def test_tpu_defaults_compile_deviceless_at_users_shapes(pool, kernel, shape):
     config = kernels.load(kernel).default_config(shape, "tpu")
     reply = pool.compile(task, config, interpret=False, timeout_s=600, topology="v6e:1x1")
     assert isinstance(reply, compile_pool.Portable), reply
+
+
+@pytest.mark.parametrize("kernel,config,shape", [
+    ("welford", {"strategy": "grid", "block_rows": 256, "block_cols": 256, "buffers": 2}, (524288, 512)),
+    ("welford", {"strategy": "one_pass", "block_rows": 512, "block_cols": 512, "buffers": 2}, (524288, 512)),
+    ("cross_entropy", {"strategy": "grid", "block_rows": 128, "block_cols": 1024, "buffers": 2}, (128, 2048)),
+    ("cross_entropy", {"strategy": "one_pass", "block_rows": 128, "block_cols": 2048, "buffers": 1}, (128, 2048)),
+], ids=str)
+@pytest.mark.parametrize("topology", ["v4:1x1x1", "v5e:1x1"])
+def test_lane_dense_per_row_vectors_compile_on_every_generation(pool, topology, kernel, config, shape):
+    """Before the engine transposed them on TPUs older than v5, libtpu refused every lane-dense
+    config of welford and cross entropy for v4: "Sublane gather not supported by this TPU
+    generation" (bench/oom_probe.py --tpu v4:1x1x1)."""
+    task = TuningTask(kernel, shape, "bfloat16", "tpu")
+    config = {**kernels.load(kernel).default_config(shape, "tpu"), **config, "stats_layout": "lane"}
+    reply = pool.compile(task, config, interpret=False, timeout_s=600, topology=topology)
+    assert isinstance(reply, compile_pool.Portable), reply
+
+
+def test_the_footprint_probe_judges_the_tpu_model_against_libtpu(tmp_path):
+    """`bench/oom_probe.py --tpu`: configs drawn with no pruning, compiled deviceless for v4 (16 MiB
+    of VMEM, where the seed shapes' spaces hold configs over it), each judged against the model."""
+    from bench import oom_probe
+
+    summary = oom_probe.main(["--out", str(tmp_path), "--tpu", "v4:1x1x1", "--per-task", "6", "--threads", "1",
+                              "--seed", "1", "--spaces", "search_spaces/welford.yaml",
+                              "search_spaces/flash_attention.yaml"])
+    rows = json.loads((tmp_path / "oom_probe.json").read_text())["rows"]
+    assert summary["configs"] == len(rows) == 18 and {r["capacity_bytes"] for r in rows} == {16 * 2**20}
+    assert summary["counts"].get("no verdict", 0) == 0, summary["no_verdict"]   # welford's lane configs compile
+    assert summary["model_no_fit"] > 0 and summary["agreement"] >= 0.9
+    assert {r["outcome"] for r in rows if not r["model_fits"]} <= {"oom", "ok"}
 
 
 def test_a_child_compiles_while_another_process_holds_libtpus_lockfile(pool):

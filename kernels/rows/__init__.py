@@ -67,7 +67,6 @@ from kernels.rows.config import (
                                  from_dict,
                                  is_pow2,
                                  split_shape,
-                                 vmem_limit,
 )
 from kernels.rows.contract import ROW_MAX, LaneFold, RowMath, RowReduction, StagedMath, Stats, Walk, reduction_math
 from kernels.rows.kernel import TPU_ROW_BLOCKS, RowKernel, build, tpu_row_block
@@ -75,4 +74,4 @@ from kernels.rows.kernel import TPU_ROW_BLOCKS, RowKernel, build, tpu_row_block
 __all__ = ["CONFIG_TYPES", "ROW_MAX", "LANES", "LaneFold", "MEMORY_PARAMS", "STRATEGIES", "STREAMED", "SUBLANES",
            "Plan", "RowConfig", "RowConfigInterpret", "RowConfigTPU", "RowConfigTriton", "RowKernel",
            "RowMath", "RowReduction", "StagedMath", "Stats", "Walk", "build", "from_dict", "is_pow2",
-           "reduction_math", "split_shape", "tpu_row_block", "TPU_ROW_BLOCKS", "vmem_limit"]
+           "reduction_math", "split_shape", "tpu_row_block", "TPU_ROW_BLOCKS"]

@@ -16,9 +16,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels.lowering import Platform, pallas_call
-from kernels.rows.config import Plan, vmem_limit
+from kernels.rows.config import LANES, Plan
 from kernels.rows.contract import RowMath, Stats
 from kernels.rows.footprint import footprint
+from kernels.tpu_mesh import tpu_generation, vmem_limit
 
 F32 = jnp.float32
 
@@ -74,13 +75,40 @@ def _read(refs: list[Any], cols: Any = slice(None)) -> list[jax.Array]:
     return [ref[:, :, cols].astype(F32) for ref in refs]
 
 
+# Mosaic TPU moves per-row values between a column and lanes (a lane-dense (rows,) block) by a
+# sublane gather, which TPUs before v5 lack ("Sublane gather not supported by this TPU
+# generation", libtpu compiling for v4 without a chip). A transpose of the values broadcast over
+# 128 lanes does the same on every generation; it is used where the gather is missing.
+SUBLANE_GATHER_SINCE = 5
+
+
+def _lanes_by_transpose(p: Plan) -> bool:
+    return p.lane and tpu_generation() < SUBLANE_GATHER_SINCE
+
+
+def _column_of(lanes: jax.Array) -> jax.Array:
+    """(n,) -> (n, 1) by a transpose, in 32 bits."""
+    wide = lanes.astype(F32) if jnp.dtype(lanes.dtype).itemsize < 4 else lanes
+    return jnp.broadcast_to(wide[None, :], (LANES, lanes.shape[0])).T[:, :1].astype(lanes.dtype)
+
+
+def _lanes_of(column: jax.Array) -> jax.Array:
+    """(n, 1) -> (n,) by a transpose, in 32 bits."""
+    wide = column.astype(F32) if jnp.dtype(column.dtype).itemsize < 4 else column
+    return jnp.broadcast_to(wide, (column.shape[0], LANES)).T[0].astype(column.dtype)
+
+
 def _read_vectors(refs: list[Any], p: Plan) -> list[jax.Array]:
     """Per-row inputs as (block_batch, block_rows, 1) values, in their own dtype."""
+    if _lanes_by_transpose(p):
+        return [_column_of(ref[...]).reshape(p.block_batch, p.block_rows, 1) for ref in refs]
     return [ref[...].reshape(p.block_batch, p.block_rows, 1) for ref in refs]
 
 
-def _write_results(refs: list[Any], values: Stats) -> None:
+def _write_results(refs: list[Any], values: Stats, p: Plan) -> None:
     for ref, value in zip(refs, values, strict=True):
+        if _lanes_by_transpose(p):
+            value = _lanes_of(value.reshape(p.block_rows, 1))
         ref[...] = value.reshape(ref.shape).astype(ref.dtype)
 
 
@@ -101,7 +129,7 @@ def _whole_rows_body(*refs: Any, math_: RowMath, p: Plan) -> None:
         outs = math_.rows(*_read(row_in + col_in), *vectors, cols=p.row_cols, valid=None)
         n = len(row_out) + len(col_out)
         _store(row_out, col_out, outs[:n], slice(None), real=real)
-        _write_results(res_out, outs[n:])
+        _write_results(res_out, outs[n:], p)
         return
 
     def chunk(j: jax.Array) -> Any:
@@ -113,7 +141,7 @@ def _whole_rows_body(*refs: Any, math_: RowMath, p: Plan) -> None:
 
     stats = lax.fori_loop(0, p.col_blocks, fold, math_.init((p.block_batch, p.block_rows, 1)))
     row_values = math_.finish(stats, p.row_cols)
-    _write_results(res_out, row_values[:math_.results])
+    _write_results(res_out, row_values[:math_.results], p)
     if not math_.writes_chunks:
         return
 
@@ -143,7 +171,7 @@ def _grid_body(*refs: Any, math_: RowMath, p: Plan) -> None:
     if math_.results:
         @pl.when((phase == last_phase) & (j == p.col_blocks - 1))
         def _results():
-            _write_results(res_out, math_.finish(_load_stats(stats_refs), p.row_cols)[:math_.results])
+            _write_results(res_out, math_.finish(_load_stats(stats_refs), p.row_cols)[:math_.results], p)
 
     if math_.writes_chunks:
         @pl.when(phase == 1)
@@ -195,7 +223,7 @@ def _pipeline_body(*refs: Any, math_: RowMath, p: Plan) -> None:
 
     pltpu.emit_pipeline(fold, grid=(p.col_blocks,), in_specs=in_specs)(*row_in, *col_in)
     if math_.results:
-        _write_results(res_out, math_.finish(_load_stats(stats_refs), p.row_cols)[:math_.results])
+        _write_results(res_out, math_.finish(_load_stats(stats_refs), p.row_cols)[:math_.results], p)
     if math_.writes_chunks:
         pltpu.emit_pipeline(write, grid=(p.col_blocks,), in_specs=in_specs,
                             out_specs=out_specs)(*row_in, *col_in, *row_out)

@@ -2,8 +2,7 @@
 
 `from_dict` is the only way in from a dict (a search space's point, a bundle's row): it refuses
 unknown knobs by name. `__post_init__` checks what needs no shape; `check(shape, math)` checks
-the rest and returns the `Plan` every builder and the footprint read. `vmem_limit` is the one
-scoped-VMEM rule of the row family (the GLUs use it too).
+the rest and returns the `Plan` every builder and the footprint read.
 """
 from __future__ import annotations
 
@@ -35,13 +34,6 @@ MEMORY_PARAMS = ("block_batch", "block_rows", "block_cols", "buffers", "num_stag
 RENAMED = {"passes": "Triton's passes=1 is now strategy='one_pass', passes=2 strategy='fori_loop'"}
 
 C = TypeVar("C")
-
-
-def vmem_limit(footprint_bytes: int) -> int:
-    """The scoped VMEM limit for a TPU kernel: 1.5 x footprint + 4 MiB, in [32 MiB, the chip's VMEM]."""
-    from kernels.tpu_mesh import vmem_capacity_bytes
-
-    return min(vmem_capacity_bytes(), max(32 * 2**20, footprint_bytes * 3 // 2 + 4 * 2**20))
 
 
 def is_pow2(n: int) -> bool:
