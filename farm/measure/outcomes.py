@@ -69,6 +69,7 @@ _NUMBER_PATTERNS = (
     (rf"\bsmem_bytes={_SIZE}", rf"max_smem_bytes={_SIZE}"),                # Mosaic GPU
     (rf"Used {_SIZE} of", rf"Used [0-9.]+\w* of {_SIZE}"),                 # Mosaic TPU / XLA:TPU (vmem)
     (rf"trying to allocate {_SIZE}", None),                                 # XLA's device allocator (HBM)
+    (rf"HLO temporaries \({_SIZE}\)", rf"available HBM \({_SIZE}\)"),          # XLA:TPU's CompileTimeHbmOom
 )
 
 
