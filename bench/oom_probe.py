@@ -20,7 +20,9 @@ worker's children compile), against that chip's VMEM; nothing runs, so the compi
 compiled (fits) or its VMEM `oom`. The kernels ask Mosaic for a scoped VMEM limit from their
 model (`vmem_limit`: 1.5 x footprint + 4 MiB, within the chip), so a model that undercounts shows
 as "model says fits, oom" even where the chip has room. An HBM `oom` (the shape, not the config)
-gives no verdict. Shapes: the spaces' TPU shapes, or `--case KERNEL:AxB` (users' shapes).
+gives no verdict. Shapes: the spaces' TPU shapes, or `--case KERNEL:AxB` (users' shapes). `--near
+F` draws only configs whose model puts them within a factor F of the chip's VMEM: the boundary,
+where uniform draws seldom land.
 
 Writes DIR/oom_probe.json and DIR/oom_probe.md (and each row to DIR/oom_probe_rows.jsonl as it comes).
 """
@@ -36,6 +38,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +62,10 @@ GPU_TARGETS = ("gpu-triton", "gpu-mosaic")
 
 def sample(space: spaces.SearchSpace, target: str, shape: tuple[int, ...], dtype: str, count: int,
            rng: random.Random, exclude: set[str], attempts: int = 20_000,
-           admitted_by_kernel: bool = False) -> list[dict[str, Any]]:
-    """Up to `count` distinct configs drawn uniformly among those the constraints allow (by rejection);
-    `admitted_by_kernel`: among those the kernel's `check_config` admits too."""
+           keep: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
+    """Up to `count` distinct configs drawn uniformly among those the constraints allow (by rejection)
+    and `keep` keeps."""
     params = space.params_for(target)
-    module = kernels.load(space.kernel)
     chosen: dict[str, dict[str, Any]] = {}
     for _ in range(attempts):
         if len(chosen) == count:
@@ -71,9 +73,29 @@ def sample(space: spaces.SearchSpace, target: str, shape: tuple[int, ...], dtype
         config = {p.name: rng.choice(p.choices) for p in params}
         key = _key(space.kernel, target, shape, config)
         if key not in chosen and key not in exclude and space.violated(config, shape, dtype, target) is None \
-                and not (admitted_by_kernel and module.check_config(config, shape, dtype, target) is not None):
+                and (keep is None or keep(config)):
             chosen[key] = config
     return list(chosen.values())
+
+
+def tpu_keep(kernel: str, shape: tuple[int, ...], dtype: str, vmem_bytes: int,
+             near: float | None) -> Callable[[dict[str, Any]], bool]:
+    """Configs the kernel admits on TPU and, with `near`, whose modelled footprint is within a
+    factor `near` of the VMEM capacity (either side): where the model's verdict decides."""
+    module = kernels.load(kernel)
+
+    def keep(config: dict[str, Any]) -> bool:
+        if module.check_config(config, shape, dtype, "tpu") is not None:
+            return False
+        if near is None:
+            return True
+        try:
+            footprint = module.footprint(dict(config), shape, jax.numpy.dtype(dtype), "tpu")
+        except Exception:  # noqa: BLE001 - a model failing on a config: not drawn here
+            return False
+        return vmem_bytes / near <= footprint <= vmem_bytes * near
+
+    return keep
 
 
 def _key(kernel: str, target: str, shape: tuple[int, ...], config: dict[str, Any]) -> str:
@@ -187,6 +209,12 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _chip(topology: str) -> str:
+    """The capacity profile of a libtpu topology name: v5e:1x1 -> v5e, tpu7x:1x1x1 -> v7x."""
+    name = topology.split(":")[0].lower()
+    return "v" + name.removeprefix("tpu") if name.startswith("tpu") else name
+
+
 def _libtpu_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -208,20 +236,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--small", action="store_true", help="interpret mode on the spaces' CPU shapes, "
                         "capacities of the h200 profile (a dry run of this script: no compiler verdicts)")
     parser.add_argument("--tpu", metavar="TOPOLOGY", help="the TPU target, compiled by libtpu for this "
-                        "one-chip topology without a chip (v5e:1x1, v6e:1x1, v5p:1x1x1, v4:1x1x1)")
+                        "one-chip topology without a chip (v5e:1x1, v6e:1x1, v5p:1x1x1, v4:1x1x1, tpu7x:1x1x1)")
     parser.add_argument("--case", action="append", default=[], metavar="KERNEL:AxB",
                         help="with --tpu: these shapes instead of the spaces' (repeatable)")
     parser.add_argument("--compile-timeout-s", type=float, default=300.0, help="with --tpu: per compile")
+    parser.add_argument("--near", type=float, help="with --tpu: only configs whose modelled footprint is "
+                        "within this factor of the chip's VMEM, either side (e.g. 2)")
     args = parser.parse_args(argv)
+    vmem = 0
     if args.tpu:
         try:
             import libtpu  # noqa: F401
         except ImportError:
             raise SystemExit("--tpu: libtpu is missing (pip install libtpu); it compiles for a TPU "
                              "without a chip") from None
-        if args.tpu.split(":")[0] not in capacity.profiles():
+        if _chip(args.tpu) not in capacity.profiles():
             raise SystemExit(f"--tpu {args.tpu!r}: expected GENERATION:TOPOLOGY with a generation of "
-                             f"{list(capacity.profiles())[:8]}, e.g. v5e:1x1")
+                             f"{list(capacity.profiles())[:8]} (or tpu7x), e.g. v5e:1x1")
+        vmem = capacity.profile(_chip(args.tpu)).onchip_bytes
     cases: dict[str, list[tuple[int, ...]]] = {}
     for kernel, shape in map(parse_case, args.case):
         cases.setdefault(kernel, []).append(shape)
@@ -241,12 +273,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 shapes = tuple(cases.get(space.kernel, ()))
             for shape in shapes:
                 dtype = spec.dtypes[0]
-                for config in sample(space, spec.name, shape, dtype, args.per_task, rng, exclude,
-                                     admitted_by_kernel=bool(args.tpu)):
+                keep = tpu_keep(space.kernel, shape, dtype, vmem, args.near) if args.tpu else None
+                for config in sample(space, spec.name, shape, dtype, args.per_task, rng, exclude, keep=keep):
                     jobs.append((TuningTask(space.kernel, shape, dtype, spec.name), config))
     print(f"{len(jobs)} configs to compile", flush=True)
     if args.tpu:
-        caps = {"tpu": capacity.profile(args.tpu.split(":")[0])}
+        caps = {"tpu": capacity.profile(_chip(args.tpu))}
     else:
         caps = {t: (capacity.profile("h200") if args.small else capacity.for_target(t, interpret=False))
                 for t in {task.target for task, _ in jobs}}

@@ -80,8 +80,9 @@ def test_footprint_matches_hand_count():
     shape, dtype = (524288, 512), jnp.bfloat16
     tpu = {"strategy": "grid", "block_rows": 16, "block_cols": 256, "buffers": 2, "stats_layout": "column"}
     # x 2 x 16 x 256 x 2 + f32 work 2 x 16 x 256 x 4 + 2 outputs x 2 buffers x (16 x 128 lanes x 4)
-    # + 3 state vectors x (16 x 128 x 4)
-    assert welford.footprint(tpu, shape, dtype, "tpu") == 16384 + 32768 + 32768 + 24576
+    # + 3 state vectors x (16 x 128 x 4) + per-row values the grid carries: 3 statistics and 2 results
+    # (16 x 128 x 4 each)
+    assert welford.footprint(tpu, shape, dtype, "tpu") == 16384 + 32768 + 32768 + 24576 + 5 * 8192
     gpu = {"strategy": "fori_loop", "block_rows": 4, "block_cols": 256, "num_warps": 4, "num_stages": 3}
     # 2 pipelined stages x 4 x 256 x 2 + reduction scratch 4 rows x 4 warps x 4
     assert welford.footprint(gpu, shape, dtype, "gpu-triton") == 4096 + 64

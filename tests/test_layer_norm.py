@@ -31,10 +31,11 @@ def test_streamed_variance_is_accurate_far_from_zero(target: str, config: dict) 
 def test_footprint_by_hand() -> None:
     shape = (16384, 16384)
     # TPU emit_pipeline, 16 x 512 chunks, 3 buffers: x (3) and y (2) chunks in bf16, weight
-    # and bias chunks (3 each, 32 bytes a column), f32 x and y, count/mean/m2 scratch.
+    # and bias chunks (3 each, 32 bytes a column), f32 x and y, count/mean/m2 scratch and the
+    # same three carried between chunks as (16, 1) f32 values (128 lanes).
     config = {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 512, "buffers": 3}
     expected = ((3 + 2) * 16 * 512 * 2 + 3 * 2 * 512 * 32 + 2 * 16 * 512 * 4
-                + 3 * 16 * 128 * 4)
+                + 3 * 16 * 128 * 4 + 3 * 16 * 128 * 4)
     assert K.footprint(config, shape, "bfloat16", "tpu") == expected
     # Triton one_pass: registers only, but for the reduction scratch of one row over 16 warps.
     config = {"block_rows": 1, "strategy": "one_pass", "num_warps": 16}

@@ -14,10 +14,11 @@ def test_footprint_by_hand() -> None:
     config = {"block_rows": 16, "strategy": "one_pass"}
     expected = 2 * 2 * 16 * 2560 * 2 + 2 * 16 * 2560 * 4
     assert K.footprint(config, shape, "bfloat16", "tpu") == expected
-    # TPU grid over 512-column chunks, one buffer: chunks, temporaries, m and l scratch.
+    # TPU grid over 512-column chunks, one buffer: chunks, temporaries, m and l scratch, and m and l
+    # carried between chunks as (16, 1) f32 values.
     config = {"block_rows": 16, "strategy": "grid", "block_cols": 512, "buffers": 1}
     chunks = 2 * 16 * 512 * 2 + 2 * 16 * 512 * 4
-    assert K.footprint(config, shape, "bfloat16", "tpu") == chunks + 2 * 16 * 128 * 4
+    assert K.footprint(config, shape, "bfloat16", "tpu") == chunks + 2 * 16 * 128 * 4 + 2 * 16 * 128 * 4
     # Triton one_pass: the rows live in registers; shared memory holds the reduction scratch
     # (2 rows x 8 warps, f32).
     config = {"block_rows": 2, "strategy": "one_pass", "num_warps": 8}

@@ -35,9 +35,10 @@ def test_online_sum_survives_a_max_in_the_last_block() -> None:
 
 def test_footprint_by_hand() -> None:
     shape = (8192, 8192)
-    # TPU emit_pipeline, 16 x 1024 chunks: x in 3 buffers, y in 2 (bf16), f32 x and y, m and l.
+    # TPU emit_pipeline, 16 x 1024 chunks: x in 3 buffers, y in 2 (bf16), f32 x and y, m and l
+    # (scratch, and carried between chunks).
     config = {"block_rows": 16, "strategy": "emit_pipeline", "block_cols": 1024, "buffers": 3}
-    expected = (3 + 2) * 16 * 1024 * 2 + 2 * 16 * 1024 * 4 + 2 * 16 * 128 * 4
+    expected = (3 + 2) * 16 * 1024 * 2 + 2 * 16 * 1024 * 4 + 2 * 2 * 16 * 128 * 4
     assert K.footprint(config, shape, "bfloat16", "tpu") == expected
     # Triton: one row, 2 chunks of 4096 bf16 x loaded ahead, reduction scratch of 4 warps.
     config = {"block_rows": 1, "block_cols": 4096, "num_stages": 3}

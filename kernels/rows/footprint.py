@@ -25,8 +25,12 @@ def footprint(math_: RowMath, p: Plan, dtype: Any) -> int:
     temporaries of one chunk: one per row input and output, at least two (a reduction's f32
     copy and one derived value, such as x - mean); per-row vectors (vector inputs and results,
     double-buffered on TPU): a (rows, 1) block fills 128 lanes (block_rows x 512 bytes, rows
-    rounded up to 8), a lane-dense one block_rows x 4 bytes (rows rounded up to 128); and the
-    statistics scratch of the streamed strategies (rows padded to 8, 128 lanes, float32).
+    rounded up to 8), a lane-dense one block_rows x 4 bytes (rows rounded up to 128); the
+    statistics scratch of the streamed strategies (rows padded to 8, 128 lanes, float32); and the
+    per-row values a loop or pipeline carries between chunks in (rows, 1) float32 blocks, the
+    statistics and the results (libtpu, deviceless for v4: welford at 2048 rows a block in
+    "column" layout needed 4-7 MiB more than the model counted without them; bench/oom_probe.py
+    --tpu --near).
     Triton: shared memory only. Register tiles do not count: Triton spills rather than fails
     (measured on the H200: tiles modelled at 262-336 KB compiled and ran; bench/oom_probe.py),
     and the spaces' register constraints keep them small. What is left: fori_loop stages
@@ -60,4 +64,5 @@ def footprint(math_: RowMath, p: Plan, dtype: Any) -> int:
     per_row = round_up(p.block_rows, LANES) * 4 if p.lane else column
     row_vectors = (2 if tpu else 1) * (math_.vector_inputs + math_.results) * per_row
     stats = math_.n_stats * column if streamed else 0
-    return rows_io + vectors + temporaries + row_vectors + stats
+    working = 0 if p.lane or p.strategy == "one_pass" else (math_.n_stats + math_.results) * column
+    return rows_io + vectors + temporaries + row_vectors + stats + working
