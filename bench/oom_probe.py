@@ -3,6 +3,7 @@
     python bench/oom_probe.py --out DIR [--per-task 8] [--seed 0] [--exclude OLD/oom_probe.json]
     python bench/oom_probe.py --out DIR --small          # CPU dry run (interpret mode, no verdicts)
     python bench/oom_probe.py --out DIR --tpu v5e:1x1 [--case KERNEL:AxB ...]   # TPU, no chip (libtpu)
+    python bench/oom_probe.py --out DIR --rejudge OLD/oom_probe.json   # old compiles, today's models
 
 For every space (default: all in search_spaces/), GPU target and seed shape, draws --per-task
 configs uniformly among those that satisfy the space's constraints (static pruning is not
@@ -209,6 +210,20 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rejudge(path: Path) -> dict[str, Any]:
+    """An earlier probe's compiles judged by today's models: the summary of its rows with each
+    footprint computed again. Sound where the compile did not depend on the model (TPU v4: the
+    kernels' scoped VMEM limit is the whole 16 MiB there; GPU: no limit is asked for)."""
+    rows = []
+    for row in json.loads(path.read_text())["rows"]:
+        module = kernels.load(row["kernel"])
+        footprint = int(module.footprint(dict(row["config"]), tuple(row["shape"]), jax.numpy.dtype(row["dtype"]),
+                                         row["target"]))
+        row = {**row, "footprint_bytes": footprint, "model_fits": footprint <= row["capacity_bytes"]}
+        rows.append({**row, "judgement": judge(row)})
+    return summarize(rows)
+
+
 def _chip(topology: str) -> str:
     """The capacity profile of a libtpu topology name: v5e:1x1 -> v5e, tpu7x:1x1x1 -> v7x."""
     name = topology.split(":")[0].lower()
@@ -242,7 +257,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--compile-timeout-s", type=float, default=300.0, help="with --tpu: per compile")
     parser.add_argument("--near", type=float, help="with --tpu: only configs whose modelled footprint is "
                         "within this factor of the chip's VMEM, either side (e.g. 2)")
+    parser.add_argument("--rejudge", type=Path, metavar="OLD/oom_probe.json", help="compile nothing: judge an "
+                        "earlier probe's compiles by today's models (sound where the compile did not depend "
+                        "on the model: TPU v4, GPU)")
     args = parser.parse_args(argv)
+    if args.rejudge:
+        summary = rejudge(args.rejudge)
+        meta = {"device": f"{args.rejudge}, judged again", "date": time.strftime("%Y-%m-%d"),
+                "command": "python bench/oom_probe.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "oom_probe.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1, default=str))
+        text = markdown(summary, meta)
+        (args.out / "oom_probe.md").write_text(text)
+        print(text)
+        return summary
     vmem = 0
     if args.tpu:
         try:

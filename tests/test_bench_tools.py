@@ -5,6 +5,7 @@ import collections
 import json
 import sys
 import types
+from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
@@ -59,6 +60,22 @@ def test_probe_for_tpu_says_what_it_needs_and_what_it_expected(tmp_path, monkeyp
     with pytest.raises(SystemExit, match="expected GENERATION:TOPOLOGY"):
         oom_probe.main(["--out", str(tmp_path), "--tpu", "tpu9:1x1"])
     assert not any(tmp_path.iterdir())
+
+
+def test_probe_judges_earlier_compiles_by_todays_models(tmp_path):
+    """--rejudge: an earlier probe's libtpu verdicts (v4, committed raw results) against the models
+    as they are now; nothing compiles. The GLU rows were judged by a model that counted two float32
+    tiles more."""
+    old = Path("bench/results/cpu/oom_probe_tpu/model_before/v4_near2/oom_probe.json")
+    rows = json.loads(old.read_text())["rows"]
+    summary = oom_probe.main(["--out", str(tmp_path), "--rejudge", str(old)])
+    assert summary["configs"] == len(rows) and summary["judged"] == len(rows)
+    glu = [r for r in rows if r["kernel"] in ("swiglu", "geglu")]
+    assert glu and all(kernels.load(r["kernel"]).footprint(r["config"], tuple(r["shape"]), r["dtype"], "tpu")
+                       < r["footprint_bytes"] for r in glu)
+    again = {json.dumps(m["config"], sort_keys=True) for m in summary["misses"]}
+    assert not any(json.dumps(r["config"], sort_keys=True) in again for r in glu)   # no GLU miss is left
+    assert (tmp_path / "oom_probe.md").exists()
 
 
 def _trial(task, elapsed, median, sweep="A", outcome=outcomes.OK):
