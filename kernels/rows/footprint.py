@@ -26,10 +26,10 @@ def footprint(math_: RowMath, p: Plan, dtype: Any) -> int:
     copy and one derived value, such as x - mean); per-row vectors (vector inputs and results,
     double-buffered on TPU): a (rows, 1) block fills 128 lanes (block_rows x 512 bytes, rows
     rounded up to 8), a lane-dense one block_rows x 4 bytes (rows rounded up to 128); the
-    statistics scratch of the streamed strategies (rows padded to 8, 128 lanes, float32); and the
-    per-row values a loop or pipeline carries between chunks in (rows, 1) float32 blocks, the
-    statistics and the results (libtpu, deviceless for v4: welford at 2048 rows a block in
-    "column" layout needed 4-7 MiB more than the model counted without them; bench/oom_probe.py
+    statistics scratch of the streamed strategies (rows padded to 8, 128 lanes, float32); and, in
+    the "column" layout, the per-row values a loop or pipeline carries between chunks as (rows, 1)
+    float32 blocks, the statistics and the results (libtpu, deviceless for v4: welford at 2048
+    rows a block needed 4-7 MiB more than the model counted without them; bench/oom_probe.py
     --tpu --near).
     Triton: shared memory only. Register tiles do not count: Triton spills rather than fails
     (measured on the H200: tiles modelled at 262-336 KB compiled and ran; bench/oom_probe.py),
