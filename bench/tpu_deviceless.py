@@ -118,7 +118,7 @@ def run_case(pool: compile_pool.CompilePool, kernel: str, shape: tuple[int, ...]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topology", action="append",
-                        help="one-chip TPU topology (default v5e:1x1, v6e:1x1, v5p:1x1x1, v4:1x1x1)")
+                        help="one-chip TPU topology (default v5e:1x1, v6e:1x1, v5p:1x1x1, v4:1x1x1, tpu7x:1x1x1)")
     parser.add_argument("--case", action="append", help="KERNEL:AxBxC (default: the users' cases above)")
     parser.add_argument("--config", type=json.loads, default=None,
                         help="JSON knobs over each case's default, e.g. '{\"block_rows\": 8}'")
@@ -132,7 +132,7 @@ def main() -> int:
     except ImportError:
         raise SystemExit("libtpu is missing: pip install libtpu (it compiles for TPU without a chip)") from None
     cases = [parse_case(c) for c in (args.case or USER_CASES)]
-    topologies = args.topology or ["v5e:1x1", "v6e:1x1", "v5p:1x1x1", "v4:1x1x1"]
+    topologies = args.topology or ["v5e:1x1", "v6e:1x1", "v5p:1x1x1", "v4:1x1x1", "tpu7x:1x1x1"]
     pool = compile_pool.CompilePool(1, compile_pool.TPU_CHILD_ENV)
     rows: list[Row] = []
     started = time.perf_counter()

@@ -22,7 +22,7 @@ def pool():
     p.close()
 
 
-@pytest.mark.parametrize("topology", ["v5e:1x1", "v6e:1x1", "v5p:1x1x1"])
+@pytest.mark.parametrize("topology", ["v5e:1x1", "v6e:1x1", "v5p:1x1x1", "tpu7x:1x1x1"])
 @pytest.mark.parametrize("kernel,shape", [("softmax", (1024, 2560)), ("matmul", (512, 512, 512)),
                                           ("flash_attention", (1, 2, 512, 128))])
 def test_shipped_tpu_configs_compile_deviceless_in_a_child(pool, topology, kernel, shape):
