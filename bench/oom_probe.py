@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         (args.out / "oom_probe.md").write_text(text)
         print(text)
         return summary
+    if not args.tpu and (args.case or args.near):
+        raise SystemExit("--case and --near take --tpu TOPOLOGY (the GPU probe runs the spaces' own shapes)")
     vmem = 0
     if args.tpu:
         try:

@@ -59,6 +59,8 @@ def test_probe_for_tpu_says_what_it_needs_and_what_it_expected(tmp_path, monkeyp
     monkeypatch.setitem(sys.modules, "libtpu", types.ModuleType("libtpu"))
     with pytest.raises(SystemExit, match="expected GENERATION:TOPOLOGY"):
         oom_probe.main(["--out", str(tmp_path), "--tpu", "tpu9:1x1"])
+    with pytest.raises(SystemExit, match="take --tpu"):
+        oom_probe.main(["--out", str(tmp_path), "--near", "2"])
     assert not any(tmp_path.iterdir())
 
 
