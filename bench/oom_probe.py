@@ -125,6 +125,10 @@ def verdict(task: TuningTask, config: dict[str, Any], interpret: bool) -> Measur
     return Measurement(outcomes.OK, compile_s=compiled.compile_s)
 
 
+# libtpu's message when the arrays, not the kernel's VMEM, outgrow the chip (CompileTimeHbmOom).
+HBM_OOM = re.compile(r"[Oo]ut of memory on HBM|memory space hbm")
+
+
 def tpu_verdict(pool: compile_pool.CompilePool, topology: str, timeout_s: float, task: TuningTask,
                 config: dict[str, Any]) -> Measurement:
     """Compile for `topology` without a chip (libtpu, in the pool's child): `ok` when it compiled
@@ -139,9 +143,6 @@ def tpu_verdict(pool: compile_pool.CompilePool, topology: str, timeout_s: float,
         reply.outcome = outcomes.COMPILE_ERROR
     return reply
 
-
-# libtpu's message when the arrays, not the kernel's VMEM, outgrow the chip (CompileTimeHbmOom).
-HBM_OOM = re.compile(r"[Oo]ut of memory on HBM|memory space hbm")
 
 
 def _row(task: TuningTask, config: dict[str, Any], m: Measurement, caps: dict[str, capacity.Capacity]) -> dict:

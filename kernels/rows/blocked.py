@@ -86,16 +86,19 @@ def _lanes_by_transpose(p: Plan) -> bool:
     return p.lane and tpu_generation() < SUBLANE_GATHER_SINCE
 
 
+def _in_32_bits(x: jax.Array) -> jax.Array:
+    return x.astype(F32) if jnp.dtype(x.dtype).itemsize < 4 else x
+
+
 def _column_of(lanes: jax.Array) -> jax.Array:
     """(n,) -> (n, 1) by a transpose, in 32 bits."""
-    wide = lanes.astype(F32) if jnp.dtype(lanes.dtype).itemsize < 4 else lanes
-    return jnp.broadcast_to(wide[None, :], (LANES, lanes.shape[0])).T[:, :1].astype(lanes.dtype)
+    wide = _in_32_bits(lanes)[None, :]
+    return jnp.broadcast_to(wide, (LANES, lanes.shape[0])).T[:, :1].astype(lanes.dtype)
 
 
 def _lanes_of(column: jax.Array) -> jax.Array:
     """(n, 1) -> (n,) by a transpose, in 32 bits."""
-    wide = column.astype(F32) if jnp.dtype(column.dtype).itemsize < 4 else column
-    return jnp.broadcast_to(wide, (column.shape[0], LANES)).T[0].astype(column.dtype)
+    return jnp.broadcast_to(_in_32_bits(column), (column.shape[0], LANES)).T[0].astype(column.dtype)
 
 
 def _read_vectors(refs: list[Any], p: Plan) -> list[jax.Array]:
