@@ -7,6 +7,7 @@ The knobs themselves are documented in `kernels.matmul_core`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, NamedTuple, Self
 
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels import mgpu_launch
 from kernels.knobs import ConfigError, Knobs, Unsupported, parse, refusal
 from kernels.lowering import round_up, triton_dot_buffers
 from kernels.mgpu_launch import defaults_shared_memory
@@ -365,6 +367,80 @@ LARGE_TILES = {"mgpu_pipeline": "warp_specialized", "block_m": 64, "block_n": 25
 MGPU_ROW_UNIT, MGPU_COL_BYTES = 8, 128
 
 
+# tail_split: a split piece's cost beyond its share of a tile's K loop, as a fraction of a whole
+# tile's time: its pipeline's fill and drain, and its partial product stored twice (high and low
+# halves) and read back by the sum. An estimate, not a measurement: it only decides how many row
+# bands a split covers; whether a split pays at all is the search's to measure.
+TAIL_PIECE_COST = 0.15
+
+
+class TailPlan(NamedTuple):
+    """Which tiles of a warp-specialized product run split along K (the tail_split knob), and
+    which persistent slot runs which of their pieces.
+
+    The persistent loop deals the whole tiles round-robin, so the first `head_tiles % blocks`
+    slots run one tile more than the others. The pieces are dealt to even that out: each of the
+    other slots (the light ones) takes `light_pieces` of them, in order, then each of the first
+    slots `heavy_pieces`, until none are left."""
+
+    bands: int  # cluster row bands, the last of the last batch entry's, whose tiles are split
+    splits: int  # runs of K per split tile
+    head_tiles: int  # cluster tiles the persistent loop runs whole, before the split ones
+    pieces: int  # split tiles x splits
+    blocks: int  # the persistent grid: clusters launched, one a slot
+    light_pieces: int  # pieces each slot with the fewer whole tiles runs (at most)
+    heavy_pieces: int  # ... each slot with one whole tile more
+    makespan: float  # the busiest slot's work in whole tiles (the model's)
+    whole: float  # ... with no split: the number of waves
+
+    def first_piece(self, slot: Any) -> Any:
+        """The first piece persistent slot `slot` runs: the light slots' pieces come first, then
+        the heavy ones'."""
+        heavy = self.head_tiles % self.blocks
+        return jnp.where(slot >= heavy, (slot - heavy) * self.light_pieces,
+                         (self.blocks - heavy) * self.light_pieces + slot * self.heavy_pieces)
+
+    def pieces_of(self, slot: Any) -> Any:
+        """How many pieces persistent slot `slot` runs (from `first_piece` on)."""
+        share = jnp.where(slot >= self.head_tiles % self.blocks, self.light_pieces, self.heavy_pieces)
+        return jnp.clip(self.pieces - self.first_piece(slot), 0, share)
+
+
+@functools.lru_cache(maxsize=4096)
+def tail_plan(bands: int, tiles_per_band: int, batches: int, slots: int, splits: int) -> TailPlan:
+    """How many of the last batch entry's `bands` row bands (each of `tiles_per_band` cluster
+    tiles) to split `splits` ways along K so that the busiest of `slots` persistent slots ends
+    soonest (bands 0: no split shortens it). A product whose tiles are not a whole number of waves
+    leaves slots idle through its last wave; its last bands' tiles, split into runs of K (pieces,
+    each 1 / splits of a tile plus TAIL_PIECE_COST), fill them instead. Splits of up to two waves'
+    tiles are weighed (more cannot fill a last wave better); cached, as a search checks one
+    shape's configs by the thousand."""
+    tiles = batches * bands * tiles_per_band
+    weight = 1.0 / splits + TAIL_PIECE_COST
+    blocks = min(slots, tiles)
+    whole = float(pl.cdiv(tiles, blocks))
+    best = TailPlan(0, splits, tiles, 0, blocks, 0, 0, whole, whole)
+    most = min(bands, max(1, 2 * slots // tiles_per_band)) if splits > 1 else 0
+    for tail in range(1, most + 1):
+        head, pieces = tiles - tail * tiles_per_band, tail * tiles_per_band * splits
+        grid = min(slots, head + pieces)
+        heavy, low = head % grid, head // grid  # heavy slots run low + 1 whole tiles
+        for heavy_pieces in range(pl.cdiv(pieces, max(heavy, 1)) + 1):
+            heavy_cost = low + 1 + heavy_pieces * weight if heavy else 0.0
+            if heavy_cost >= best.makespan:
+                break  # more pieces on the heavy slots only make them later
+            left = max(pieces - heavy * heavy_pieces, 0)
+            if grid == heavy and left:
+                continue
+            light_pieces = pl.cdiv(left, grid - heavy) if grid > heavy else 0
+            cost = max(low + light_pieces * weight, heavy_cost)
+            if cost < best.makespan - 1e-9:
+                best = TailPlan(tail, splits, head, pieces, grid, light_pieces, heavy_pieces, cost, whole)
+            if not heavy:
+                break  # no heavy slots: heavy_pieces changes nothing
+    return best
+
+
 class MosaicTiles(NamedTuple):
     """A Mosaic GPU config's tiles with defaults resolved."""
 
@@ -395,7 +471,11 @@ class MosaicGpuMatmulConfig(MatmulConfig):
     written: "tma" writes it padded and slices it back (a copy of the product); "threads" has the
     warpgroups' threads store it at its own size from a tile staged in shared memory
     (`kernels.mgpu_store`), no slice, but more store instructions. Refused for products on the
-    grid, which TMA writes whole.
+    grid, which TMA writes whole. tail_split (warp-specialized only; 1: off): the last row bands'
+    tiles run as tail_split runs of K each (pieces), dealt to the persistent slots that the whole
+    tiles leave idle in their last wave, and their partial products are summed after the kernel
+    (`tail`, `tail_plan`): a stream-K of the tail, for products whose tiles are not a whole
+    number of waves (4096 x 6400: 6.06 waves of 128 x 256 tiles on 132 SMs).
     """
 
     mgpu_pipeline: Literal["warp_specialized", "pipelined"] = "pipelined"
@@ -407,8 +487,10 @@ class MosaicGpuMatmulConfig(MatmulConfig):
     cluster: Literal["none", "m", "n"] = "none"
     delay_release: int = 0
     store: Literal["tma", "threads"] = "tma"
+    tail_split: int = 1
 
     ROW_STATS = True
+    MAX_TAIL_SPLIT = 16
 
     def validate(self) -> None:
         """A pipeline at least two steps deep, a positive tile width, clusters only when
@@ -424,6 +506,10 @@ class MosaicGpuMatmulConfig(MatmulConfig):
             raise Unsupported(f"gpu-mosaic: delay_release is 0, or 1 with warp_specialized; got {self.delay_release}")
         if self.store not in ("tma", "threads"):
             raise ConfigError(f"store must be 'tma' or 'threads', got {self.store!r}")
+        if not 1 <= self.tail_split <= self.MAX_TAIL_SPLIT:
+            raise ConfigError(f"tail_split must be in 1..{self.MAX_TAIL_SPLIT}, got {self.tail_split}")
+        if self.tail_split > 1 and not self.warp_specialized:
+            raise Unsupported("gpu-mosaic: tail_split applies to the warp_specialized pipeline only")
 
     @property
     def cluster_size(self) -> int:
@@ -512,6 +598,34 @@ class MosaicGpuMatmulConfig(MatmulConfig):
         if self.stores_direct and not self.off_grid(problem, dtype):
             raise Unsupported(f"gpu-mosaic: store 'threads' is for products off the TMA grid; ({problem.m}, "
                               f"{problem.n}) with these tiles is on it, and TMA writes it whole")
+        if self.tail_split > 1:
+            self._check_tail(problem, dtype, k_steps)
+
+    def _check_tail(self, problem: Problem, dtype: Any, k_steps: int) -> None:
+        """A split tail needs runs of K that fill the pipeline, TMA stores, and a last wave to fill."""
+        split = self.tail_split
+        if problem.epilogue.row_stats or self.stores_direct:
+            raise Unsupported("gpu-mosaic: tail_split sums whole products after the kernel: not with row "
+                              "statistics or store 'threads'")
+        if k_steps % split or k_steps // split < max(self.max_concurrent_steps, self.delay_release + 1):
+            raise Unsupported(f"gpu-mosaic: tail_split {split} needs the {k_steps} K steps of block_k "
+                              f"{self.block_k} (k = {problem.k}) in {split} equal runs of at least "
+                              f"max_concurrent_steps ({self.max_concurrent_steps}) steps each")
+        plan = self.tail(problem, dtype)
+        if not plan.bands:
+            raise Unsupported(f"gpu-mosaic: tail_split {split} shortens nothing at (m, n) = ({problem.m}, "
+                              f"{problem.n}): its {plan.head_tiles} cluster tiles make {plan.whole:.0f} "
+                              f"wave(s) of {plan.blocks} slots that a split of the last bands does not "
+                              f"shorten (`tail_plan`)")
+
+    def tail(self, problem: Problem, dtype: Any, sms: int | None = None) -> TailPlan:
+        """The tiles tail_split splits (`tail_plan`) on a GPU of `sms` SMs (None: `num_sms()`,
+        the GPU being traced for, else an H200's)."""
+        cluster_m, cluster_n = self.cluster_tile()
+        runs = self.padded(problem, dtype)
+        slots = (mgpu_launch.num_sms() if sms is None else sms) // self.cluster_size
+        return tail_plan(pl.cdiv(runs.m, cluster_m), pl.cdiv(runs.n, cluster_n), max(problem.batch, 1),
+                         slots, self.tail_split)
 
     def footprint(self, problem: Problem, dtype: Any) -> int:
         """Shared memory: the pipeline's operand slots, each compute warpgroup's output staging slots

@@ -57,7 +57,13 @@ sub-tiles of epi_n output columns, each loaded, transformed, cast and stored on 
               clusters side by side along m or n, and TMA multicasts the operand both read;
               delay_release (0 | 1, warp-specialized only): WGMMAs left in flight per K step;
               store ("tma" | "threads"): a product off the TMA grid padded and sliced back, or
-              stored by the threads from a shared-memory tile at its own size (`kernels.mgpu_store`).
+              stored by the threads from a shared-memory tile at its own size (`kernels.mgpu_store`);
+              tail_split (warp-specialized only; 1: off): a stream-K of the tail: the last row
+              bands' tiles run as tail_split runs of K each, dealt to the slots the whole tiles
+              leave idle in their last wave, their partial products (each as two halves of the
+              output dtype) summed, and the epilogue applied, by XLA after the kernel
+              (`matmul_config.tail_plan` says which bands; refused where no split shortens the
+              busiest slot, with row statistics, or with store "threads").
 """
 from __future__ import annotations
 
