@@ -372,6 +372,9 @@ MGPU_ROW_UNIT, MGPU_COL_BYTES = 8, 128
 # halves) and read back by the sum. An estimate, not a measurement: it only decides how many row
 # bands a split covers; whether a split pays at all is the search's to measure.
 TAIL_PIECE_COST = 0.15
+# ... and a split is planned only where the model shortens the busiest slot by this fraction at
+# least: within it, the search would time configs the model cannot tell from the unsplit one.
+TAIL_MIN_GAIN = 0.02
 
 
 class TailPlan(NamedTuple):
@@ -410,11 +413,11 @@ class TailPlan(NamedTuple):
 def tail_plan(bands: int, tiles_per_band: int, batches: int, slots: int, splits: int) -> TailPlan:
     """How many of the last batch entry's `bands` row bands (each of `tiles_per_band` cluster
     tiles) to split `splits` ways along K so that the busiest of `slots` persistent slots ends
-    soonest (bands 0: no split shortens it). A product whose tiles are not a whole number of waves
+    soonest (bands 0: no split shortens it enough). A product whose tiles are not a whole number of waves
     leaves slots idle through its last wave; its last bands' tiles, split into runs of K (pieces,
-    each 1 / splits of a tile plus TAIL_PIECE_COST), fill them instead. Splits of up to two waves'
-    tiles are weighed (more cannot fill a last wave better); cached, as a search checks one
-    shape's configs by the thousand."""
+    each 1 / splits of a tile plus TAIL_PIECE_COST), fill them instead, where that gains at least
+    TAIL_MIN_GAIN. Splits of up to two waves' tiles are weighed (more cannot fill a last wave
+    better); cached, as a search checks one shape's configs by the thousand."""
     tiles = batches * bands * tiles_per_band
     weight = 1.0 / splits + TAIL_PIECE_COST
     blocks = min(slots, tiles)
@@ -434,7 +437,7 @@ def tail_plan(bands: int, tiles_per_band: int, batches: int, slots: int, splits:
                 continue
             light_pieces = pl.cdiv(left, grid - heavy) if grid > heavy else 0
             cost = max(low + light_pieces * weight, heavy_cost)
-            if cost < best.makespan - 1e-9:
+            if cost < best.makespan - 1e-9 and cost <= whole * (1 - TAIL_MIN_GAIN):
                 best = TailPlan(tail, splits, head, pieces, grid, light_pieces, heavy_pieces, cost, whole)
             if not heavy:
                 break  # no heavy slots: heavy_pieces changes nothing

@@ -24,7 +24,7 @@ SMALL = dict(block_m=64, block_n=64, block_k=64, mgpu_pipeline="warp_specialized
 @pytest.mark.parametrize("bands,tiles_per_band,batches,slots,splits", [
     (16, 25, 1, 66, 2), (16, 25, 1, 66, 4), (8, 43, 1, 66, 4),  # 4096 x 6400, 2048 x 11008 in LARGE_TILES
     (2, 16, 1, 132, 4),  # 32 tiles on 132 SMs: every tile split
-    (16, 8, 64, 66, 2),  # a batch: the last entry's bands
+    (4, 8, 3, 66, 2),  # a batch: the last entry's bands
     (3, 1, 1, 2, 2), (7, 3, 2, 5, 4)])
 def test_every_piece_runs_on_one_slot_and_the_busiest_slot_ends_sooner(bands, tiles_per_band, batches, slots,
                                                                          splits):
