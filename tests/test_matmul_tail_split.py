@@ -66,7 +66,6 @@ def _run(name, config, shape, sms, monkeypatch):
 
 @pytest.mark.parametrize("name,shape,sms,split", [
     ("matmul", (384, 64, 256), 2, 2),  # 3 tiles on 2 SMs: 2 whole, the last band in 2 runs of K
-    ("matmul", (384, 64, 512), 2, 4),
     ("bmm", (2, 384, 64, 256), 4, 2),  # the last entry's last 2 bands split; its first band whole
 ])
 def test_a_split_tail_in_the_gpu_interpreter(name, shape, sms, split, monkeypatch):
@@ -107,3 +106,20 @@ def test_splits_that_cannot_run_or_gain_are_refused(config, shape, epilogue, why
     problem = Problem(*shape, epilogue=epilogue)
     with pytest.raises(Exception, match=why):
         as_config(config, "gpu-mosaic").check(problem, jnp.bfloat16)
+
+
+def test_split_rows_are_as_exact_as_whole_ones(monkeypatch):
+    # Each piece stores its f32 partial as two halves of bfloat16 (the value, and what rounding
+    # it left): their sum carries about 16 bits, so the split rows' error matches the unsplit
+    # kernel's. With the first half alone it was 42% larger here (0.00238 against 0.00167).
+    monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 2)
+    module, shape = kernels.load("matmul"), (384, 64, 512)  # 4 K runs of the last of 3 bands
+    inputs = module.make_inputs(shape, jnp.bfloat16, jax.random.key(3))
+    reference = module.reference(*validate.upcast(inputs))[256:]
+    errors = []
+    for split in (1, 4):
+        fn = module.build({**SMALL, "tail_split": split}, shape, jnp.bfloat16,
+                          Platform("gpu-mosaic", interpret=True, poison_outputs=True))
+        errors.append(validate.relative_error(jax.jit(fn)(*inputs)[256:], reference))
+    assert as_config({**SMALL, "tail_split": 4}, "gpu-mosaic").tail(Problem(*shape), jnp.bfloat16).bands == 1
+    assert errors[1] <= 1.01 * errors[0]
