@@ -16,6 +16,7 @@ from kernels import matmul_config, mgpu_launch
 from kernels.lowering import Platform
 from kernels.matmul_config import LARGE_TILES, Epilogue, Problem, as_config, tail_plan
 from tests import shipped_spaces
+from tests.mosaic_checks import tma_bounds_as_on_hardware
 
 SMALL = dict(block_m=64, block_n=64, block_k=64, mgpu_pipeline="warp_specialized", max_concurrent_steps=2,
              wg_split="m")  # 128 x 64 block tiles
@@ -70,6 +71,13 @@ def _run(name, config, shape, sms, monkeypatch):
 ])
 def test_a_split_tail_in_the_gpu_interpreter(name, shape, sms, split, monkeypatch):
     _run(name, {**SMALL, "tail_split": split}, shape, sms, monkeypatch)
+
+
+def test_a_ragged_last_band_splits_as_tma_clips_it(monkeypatch):
+    # 360 rows: the split band holds 104 of its 128; its pieces' partial rows past m are
+    # dropped by TMA (emulated), as the product's are
+    tma_bounds_as_on_hardware(monkeypatch)
+    _run("matmul", {**SMALL, "tail_split": 2}, (360, 64, 256), 2, monkeypatch)
 
 
 def test_the_epilogue_runs_on_the_summed_pieces(monkeypatch):
