@@ -33,13 +33,14 @@ from farm.tasks import config_json
 # Enumerating checks each knob's constraints as soon as the knobs they read are set, skipping
 # whole subtrees of the product (`SearchSpace.prefix_checks`), and a whole config then only for
 # what no prefix checked (`SearchSpace.leaf_check`: mostly the kernel's own check), so its work
-# is what survives the checks, not the product: the Mosaic GPU matmul task, a product of 207,360
-# configs, is 20,322 partial checks and 6,720 valid configs, 0.3-0.5 s on a 2-core CPU. A walk
+# is what survives the checks, not the product: the Mosaic GPU matmul task at 8192³, a product of
+# 1.66 million configs, is 6,720 valid configs, 2.5-3.2 s on a 2-core CPU (most of it the kernel
+# refusing each tail_split > 1 there; 0.7 s without that knob). A walk
 # that would check more than ENUMERATION_LIMIT whole configs, or (a product over
 # ENUMERATION_LIMIT) PREFIX_CHECK_LIMIT partial ones, stops, and its task is sampled with
 # rejection instead (the searcher's fallback). The largest shipped task, matmul + layer norm's
-# on Mosaic GPU (a product of 26 million), is 483,921 partial checks and 80,640 valid configs,
-# about 5-7 s; layer norm's Triton task (176,400 configs) 0.6 s. Once per task, when its sweep
+# on Mosaic GPU (a product of 26 million), is 53,760 valid configs, about 5-6 s; layer norm's
+# Triton task (176,400 configs) 0.6 s. Once per task, when its sweep
 # starts.
 ENUMERATION_LIMIT = 200_000
 PREFIX_CHECK_LIMIT = 500_000
