@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import pytest
 
 import kernels
-from farm.measure import validate
+from farm.measure import outcomes, validate
+from farm.measure.device import measure
+from farm.tasks import TuningTask
 from kernels import matmul_config, mgpu_launch
 from kernels.lowering import Platform
 from kernels.matmul_config import LARGE_TILES, Epilogue, Problem, as_config, tail_plan
@@ -132,3 +134,13 @@ def test_split_rows_are_as_exact_as_whole_ones(monkeypatch):
         errors.append(validate.relative_error(jax.jit(fn)(*inputs)[256:], reference))
     assert as_config({**SMALL, "tail_split": 4}, "gpu-mosaic").tail(Problem(*shape), jnp.bfloat16).bands == 1
     assert errors[1] <= 1.01 * errors[0]
+
+
+def test_the_farm_measures_a_split_tail_as_a_worker_does(monkeypatch):
+    # The worker's path (build, validation against the reference, timing), in the GPU interpreter.
+    monkeypatch.setattr(mgpu_launch, "num_sms", lambda: 2)
+    task = TuningTask("matmul", (384, 64, 256), "bfloat16", "gpu-mosaic")
+    m = measure(task, {**kernels.load("matmul").default_config(task.shape, "gpu-mosaic"), **SMALL,
+                       "tail_split": 2}, interpret=True, repetitions=2, warmup=1)
+    assert m.outcome == outcomes.OK, m.error
+    assert m.numerics_error <= validate.tolerance("bfloat16")
