@@ -413,11 +413,11 @@ class TailPlan(NamedTuple):
 def tail_plan(bands: int, tiles_per_band: int, batches: int, slots: int, splits: int) -> TailPlan:
     """How many of the last batch entry's `bands` row bands (each of `tiles_per_band` cluster
     tiles) to split `splits` ways along K so that the busiest of `slots` persistent slots ends
-    soonest (bands 0: no split shortens it enough). A product whose tiles are not a whole number of waves
-    leaves slots idle through its last wave; its last bands' tiles, split into runs of K (pieces,
-    each 1 / splits of a tile plus TAIL_PIECE_COST), fill them instead, where that gains at least
-    TAIL_MIN_GAIN. Splits of up to two waves' tiles are weighed (more cannot fill a last wave
-    better); cached, as a search checks one shape's configs by the thousand."""
+    soonest (bands 0: no split shortens it enough). A product whose tiles are not a whole
+    number of waves leaves slots idle through its last wave; its last bands' tiles, split into
+    runs of K (pieces, each 1 / splits of a tile plus TAIL_PIECE_COST), fill them instead, where
+    that gains at least TAIL_MIN_GAIN. Splits of up to two waves' tiles are weighed (more cannot
+    fill a last wave better); cached, as a search checks one shape's configs by the thousand."""
     tiles = batches * bands * tiles_per_band
     weight = 1.0 / splits + TAIL_PIECE_COST
     blocks = min(slots, tiles)
